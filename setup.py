@@ -1,0 +1,31 @@
+"""electra-tf: ELECTRA pre-training in TensorFlow 2 / Keras 3, TPU first."""
+from setuptools import find_packages, setup
+
+setup(
+    name="electra-tf",
+    version="0.1.0",
+    description="ELECTRA pre-training (replaced-token detection) in TensorFlow 2 / Keras 3",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["electra_tf", "electra_tf.*",
+                                    "tfrecord_builder", "tfrecord_builder.*"]),
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "tensorflow-text>=2.21,<2.22",
+        "sentencepiece>=0.2,<0.3",
+        "absl-py>=2.1,<3",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "transformers>=4.40", "tensorflow-datasets>=4.9,<5"],
+        "beam": ["apache-beam>=2.60"],
+        "tfds": ["tensorflow-datasets>=4.9,<5"],
+    },
+    entry_points={
+        "console_scripts": [
+            "electra-tfrecord-builder=tfrecord_builder.cli:run",
+        ],
+    },
+)

@@ -1,0 +1,125 @@
+"""Command line: `build` (default) packs a corpus into TFRecords; `learn_vocab` learns a
+WordPiece vocabulary or a SentencePiece model from the same corpus.
+
+Flags map onto `BuildConfig` / `VocabConfig`; all logic lives in the library modules.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+
+from tfrecord_builder import BuildError
+
+_REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+DEFAULT_CORPUS = os.path.join(_REPO_DATA, "corpus", "enwiki_sample.txt")
+DEFAULT_VOCAB = os.path.join(_REPO_DATA, "vocab", "bert_uncased_vocab.txt")
+DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("input", [DEFAULT_CORPUS],
+                  "Input files, directories or glob patterns (plain text, .gz, .bz2): one "
+                  "sentence per line, a blank line between documents.")
+flags.DEFINE_string("output_dir", DEFAULT_OUTPUT, "Where shards and manifest.json go.")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, [CLS] and [SEP]s included.")
+flags.DEFINE_integer("num_shards", 16, "Number of output TFRecord files.")
+flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
+                     "Tokenizer processes; the output does not depend on it.")
+flags.DEFINE_integer("seed", 12345, "Seed of the packing randomness.")
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB, "WordPiece vocabulary (one token a line).")
+flags.DEFINE_string("spm_model", None, "SentencePiece model; replaces --vocab_file.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case (and, for WordPiece, strip accents).")
+flags.DEFINE_integer("chunk_bytes", 1 << 19,
+                     "Input bytes per unit of work; part of the output's identity.")
+flags.DEFINE_bool("resume", True, "Reuse the finished pieces of an interrupted build.")
+flags.DEFINE_bool("overwrite", False, "Replace a different finished build in --output_dir.")
+flags.DEFINE_string("tfds_name", None,
+                    "Read a locally prepared tensorflow-datasets text dataset instead of "
+                    "--input (e.g. wikipedia/20230601.en); nothing is downloaded.")
+flags.DEFINE_string("tfds_split", "train", "Split of --tfds_name.")
+flags.DEFINE_string("tfds_text_key", "text", "Feature of --tfds_name that holds the text.")
+flags.DEFINE_string("tfds_data_dir", None, "tensorflow-datasets data_dir (default: TFDS's).")
+flags.DEFINE_string("runner", None,
+                    "Run the build as an Apache Beam pipeline on this runner (DirectRunner, "
+                    "DataflowRunner, FlinkRunner, SparkRunner, ...). Needs the [beam] extra.")
+flags.DEFINE_list("beam_options", [], "Extra Beam pipeline options, e.g. --project=x.")
+
+# learn_vocab
+flags.DEFINE_enum("vocab_type", "wordpiece", ["wordpiece", "sentencepiece"],
+                  "learn_vocab: what to learn.")
+flags.DEFINE_integer("vocab_size", 8000, "learn_vocab: target vocabulary size.")
+flags.DEFINE_string("vocab_output", None,
+                    "learn_vocab: output path (WordPiece: vocab.txt; SentencePiece: model "
+                    "prefix, writes PREFIX.model and PREFIX.vocab).")
+flags.DEFINE_integer("max_sentences", 2_000_000,
+                     "learn_vocab: at most this many lines are sampled to learn from.")
+
+SUBCOMMANDS = ("build", "learn_vocab")
+
+
+def _build_config():
+    from tfrecord_builder.build import BuildConfig
+    use_tfds = bool(FLAGS.tfds_name)
+    return BuildConfig(
+        output_dir=FLAGS.output_dir,
+        inputs=() if use_tfds else tuple(FLAGS.input),
+        vocab_file=None if FLAGS.spm_model else FLAGS.vocab_file,
+        spm_model=FLAGS.spm_model,
+        do_lower_case=FLAGS.do_lower_case,
+        max_seq_length=FLAGS.max_seq_length,
+        num_shards=FLAGS.num_shards,
+        num_workers=FLAGS.num_workers,
+        seed=FLAGS.seed,
+        chunk_bytes=FLAGS.chunk_bytes,
+        resume=FLAGS.resume,
+        overwrite=FLAGS.overwrite,
+        tfds_name=FLAGS.tfds_name,
+        tfds_split=FLAGS.tfds_split,
+        tfds_text_key=FLAGS.tfds_text_key,
+        tfds_data_dir=FLAGS.tfds_data_dir,
+    )
+
+
+def _build():
+    cfg = _build_config()
+    if FLAGS.runner:
+        from tfrecord_builder import beam_pipeline
+        manifest = beam_pipeline.build_with_beam(cfg, FLAGS.runner, FLAGS.beam_options)
+    else:
+        from tfrecord_builder.build import build
+        manifest = build(cfg)
+    print(f"{manifest['examples']} examples, {manifest['example_tokens']} of "
+          f"{manifest['corpus_tokens']} corpus tokens kept (retention "
+          f"{100 * manifest['retention']:.2f}%), {len(manifest['shards'])} shards in "
+          f"{cfg.output_dir}")
+
+
+def _learn_vocab():
+    from tfrecord_builder import vocab_learning
+    if not FLAGS.vocab_output:
+        raise BuildError("learn_vocab: give --vocab_output")
+    path = vocab_learning.learn_vocab(
+        inputs=FLAGS.input, output=FLAGS.vocab_output, vocab_type=FLAGS.vocab_type,
+        vocab_size=FLAGS.vocab_size, do_lower_case=FLAGS.do_lower_case,
+        max_sentences=FLAGS.max_sentences)
+    print(f"wrote {path}")
+
+
+def main(argv):
+    if len(argv) > 2 or (len(argv) == 2 and argv[1] not in SUBCOMMANDS):
+        raise app.UsageError(f"unknown arguments {argv[1:]}; subcommands: {', '.join(SUBCOMMANDS)}")
+    command = argv[1] if len(argv) == 2 else "build"
+    logging.set_verbosity(logging.INFO)
+    try:
+        _build() if command == "build" else _learn_vocab()
+    except BuildError as e:
+        print(f"tfrecord_builder: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("tfrecord_builder: interrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+def run():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)

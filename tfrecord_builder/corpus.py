@@ -1,0 +1,193 @@
+"""Reading the raw corpus: input expansion, decompression, and document-aligned chunks.
+
+The main process only finds chunk boundaries in raw bytes; decoding and line checks run
+in the workers (`clean_lines`), so the reader stays cheap and memory stays bounded.
+"""
+
+import bz2
+import dataclasses
+import glob
+import gzip
+import os
+from typing import Iterator, List, Sequence, Tuple
+
+from tfrecord_builder import BuildError
+
+# A chunk closes at the first document boundary after this many bytes ...
+DEFAULT_CHUNK_BYTES = 1 << 18
+# ... or, inside a very long document or line, at a line/word boundary past this many.
+MAX_CHUNK_FACTOR = 4
+READ_BLOCK = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A run of whole lines from one input; (file_index, index) fixes its RNG stream
+    and its place in the output, independently of how many workers run."""
+    file_index: int
+    index: int  # position of the chunk within its input
+    path: str
+    first_line: int  # 1-based line number of the chunk's first line in `path`
+    data: bytes
+    split_line: bool  # the chunk ends inside a line that was too long to keep whole
+    raw_pos: int = 0  # bytes of the (possibly compressed) input consumed so far
+
+
+def expand_inputs(patterns: Sequence[str]) -> List[str]:
+    """Files, directories (recursively) and glob patterns -> sorted unique file list."""
+    files = []
+    for pattern in patterns:
+        pattern = pattern.strip()
+        if not pattern:
+            continue
+        if os.path.isdir(pattern):
+            found = [os.path.join(root, name)
+                     for root, _, names in os.walk(pattern) for name in names
+                     if not name.startswith(".")]
+        elif glob.has_magic(pattern):
+            found = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+        elif os.path.exists(pattern):
+            found = [pattern]
+        else:
+            raise BuildError(f"--input: no such file or directory: {pattern}")
+        if not found:
+            raise BuildError(f"--input: {pattern} matches no files")
+        files.extend(found)
+    if not files:
+        raise BuildError("--input: no input files given")
+    return sorted(set(os.path.abspath(f) for f in files))
+
+
+def open_binary(path: str):
+    """Opens `path` for binary reading, decompressing .gz / .bz2 by extension."""
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rb")
+        if path.endswith(".bz2"):
+            return bz2.open(path, "rb")
+        return open(path, "rb")
+    except OSError as e:
+        raise BuildError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _doc_boundary(buf: bytes, start: int) -> int:
+    """End offset of the first blank line at or after `start`, or -1."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\n\r\n")
+            for i in (buf.find(sep, start),) if i >= 0]
+    return min(ends) if ends else -1
+
+
+def _hard_cut(buf: bytes, limit: int) -> Tuple[int, bool]:
+    """Cut inside an over-long document: last line break, else last space, else a
+    UTF-8 character boundary. Returns (end, whether a line was split)."""
+    i = buf.rfind(b"\n", 0, limit)
+    if i > 0:
+        return i + 1, False
+    i = buf.rfind(b" ", 0, limit)
+    if i > 0:
+        return i + 1, True
+    i = limit
+    while i > 0 and (buf[i] & 0xC0) == 0x80:  # never split a UTF-8 sequence
+        i -= 1
+    return max(i, 1), True
+
+
+def iter_file_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[Chunk]:
+    """Yields `path` as chunks of whole documents of about `chunk_bytes` bytes.
+
+    A document longer than MAX_CHUNK_FACTOR * chunk_bytes is cut at a line break (or,
+    for a giant line, at a space), so memory stays bounded whatever the input.
+    """
+    hard_limit = chunk_bytes * MAX_CHUNK_FACTOR
+    index, line_no, buf, eof, raw_pos = 0, 1, b"", False, 0
+    try:
+        with open_binary(path) as f:
+            raw = getattr(f, "fileobj", None) or getattr(f, "_fp", None)
+            while True:
+                while not eof and len(buf) <= hard_limit:
+                    if len(buf) >= chunk_bytes and _doc_boundary(buf, chunk_bytes - 1) >= 0:
+                        break
+                    block = f.read(READ_BLOCK)
+                    raw_pos = _raw_tell(f, raw)
+                    if block:
+                        buf += block
+                    else:
+                        eof = True
+                if not buf:
+                    return
+                end = _doc_boundary(buf, chunk_bytes - 1) if len(buf) >= chunk_bytes else -1
+                split = False
+                if end < 0 or end > hard_limit:
+                    if eof and len(buf) <= hard_limit:
+                        end = len(buf)
+                    else:
+                        end, split = _hard_cut(buf, min(len(buf) - 1, hard_limit))
+                data, buf = buf[:end], buf[end:]
+                yield Chunk(file_index, index, path, line_no, data, split, raw_pos)
+                line_no += data.count(b"\n")
+                index += 1
+    except (OSError, EOFError, ValueError) as e:  # truncated .gz/.bz2, I/O errors
+        raise BuildError(f"cannot read {path} (near line {line_no}): {e}") from None
+
+
+def _raw_tell(f, raw) -> int:
+    try:
+        return (raw or f).tell()
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def input_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError as e:
+        raise BuildError(f"cannot read {path}: {e.strerror}") from None
+
+
+@dataclasses.dataclass
+class LineStats:
+    """Per-chunk line accounting, summed into the manifest."""
+    lines: int = 0
+    documents: int = 0
+    skipped: dict = dataclasses.field(default_factory=dict)
+    examples_of_skips: list = dataclasses.field(default_factory=list)
+
+    def skip(self, reason: str, where: str):
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.examples_of_skips) < 20:
+            self.examples_of_skips.append(f"{where}: {reason}")
+
+
+def clean_lines(chunk: Chunk, stats: LineStats) -> List[str]:
+    """Decodes a chunk into stripped lines ('' marks a document boundary).
+
+    Lines with invalid UTF-8 or NUL bytes are dropped and counted, never passed on.
+    """
+    data = chunk.data
+    try:
+        if b"\x00" in data:
+            raise UnicodeError
+        text_lines = data.decode("utf-8").split("\n")
+        checked = False
+    except UnicodeError:
+        text_lines = data.split(b"\n")
+        checked = True
+    if text_lines and text_lines[-1] in ("", b""):
+        text_lines.pop()  # the chunk ends with a newline
+    out = []
+    for offset, line in enumerate(text_lines):
+        if checked:
+            where = f"{chunk.path}:{chunk.first_line + offset}"
+            if b"\x00" in line:
+                stats.skip("nul_bytes", where)
+                continue
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                stats.skip("invalid_utf8", where)
+                continue
+        out.append(line.strip())
+    stats.lines += len(text_lines)
+    if chunk.split_line:
+        stats.skip("long_line_split", f"{chunk.path}:{chunk.first_line + len(text_lines) - 1}")
+    return out

@@ -1,0 +1,66 @@
+"""`manifest.json`: what a finished build holds, and the trainer-side checks against it.
+
+The manifest is written last, so its presence marks a complete build; the trainer
+compares vocabulary size and sequence length with its config before reading a record.
+"""
+
+import json
+import os
+from typing import Optional
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "electra-tf/pretraining-tfrecords"
+FORMAT_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """The data and the model config disagree, or the manifest is unreadable."""
+
+
+def write_manifest(output_dir: str, manifest: dict):
+    """Atomically writes the manifest (temp file + rename), the build's last step."""
+    path = os.path.join(output_dir, MANIFEST_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(path: str) -> dict:
+    """Reads a manifest from a file or from a build directory."""
+    if os.path.isdir(path):
+        path = os.path.join(path, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no manifest (the build is incomplete or was not made "
+                            "by tfrecord_builder)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ManifestError(f"{path}: not a tfrecord_builder manifest")
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise ManifestError(f"{path}: format_version {manifest['format_version']} is newer "
+                            f"than this code understands ({FORMAT_VERSION})")
+    return manifest
+
+
+def validate_manifest(manifest: dict, *, vocab_size: Optional[int] = None,
+                      max_seq_length: Optional[int] = None, where: str = "manifest"):
+    """Raises ManifestError naming both values when the data does not fit the config."""
+    data_vocab = manifest["tokenizer"]["vocab_size"]
+    if vocab_size is not None and data_vocab != vocab_size:
+        raise ManifestError(
+            f"{where}: the data was tokenized with a vocabulary of {data_vocab} tokens "
+            f"({manifest['tokenizer'].get('vocab_file')}) but the model config has "
+            f"vocab_size={vocab_size}")
+    data_len = manifest["max_seq_length"]
+    if max_seq_length is not None and data_len != max_seq_length:
+        raise ManifestError(
+            f"{where}: the data holds sequences of length {data_len} but the run uses "
+            f"max_seq_length={max_seq_length}; rebuild with --max_seq_length={max_seq_length} "
+            f"or change the flag")

@@ -1,0 +1,134 @@
+"""Tokenizers for the builder: WordPiece (tf-text FastBertTokenizer) and SentencePiece.
+
+Both tokenize whole batches of lines in C++ and hand back flat ids plus row splits; the
+vocabulary is checked for the special tokens ELECTRA needs before any work starts.
+"""
+
+import dataclasses
+import hashlib
+import os
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tfrecord_builder import BuildError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_wordpiece_vocab(path: str) -> List[str]:
+    """One token per line, id = line number (the BERT vocab.txt layout)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise BuildError(f"--vocab_file: cannot read {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BuildError(f"--vocab_file: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    tokens = text.split("\n")
+    if tokens and tokens[-1] == "":
+        tokens.pop()
+    tokens = [t.rstrip("\r") for t in tokens]
+    if not tokens:
+        raise BuildError(f"--vocab_file: {path} is empty")
+    return tokens
+
+
+def _special_ids(lookup: Dict[str, int], path: str, flag: str) -> Dict[str, int]:
+    missing = [t for t in SPECIAL_TOKENS if t not in lookup]
+    if missing:
+        raise BuildError(f"{flag}: {path} lacks the special token(s) {', '.join(missing)}")
+    return {t: lookup[t] for t in SPECIAL_TOKENS}
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabInfo:
+    """What the manifest records of a vocabulary; read without TensorFlow."""
+    kind: str  # "wordpiece" or "sentencepiece"
+    path: str
+    vocab_size: int
+    sha256: str
+    special_ids: Dict[str, int]
+    do_lower_case: bool
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "vocab_file": os.path.basename(self.path),
+                "vocab_size": self.vocab_size, "vocab_sha256": self.sha256,
+                "do_lower_case": self.do_lower_case, "special_token_ids": self.special_ids}
+
+
+def _read_spm(path: str):
+    import sentencepiece as spm
+    try:
+        with open(path, "rb") as f:
+            model = f.read()
+        return model, spm.SentencePieceProcessor(model_proto=model)
+    except OSError as e:
+        raise BuildError(f"--spm_model: cannot read {path}: {e.strerror}") from None
+    except RuntimeError as e:
+        raise BuildError(f"--spm_model: {path} is not a SentencePiece model "
+                         f"({str(e).splitlines()[0]})") from None
+
+
+def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None,
+               do_lower_case: bool = True) -> VocabInfo:
+    """Reads and checks a WordPiece vocab or SentencePiece model (no TensorFlow)."""
+    if spm_model:
+        _, proc = _read_spm(spm_model)
+        pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+        lookup = {p: i for i, p in enumerate(pieces)}
+        return VocabInfo("sentencepiece", spm_model, len(pieces), file_sha256(spm_model),
+                         _special_ids(lookup, spm_model, "--spm_model"), do_lower_case)
+    if not vocab_file:
+        raise BuildError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
+    tokens = read_wordpiece_vocab(vocab_file)
+    lookup = {}
+    for i, t in enumerate(tokens):
+        lookup.setdefault(t, i)
+    return VocabInfo("wordpiece", vocab_file, len(tokens), file_sha256(vocab_file),
+                     _special_ids(lookup, vocab_file, "--vocab_file"), do_lower_case)
+
+
+class Tokenizer:
+    """Batched C++ tokenization: FastBertTokenizer (WordPiece) or SentencepieceTokenizer."""
+
+    def __init__(self, info: VocabInfo):
+        import tensorflow as tf
+        import tensorflow_text as tf_text
+        self.info = info
+        self.special_ids = info.special_ids
+        self._tf = tf
+        self._lower = False
+        if info.kind == "sentencepiece":
+            model, proc = _read_spm(info.path)
+            self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+            self._lower = info.do_lower_case
+            self._tok = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+        else:
+            self.vocab = read_wordpiece_vocab(info.path)
+            self._tok = tf_text.FastBertTokenizer(
+                self.vocab, suffix_indicator="##", max_bytes_per_word=100,
+                token_out_type=tf.int32, unknown_token="[UNK]",
+                lower_case_nfd_strip_accents=info.do_lower_case)
+
+    def tokenize(self, lines: List[str]) -> Tuple[np.ndarray, np.ndarray]:
+        """Batch of lines -> (flat int32 ids, int64 row splits of len(lines) + 1)."""
+        if not lines:
+            return np.zeros([0], np.int32), np.zeros([1], np.int64)
+        if self._lower:
+            lines = [line.lower() for line in lines]
+        ragged = self._tok.tokenize(self._tf.constant(lines, dtype=self._tf.string))
+        return ragged.flat_values.numpy(), ragged.row_splits.numpy()
+
+    def ids_to_tokens(self, ids) -> List[str]:
+        return [self.vocab[i] for i in ids]
