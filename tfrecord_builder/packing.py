@@ -2,8 +2,8 @@
 
 The segment rules follow the official ELECTRA builder (10% single-segment examples, 5%
 random short target lengths, the 50% rule for a sentence that overflows segment A), with
-one change: tokens that do not fit are carried into the next example of the same
-document instead of being dropped.
+two changes: tokens that do not fit are carried into the next example of the same
+document instead of being dropped, and segments stay contiguous text (see `_emit`).
 """
 
 import dataclasses
@@ -72,8 +72,11 @@ class Packer:
         second: List[np.ndarray] = []
         n_first = n_second = 0
         for sentence in self.buffer:
-            if (n_first == 0 or n_first + len(sentence) < first_target or
-                    (n_second == 0 and n_first < first_target and self.rng.random() < 0.5)):
+            # Once B has begun every later sentence joins B: the official rule would let a
+            # short sentence jump back into A, putting text out of order.
+            if n_first == 0 or (n_second == 0 and (
+                    n_first + len(sentence) < first_target or
+                    (n_first < first_target and self.rng.random() < 0.5))):
                 first.append(sentence)
                 n_first += len(sentence)
             else:

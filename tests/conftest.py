@@ -1,0 +1,39 @@
+"""Shared paths and one session-wide build of the bundled Wikipedia sample."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
+WIKI = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
+NEWS = os.path.join(REPO, "data", "corpus", "lee_news_sample.txt")
+
+
+@pytest.fixture(scope="session")
+def sample_build(tmp_path_factory):
+    """The bundled Wikipedia sample built with the defaults (length 128, 16 shards)."""
+    from tfrecord_builder.build import BuildConfig, build
+    out = str(tmp_path_factory.mktemp("sample_build"))
+    manifest = build(BuildConfig(output_dir=out, inputs=(WIKI,), vocab_file=VOCAB,
+                                 num_workers=1))
+    return out, manifest
+
+
+def read_examples(directory, manifest):
+    """All examples of a build in build order (shard s, record k -> k * S + s)."""
+    import numpy as np
+    import tensorflow as tf
+    n_shards = len(manifest["shards"])
+    rows = {}
+    for s, shard in enumerate(manifest["shards"]):
+        path = os.path.join(directory, shard["name"])
+        for k, raw in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+            ex = tf.train.Example.FromString(raw).features.feature
+            rows[k * n_shards + s] = tuple(
+                np.array(ex[name].int64_list.value, np.int64)
+                for name in ("input_ids", "input_mask", "segment_ids"))
+    assert sorted(rows) == list(range(len(rows)))
+    return [rows[i] for i in range(len(rows))]
