@@ -1,0 +1,294 @@
+import filecmp
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfrecord_builder import BuildError
+from tfrecord_builder import build as build_lib
+from tfrecord_builder.build import BuildConfig, build
+from tfrecord_builder.manifest import ManifestError, read_manifest, validate_manifest
+from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+
+from conftest import REPO, VOCAB, WIKI, read_examples
+
+
+def _cfg(out, inputs, **kw):
+    kw.setdefault("num_workers", 1)
+    kw.setdefault("num_shards", 4)
+    return BuildConfig(output_dir=str(out), inputs=tuple(map(str, inputs)), vocab_file=VOCAB, **kw)
+
+
+def _small_corpus(tmp_path, n_lines=1500, name="small.txt"):
+    with open(WIKI, encoding="utf-8") as f:
+        lines = f.read().split("\n")[:n_lines]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _shard_bytes(directory, manifest):
+    return [open(os.path.join(directory, s["name"]), "rb").read() for s in manifest["shards"]]
+
+
+# ------------------------------------------------------------------ the bundled sample
+
+
+def test_sample_manifest(sample_build):
+    out, m = sample_build
+    assert m["corpus_tokens"] == 549_029
+    assert m["retention"] >= 0.99
+    assert m["example_tokens"] == m["corpus_tokens"]  # carry-over keeps every token
+    assert m["examples"] == sum(s["examples"] for s in m["shards"])
+    # The official builder makes 3,902 examples holding ~86% of the tokens.
+    assert 4000 < m["examples"] < 4800
+    assert m["documents"] == 96
+    assert m["skipped_lines"] == {}
+    assert m["tokenizer"]["vocab_size"] == 30522
+    assert m["tokenizer"]["kind"] == "wordpiece"
+    assert m["tokenizer"]["special_token_ids"]["[MASK]"] == 103
+    assert len(m["shards"]) == 16 and m["max_seq_length"] == 128
+    counts = np.loadtxt(os.path.join(out, m["token_counts_file"]), dtype=np.int64)
+    assert counts.shape == (30522,) and counts.sum() == 549_029
+    assert sorted(os.listdir(out)) == sorted(
+        [s["name"] for s in m["shards"]] + ["manifest.json", "token_counts.txt"])
+
+
+def test_every_example_well_formed_and_round_trip(sample_build):
+    """Layout invariants on every example, and the examples concatenated in build order
+    give back exactly the tokenized input: nothing dropped, nothing reordered."""
+    out, m = sample_build
+    examples = read_examples(out, m)
+    assert len(examples) == m["examples"]
+    content = []
+    n_single = 0
+    for ids, mask, segs in examples:
+        n = int(mask.sum())
+        assert ids.shape == (128,) and 3 <= n <= 128
+        assert (mask[:n] == 1).all() and (mask[n:] == 0).all()
+        assert (ids[n:] == 0).all() and (segs[n:] == 0).all()
+        assert ids[0] == 101 and ids[n - 1] == 102 and (ids[:n] != 0).all()
+        seps = np.flatnonzero(ids[:n] == 102)
+        assert len(seps) in (1, 2)
+        if len(seps) == 2:
+            assert (segs[:seps[0] + 1] == 0).all() and (segs[seps[0] + 1:n] == 1).all()
+        else:
+            n_single += 1
+            assert (segs == 0).all()
+        keep = np.ones(n, bool)
+        keep[0] = False
+        keep[seps] = False
+        content.append(ids[:n][keep])
+    assert 0.08 < n_single / len(examples) < 0.2
+
+    tok = Tokenizer(vocab_info(VOCAB))
+    with open(WIKI, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    flat, _ = tok.tokenize(lines)
+    stream = np.concatenate(content)
+    np.testing.assert_array_equal(stream, flat)
+    # ... and as text: WordPiece joined back equals the normalised input words.
+    from bert_reference import _basic
+    words = " ".join(tok.ids_to_tokens(stream[:5000])).replace(" ##", "").split()
+    expected = [w for line in lines for w in _basic(line, lower=True)][:len(words) - 1]
+    assert words[:len(expected)] == expected
+
+
+def test_official_format_parses(sample_build):
+    """The three features parse with the official feature spec."""
+    import tensorflow as tf
+    out, m = sample_build
+    spec = {k: tf.io.FixedLenFeature([128], tf.int64)
+            for k in ("input_ids", "input_mask", "segment_ids")}
+    ds = tf.data.TFRecordDataset(os.path.join(out, m["shards"][0]["name"])).batch(8)
+    batch = next(iter(ds.map(lambda x: tf.io.parse_example(x, spec))))
+    assert batch["input_ids"].shape == (8, 128)
+    assert batch["input_ids"].dtype == tf.int64
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def test_byte_identical_whatever_num_workers(tmp_path):
+    corpus = _small_corpus(tmp_path, 3000)
+    cfg = dict(chunk_bytes=20_000, num_shards=5, seed=7)
+    m1 = build(_cfg(tmp_path / "w1", [corpus], num_workers=1, **cfg))
+    m2 = build(_cfg(tmp_path / "w2", [corpus], num_workers=2, **cfg))
+    assert m1["examples"] == m2["examples"] > 300
+    assert _shard_bytes(tmp_path / "w1", m1) == _shard_bytes(tmp_path / "w2", m2)
+    m3 = build(_cfg(tmp_path / "s8", [corpus], num_workers=1, **{**cfg, "seed": 8}))
+    assert _shard_bytes(tmp_path / "w1", m1) != _shard_bytes(tmp_path / "s8", m3)
+
+
+def test_compressed_inputs_and_crlf_give_same_shards(tmp_path):
+    import bz2
+    import gzip
+    corpus = _small_corpus(tmp_path, 800)
+    text = corpus.read_bytes()
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "c.txt.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "bz").mkdir()
+    (tmp_path / "bz" / "c.txt.bz2").write_bytes(bz2.compress(text))
+    (tmp_path / "crlf").mkdir()
+    (tmp_path / "crlf" / "c.txt").write_bytes(text.replace(b"\n", b"\r\n"))
+    ref = build(_cfg(tmp_path / "plain", [corpus], chunk_bytes=8192))
+    for sub in ("gz", "bz", "crlf"):
+        m = build(_cfg(tmp_path / f"out_{sub}", [tmp_path / sub], chunk_bytes=8192))
+        assert m["corpus_tokens"] == ref["corpus_tokens"], sub
+        if sub != "crlf":  # CRLF shifts byte offsets, so chunk boundaries may differ
+            assert _shard_bytes(tmp_path / f"out_{sub}", m) == _shard_bytes(tmp_path / "plain", ref)
+        assert m["example_tokens"] == ref["example_tokens"]
+
+
+def test_inputs_by_directory_and_glob(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    _small_corpus(d, 300, "a.txt")
+    _small_corpus(d, 200, "b.txt")
+    m_dir = build(_cfg(tmp_path / "o1", [d]))
+    m_glob = build(_cfg(tmp_path / "o2", [str(d / "*.txt")]))
+    assert len(m_dir["inputs"]) == 2 and m_dir["inputs"] == m_glob["inputs"]
+    assert m_dir["examples"] == m_glob["examples"]
+
+
+# ------------------------------------------------------------------ atomic output and resume
+
+
+def test_interrupted_build_leaves_nothing_final_and_resumes(tmp_path, monkeypatch):
+    corpus = _small_corpus(tmp_path, 3000)
+    cfg = _cfg(tmp_path / "out", [corpus], chunk_bytes=20_000)
+    reference = build(_cfg(tmp_path / "ref", [corpus], chunk_bytes=20_000))
+
+    real = build_lib._process_chunk
+    calls = {"n": 0}
+
+    def crash_after_three(*args):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(build_lib, "_process_chunk", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        build(cfg)
+    out = tmp_path / "out"
+    assert not (out / "manifest.json").exists()
+    assert [n for n in os.listdir(out) if not n.startswith(".")] == []
+    pieces = [n for n in os.listdir(out / ".building" / "pieces") if n.endswith(".npz")]
+    assert len(pieces) == 3
+
+    monkeypatch.setattr(build_lib, "_process_chunk", real)
+    calls["n"] = 0
+    resumed = build(cfg)
+    assert resumed["examples"] == reference["examples"]
+    assert _shard_bytes(out, resumed) == _shard_bytes(tmp_path / "ref", reference)
+    assert not (out / ".building").exists()
+
+
+def test_kill_9_then_rerun_completes(tmp_path):
+    """SIGKILL a real build process mid-way; the directory never looks finished and the
+    same command then completes it with the same bytes as an uninterrupted build."""
+    corpus = tmp_path / "big.txt"
+    text = open(WIKI, encoding="utf-8").read()
+    corpus.write_text(text * 3, encoding="utf-8")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
+           f"--output_dir={out}", "--num_workers=1", "--num_shards=3", "--chunk_bytes=65536"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    pieces = out / ".building" / "pieces"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if pieces.exists() and sum(n.endswith(".npz") for n in os.listdir(pieces)) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists()
+    assert not any(n.startswith("pretrain_data") for n in os.listdir(out))
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = read_manifest(str(out))
+    ref = build(_cfg(tmp_path / "ref", [corpus], num_shards=3, chunk_bytes=65536))
+    assert _shard_bytes(out, m) == _shard_bytes(tmp_path / "ref", ref)
+    assert m["corpus_tokens"] == 3 * 549_029
+
+
+def test_rerun_of_finished_build_is_a_no_op_and_changes_need_overwrite(tmp_path):
+    corpus = _small_corpus(tmp_path, 400)
+    out = tmp_path / "out"
+    m1 = build(_cfg(out, [corpus]))
+    stamp = os.path.getmtime(out / "manifest.json")
+    m2 = build(_cfg(out, [corpus]))
+    assert m2 == m1 and os.path.getmtime(out / "manifest.json") == stamp
+    with pytest.raises(BuildError, match="--overwrite"):
+        build(_cfg(out, [corpus], num_shards=2))
+    m3 = build(_cfg(out, [corpus], num_shards=2, overwrite=True))
+    assert len(m3["shards"]) == 2
+    assert sorted(n for n in os.listdir(out) if n.startswith("pretrain")) == \
+        [s["name"] for s in m3["shards"]]
+
+
+# ------------------------------------------------------------------ manifest checks
+
+
+def test_manifest_validation_messages(sample_build):
+    out, _ = sample_build
+    m = read_manifest(out)
+    validate_manifest(m, vocab_size=30522, max_seq_length=128)
+    with pytest.raises(ManifestError) as e:
+        validate_manifest(m, vocab_size=32000)
+    assert "30522" in str(e.value) and "32000" in str(e.value)
+    with pytest.raises(ManifestError) as e:
+        validate_manifest(m, max_seq_length=512)
+    assert "128" in str(e.value) and "512" in str(e.value)
+
+
+def test_read_manifest_errors(tmp_path):
+    with pytest.raises(ManifestError, match="no manifest"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="unreadable"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ManifestError, match="not a tfrecord_builder manifest"):
+        read_manifest(str(tmp_path))
+
+
+def test_flag_errors():
+    for kw, flag in [({"max_seq_length": 4}, "--max_seq_length"),
+                     ({"num_shards": 0}, "--num_shards"),
+                     ({"num_workers": 0}, "--num_workers")]:
+        with pytest.raises(BuildError, match=flag):
+            build(_cfg("/tmp/unused", [WIKI], **kw))
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_defaults_build_the_bundled_sample(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=2"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4" in done.stdout and "retention 100.00%" in done.stdout
+    m = read_manifest(str(tmp_path / "cache" / "tfrecords" / "enwiki_sample-seq128"))
+    assert m["corpus_tokens"] == 549_029 and len(m["shards"]) == 16
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--input=/no/such/file.txt"], "/no/such/file.txt"),
+    (["--vocab_file=/no/vocab.txt"], "/no/vocab.txt"),
+    (["--max_seq_length=3"], "--max_seq_length"),
+])
+def test_cli_errors_are_one_line(tmp_path, args, needle):
+    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=1",
+                           f"--output_dir={tmp_path / 'o'}"] + args,
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    errors = [l for l in done.stderr.splitlines() if "error" in l]
+    assert len(errors) == 1 and needle in errors[0]
