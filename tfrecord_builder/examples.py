@@ -47,17 +47,25 @@ def chunk_rng(seed: int, chunk: Chunk) -> np.random.Generator:
     return np.random.default_rng([seed, chunk.file_index, chunk.index])
 
 
-def encode_chunk(chunk: Chunk, tokenizer, max_seq_length: int,
-                 seed: int) -> Tuple[PackedExamples, ChunkStats]:
-    """Tokenizes a chunk in one batch and packs its documents into examples."""
+def tokenize_chunk(chunk: Chunk, tokenizer):
+    """Decodes and tokenizes a chunk in one batch.
+
+    Returns (lines, sentences, line_stats): `lines` are the cleaned lines ('' between
+    documents), `sentences` the id arrays of the non-empty ones, in order.
+    """
     line_stats = LineStats()
     lines = clean_lines(chunk, line_stats)
     text = [line for line in lines if line]
     flat, splits = tokenizer.tokenize(text)
     sentences = np.split(flat, splits[1:-1]) if text else []
+    return lines, sentences, line_stats
 
-    special = tokenizer.special_ids
-    packer = Packer(max_seq_length, special["[CLS]"], special["[SEP]"], chunk_rng(seed, chunk))
+
+def pack_chunk(chunk: Chunk, lines, sentences, special_ids, max_seq_length: int,
+               seed: int) -> Tuple[PackedExamples, int]:
+    """Packs the chunk's documents; returns (examples, number of documents)."""
+    packer = Packer(max_seq_length, special_ids["[CLS]"], special_ids["[SEP]"],
+                    chunk_rng(seed, chunk))
     documents, doc, k = 0, [], 0
     for line in lines:
         if line:
@@ -69,8 +77,16 @@ def encode_chunk(chunk: Chunk, tokenizer, max_seq_length: int,
     if doc:
         packer.add_document(doc)
         documents += 1
-    packed = packer.take_examples()
+    return packer.take_examples(), documents
 
+
+def encode_chunk(chunk: Chunk, tokenizer, max_seq_length: int,
+                 seed: int) -> Tuple[PackedExamples, ChunkStats]:
+    """Tokenizes a chunk and packs its documents into examples."""
+    lines, sentences, line_stats = tokenize_chunk(chunk, tokenizer)
+    packed, documents = pack_chunk(chunk, lines, sentences, tokenizer.special_ids,
+                                   max_seq_length, seed)
+    flat = np.concatenate(sentences) if sentences else np.zeros([0], np.int32)
     ids, counts = np.unique(flat, return_counts=True)
     stats = ChunkStats(
         examples=len(packed.lengths), lines=line_stats.lines, documents=documents,
