@@ -22,7 +22,7 @@ For a TFDS chunk the fields of `corpus.Chunk` mean:
 """
 
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
@@ -51,9 +51,13 @@ def _default_data_dir() -> str:
         return os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0].strip() if text else type(e).__name__
+def _first_line(e, limit: int = 300) -> str:
+    """An exception's message on one line (a first line ending in ':' keeps what follows)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    text = lines[0] if not lines[0].endswith(":") else " ".join(lines)
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
 def _import_tfds():
@@ -85,7 +89,7 @@ def _open_builder(cfg):
     name = cfg.tfds_name
     if _has_namespace(name):
         raise BuildError(f"{_where(cfg)}: namespaced (community / Hugging Face) datasets are "
-                         "not supported; prepare it and pass its plain name")
+                         "not supported: their builders reach the network")
     kwargs = {}
     if cfg.tfds_data_dir:
         kwargs["data_dir"] = os.fspath(cfg.tfds_data_dir)
