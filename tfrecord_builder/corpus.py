@@ -28,6 +28,7 @@ class Chunk:
     index: int  # position of the chunk within its input
     path: str
     first_line: int  # 1-based line number of the chunk's first line in `path`
+    #                  (for a tensorflow-datasets source: 0-based number of its first record)
     data: bytes
     split_line: bool  # the chunk ends inside a line that was too long to keep whole
     raw_pos: int = 0  # bytes of the (possibly compressed) input consumed so far
@@ -77,7 +78,7 @@ def _doc_boundary(buf: bytes, start: int) -> int:
     return min(ends) if ends else -1
 
 
-def _hard_cut(buf: bytes, limit: int) -> Tuple[int, bool]:
+def hard_cut(buf: bytes, limit: int) -> Tuple[int, bool]:
     """Cut inside an over-long document: last line break, else last space, else a
     UTF-8 character boundary. Returns (end, whether a line was split)."""
     i = buf.rfind(b"\n", 0, limit)
@@ -121,7 +122,7 @@ def iter_file_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[C
                     if eof and len(buf) <= hard_limit:
                         end = len(buf)
                     else:
-                        end, split = _hard_cut(buf, min(len(buf) - 1, hard_limit))
+                        end, split = hard_cut(buf, min(len(buf) - 1, hard_limit))
                 data, buf = buf[:end], buf[end:]
                 yield Chunk(file_index, index, path, line_no, data, split, raw_pos)
                 line_no += data.count(b"\n")

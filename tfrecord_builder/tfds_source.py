@@ -268,21 +268,6 @@ def _iter_texts(cfg, tfds, builder, rank: int) -> Iterator[bytes]:
                          f"{count}: {_first_line(e.message)}") from None
 
 
-def _cut(data: bytes, limit: int) -> Tuple[int, bool]:
-    """Where to cut an over-long document: after the last line break before `limit`,
-    else after the last space, else at a UTF-8 character boundary. (end, split_line)."""
-    i = data.rfind(b"\n", 0, limit)
-    if i > 0:
-        return i + 1, False
-    i = data.rfind(b" ", 0, limit)
-    if i > 0:
-        return i + 1, True
-    i = limit
-    while i > 0 and (data[i] & 0xC0) == 0x80:
-        i -= 1
-    return max(i, 1), True
-
-
 def chunk_documents(texts, label: str, chunk_bytes: int) -> Iterator[corpus.Chunk]:
     """Batches record texts into document-aligned chunks (see the module docstring).
 
@@ -312,7 +297,7 @@ def chunk_documents(texts, label: str, chunk_bytes: int) -> Iterator[corpus.Chun
             first = records
         if len(doc) > hard_limit:
             while len(doc) > hard_limit:
-                end, split = _cut(doc, hard_limit)
+                end, split = corpus.hard_cut(doc, hard_limit)
                 yield emit(doc[:end], split, records)
                 doc = doc[end:]
                 first = records
