@@ -1,0 +1,289 @@
+"""Configuration: one frozen dataclass per concern, presets in `configs/*.json`.
+
+Unknown keys are errors that list the valid ones; overrides use `section.key=value`
+(or a bare `key=value` when the key name is unique across sections).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+class ConfigError(ValueError):
+    """A bad preset, key or value; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The encoder sizes (the discriminator's) and how the generator derives from them."""
+    vocab_size: int = 30522
+    embedding_size: int = 128
+    hidden_size: int = 256
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    # Generator: hidden size, FFN size and heads scaled by this; same depth by default.
+    generator_hidden_size: float = 0.25
+    generator_layers: float = 1.0
+    # Share token/position/type embeddings between generator and discriminator.
+    tie_embeddings: bool = True
+    # Share every encoder weight (paper 3.2); needs generator_hidden_size == 1.0.
+    tie_all_weights: bool = False
+
+    @property
+    def generator_hidden(self) -> int:
+        return int(round(self.hidden_size * self.generator_hidden_size))
+
+    @property
+    def generator_intermediate(self) -> int:
+        return int(round(self.intermediate_size * self.generator_hidden_size))
+
+    @property
+    def generator_heads(self) -> int:
+        return max(1, self.generator_hidden // 64)
+
+    @property
+    def generator_num_layers(self) -> int:
+        return max(1, int(round(self.num_hidden_layers * self.generator_layers)))
+
+    def check(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
+                              f"model.num_attention_heads={self.num_attention_heads}")
+        if self.generator_hidden % self.generator_heads:
+            raise ConfigError(f"generator hidden size {self.generator_hidden} is not a multiple "
+                              f"of its {self.generator_heads} heads")
+        if self.tie_all_weights and (self.generator_hidden_size != 1.0 or
+                                     self.generator_layers != 1.0):
+            raise ConfigError("model.tie_all_weights needs generator_hidden_size=1.0 and "
+                              "generator_layers=1.0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    """What is corrupted, how replacements are sampled, and how losses are weighted."""
+    objective: str = "electra"
+    mask_prob: float = 0.15
+    # Slots per sequence; 0 = int((mask_prob + 0.005) * max_seq_length) as officially.
+    max_predictions_per_seq: int = 0
+    # Of the chosen positions: this share becomes [MASK], the rest keep their token.
+    mask_token_prob: float = 0.85
+    # BERT-style corruption: this share of chosen positions gets a random token.
+    random_token_prob: float = 0.0
+    temperature: float = 1.0
+    disallow_correct: bool = False
+    generator: str = "masked_lm"  # masked_lm | uniform | unigram
+    gen_weight: float = 1.0
+    disc_weight: float = 50.0
+
+    def predictions_per_seq(self, max_seq_length: int) -> int:
+        return self.max_predictions_per_seq or int((self.mask_prob + 0.005) * max_seq_length)
+
+    def check(self):
+        if not 0 < self.mask_prob < 1:
+            raise ConfigError(f"objective.mask_prob={self.mask_prob} must be in (0, 1)")
+        if self.mask_token_prob + self.random_token_prob > 1:
+            raise ConfigError("objective.mask_token_prob + random_token_prob must be <= 1")
+        if self.generator not in ("masked_lm", "uniform", "unigram"):
+            raise ConfigError(f"objective.generator={self.generator!r}: expected masked_lm, "
+                              "uniform or unigram")
+        if self.temperature <= 0:
+            raise ConfigError(f"objective.temperature={self.temperature} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """The official defaults: AdamW without bias correction, linear warmup and decay."""
+    optimizer: str = "adamw"  # adamw | lamb
+    learning_rate: float = 5e-4
+    warmup_steps: int = 10000
+    lr_decay_power: float = 1.0
+    end_learning_rate: float = 0.0
+    weight_decay: float = 0.01
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-6
+    bias_correction: bool = False
+    clip_norm: float = 1.0
+
+    def check(self):
+        if self.optimizer not in ("adamw", "lamb"):
+            raise ConfigError(f"optimizer.optimizer={self.optimizer!r}: expected adamw or lamb")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"optimizer.learning_rate={self.learning_rate} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Batching, length, steps, checkpoints and numerics of a run."""
+    train_batch_size: int = 128
+    eval_batch_size: int = 128
+    max_seq_length: int = 128
+    num_train_steps: int = 1_000_000
+    max_eval_steps: int = 100
+    steps_per_loop: int = 100
+    log_every_steps: int = 100
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    grad_accum_steps: int = 1
+    precision: str = "float32"  # float32 | bfloat16 | float16
+    seed: int = 1
+
+    def check(self, model: ModelConfig):
+        if self.max_seq_length > model.max_position_embeddings:
+            raise ConfigError(f"max_seq_length={self.max_seq_length} exceeds "
+                              f"model.max_position_embeddings={model.max_position_embeddings}")
+        for name in ("train_batch_size", "num_train_steps", "steps_per_loop",
+                     "save_checkpoints_steps", "grad_accum_steps", "log_every_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.train_batch_size % self.grad_accum_steps:
+            raise ConfigError(f"train_batch_size={self.train_batch_size} is not a multiple of "
+                              f"grad_accum_steps={self.grad_accum_steps}")
+        if self.precision not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"precision={self.precision!r}: expected float32, bfloat16 or "
+                              "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingConfig:
+    model: ModelConfig = ModelConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    train: TrainConfig = TrainConfig()
+
+    def check(self) -> "PretrainingConfig":
+        self.model.check()
+        self.objective.check()
+        self.optimizer.check()
+        self.train.check(self.model)
+        return self
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTION_CLASSES = {"model": ModelConfig, "objective": ObjectiveConfig,
+                    "optimizer": OptimizerConfig, "train": TrainConfig}
+
+
+def _fields(cls) -> Dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Converts a JSON or command-line value to the type of the field's default."""
+    kind = type(default)
+    if isinstance(value, str) and kind is not str:
+        text = value.strip()
+        if kind is bool:
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ConfigError(f"{key}={value!r}: expected true or false")
+        try:
+            return kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r}: expected a {kind.__name__}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}={value!r}: expected a {kind.__name__}")
+    return value
+
+
+def _resolve_key(key: str) -> tuple:
+    """'section.field' or a bare field name unique across sections -> (section, field)."""
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in _SECTION_CLASSES:
+            raise ConfigError(f"unknown config section {section!r}; valid: "
+                              f"{', '.join(_SECTION_CLASSES)}")
+        if name not in _fields(_SECTION_CLASSES[section]):
+            raise ConfigError(f"unknown key {key!r}; valid keys of {section}: "
+                              f"{', '.join(_fields(_SECTION_CLASSES[section]))}")
+        return section, name
+    owners = [s for s, cls in _SECTION_CLASSES.items() if key in _fields(cls)]
+    if not owners:
+        valid = ", ".join(f"{s}.{n}" for s, cls in _SECTION_CLASSES.items() for n in _fields(cls))
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {valid}")
+    if len(owners) > 1:
+        raise ConfigError(f"config key {key!r} is ambiguous; write one of "
+                          f"{', '.join(f'{s}.{key}' for s in owners)}")
+    return owners[0], key
+
+
+def apply_overrides(cfg: PretrainingConfig, overrides: Dict[str, Any]) -> PretrainingConfig:
+    """Returns `cfg` with {key: value} applied (keys as in `_resolve_key`)."""
+    changes: Dict[str, Dict[str, Any]] = {}
+    for key, value in overrides.items():
+        section, name = _resolve_key(key)
+        default = getattr(getattr(cfg, section), name)
+        changes.setdefault(section, {})[name] = _coerce(value, default, f"{section}.{name}")
+    return dataclasses.replace(cfg, **{
+        s: dataclasses.replace(getattr(cfg, s), **kv) for s, kv in changes.items()})
+
+
+def parse_overrides(text: str) -> Dict[str, str]:
+    """'a=1,b.c=2' -> {'a': '1', 'b.c': '2'} (the --params_override syntax)."""
+    out = {}
+    for item in filter(None, (p.strip() for p in (text or "").split(","))):
+        if "=" not in item:
+            raise ConfigError(f"--params_override: {item!r} is not key=value")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _flatten(data: Dict[str, Any], where: str) -> Dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    flat = {}
+    for key, value in data.items():
+        if key in _SECTION_CLASSES:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: section {key!r} must be a JSON object")
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key in ("description", "_comment"):
+            continue
+        else:
+            flat[key] = value
+    return flat
+
+
+def preset_names():
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".json"))
+
+
+def load_config(name_or_path: str = "tiny",
+                overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
+    """A preset name (configs/NAME.json) or a JSON path, plus overrides; checked."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(PRESET_DIR, f"{name_or_path}.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"--config {name_or_path!r}: neither a file nor a preset; "
+                              f"presets: {', '.join(preset_names())}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--config {path}: {e}") from None
+    cfg = apply_overrides(PretrainingConfig(), _flatten(data, path))
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    return cfg.check()
