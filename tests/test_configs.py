@@ -1,0 +1,75 @@
+import json
+
+import pytest
+
+from electra_tf.configs import (ConfigError, PretrainingConfig, apply_overrides, load_config,
+                                parse_overrides, preset_names)
+
+
+def test_presets_match_the_paper():
+    assert set(preset_names()) >= {"tiny", "small", "small_plus", "base", "large"}
+    small, base, large = load_config("small"), load_config("base"), load_config("large")
+    sizes = lambda c: (c.model.num_hidden_layers, c.model.hidden_size,
+                       c.model.intermediate_size, c.model.num_attention_heads,
+                       c.model.embedding_size)
+    assert sizes(small) == (12, 256, 1024, 4, 128)
+    assert sizes(base) == (12, 768, 3072, 12, 768)
+    assert sizes(large) == (24, 1024, 4096, 16, 1024)
+    # Generators: 1/4, 1/3, 1/4 of the hidden size; heads max(1, hidden // 64).
+    assert (small.model.generator_hidden, small.model.generator_heads) == (64, 1)
+    assert (base.model.generator_hidden, base.model.generator_intermediate,
+            base.model.generator_heads) == (256, 1024, 4)
+    assert (large.model.generator_hidden, large.model.generator_heads) == (256, 4)
+    assert load_config("small_plus").model.generator_hidden == 256
+    # Official max_predictions_per_seq: 19 at 128, 79 at 512, 130 for large's 25%.
+    assert small.objective.predictions_per_seq(128) == 19
+    assert base.objective.predictions_per_seq(512) == 79
+    assert large.objective.predictions_per_seq(512) == 130
+    assert (small.optimizer.learning_rate, base.optimizer.learning_rate) == (5e-4, 2e-4)
+    assert (small.train.train_batch_size, base.train.train_batch_size,
+            large.train.train_batch_size) == (128, 256, 2048)
+    assert small.objective.disc_weight == 50.0 and small.optimizer.epsilon == 1e-6
+    assert small.optimizer.bias_correction is False and small.optimizer.weight_decay == 0.01
+
+
+def test_overrides_dotted_and_bare():
+    cfg = load_config("tiny", "learning_rate=2e-3,train.num_train_steps=10,"
+                              "model.tie_embeddings=false,temperature=0.5")
+    assert cfg.optimizer.learning_rate == 2e-3
+    assert cfg.train.num_train_steps == 10
+    assert cfg.model.tie_embeddings is False
+    assert cfg.objective.temperature == 0.5
+    assert parse_overrides(" a=1 , b.c=x ") == {"a": "1", "b.c": "x"}
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("foo=1", "unknown config key 'foo'; valid keys: model.vocab_size"),
+    ("model.foo=1", "valid keys of model: vocab_size"),
+    ("nosection.x=1", "unknown config section"),
+    ("hidden_size=abc", "expected a int"),
+    ("tie_embeddings=maybe", "expected true or false"),
+    ("max_seq_length=1024", "exceeds model.max_position_embeddings=128"),
+    ("novalue", "is not key=value"),
+    ("generator_hidden_size=0.5,tie_all_weights=true", "tie_all_weights needs"),
+])
+def test_bad_overrides_are_one_line(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", override)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_key_in_json_file(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {"hidden_sise": 64}}))
+    with pytest.raises(ConfigError, match="hidden_sise"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match="presets: base, large, small"):
+        load_config("no_such_preset")
+
+
+def test_frozen():
+    cfg = PretrainingConfig()
+    with pytest.raises(Exception):
+        cfg.model.hidden_size = 3
+    assert apply_overrides(cfg, {"hidden_size": 512}).model.hidden_size == 512
+    assert cfg.model.hidden_size == 256
