@@ -50,7 +50,9 @@ flags.DEFINE_enum("vocab_type", "wordpiece", ["wordpiece", "sentencepiece"],
 flags.DEFINE_integer("vocab_size", 8000, "learn_vocab: target vocabulary size.")
 flags.DEFINE_string("vocab_output", None,
                     "learn_vocab: output path (WordPiece: vocab.txt; SentencePiece: model "
-                    "prefix, writes PREFIX.model and PREFIX.vocab).")
+                    "prefix, writes PREFIX.model and PREFIX.vocab; a directory works too).")
+flags.DEFINE_enum("spm_model_type", "unigram", ["unigram", "bpe", "char", "word"],
+                  "learn_vocab: SentencePiece model type.")
 flags.DEFINE_integer("max_sentences", 2_000_000,
                      "learn_vocab: at most this many lines are sampled to learn from.")
 
@@ -101,7 +103,8 @@ def _learn_vocab():
     path = vocab_learning.learn_vocab(
         inputs=FLAGS.input, output=FLAGS.vocab_output, vocab_type=FLAGS.vocab_type,
         vocab_size=FLAGS.vocab_size, do_lower_case=FLAGS.do_lower_case,
-        max_sentences=FLAGS.max_sentences)
+        max_sentences=FLAGS.max_sentences, seed=FLAGS.seed,
+        spm_model_type=FLAGS.spm_model_type)
     print(f"wrote {path}")
 
 
