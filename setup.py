@@ -19,8 +19,11 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.40", "tensorflow-datasets>=4.9,<5"],
-        "beam": ["apache-beam>=2.60"],
+        # CI installs every optional piece so that no test is skipped there.
+        "test": ["pytest>=8", "transformers>=4.40", "tensorflow-datasets>=4.9,<5",
+                 "apache-beam>=2.60", "google-crc32c>=1.5"],
+        # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.
+        "beam": ["apache-beam>=2.60", "google-crc32c>=1.5"],
         "tfds": ["tensorflow-datasets>=4.9,<5"],
     },
     entry_points={
