@@ -1,0 +1,106 @@
+"""Throughput of electra_tf.input_pipeline on the bundled Wikipedia sample.
+
+Reads with repeat=True, as the trainer does, and compares the rate with how fast a trainer
+consumes sequences (--trainer_seqs_per_s), to show whether input could ever be the limit.
+
+    python bench/bench_input_pipeline.py [--data_dir DIR] [--num_batches 3000]
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
+
+import tensorflow as tf  # noqa: E402
+
+from electra_tf import input_pipeline as ip  # noqa: E402
+
+DEFAULT_DATA = os.path.join(REPO, "cache", "tfrecords", "enwiki_sample-seq128")
+CORPUS = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
+VOCAB = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data_dir", help="a build directory or file pattern; default: the main "
+                   "job's build of the sample if present, else a fresh build in a temp dir")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--batch_sizes", default="128,32", help="comma-separated global batches")
+    p.add_argument("--num_batches", type=int, default=3000, help="timed batches per size")
+    p.add_argument("--warmup", type=int, default=200, help="untimed batches first")
+    p.add_argument("--shuffle_buffer", type=int, default=ip.InputConfig.shuffle_buffer)
+    p.add_argument("--cycle_length", type=int, default=ip.InputConfig.cycle_length)
+    p.add_argument("--trainer_seqs_per_s", type=float, default=25.0,
+                   help="the trainer's consumption rate to compare with (ELECTRA-Small "
+                   "train steps on this CPU: roughly 25 sequences/s)")
+    return p.parse_args(argv)
+
+
+def _build_sample(output_dir: str, max_seq_length: int):
+    from tfrecord_builder.build import BuildConfig, build
+    build(BuildConfig(output_dir=output_dir, inputs=(CORPUS,), vocab_file=VOCAB,
+                      max_seq_length=max_seq_length, num_shards=16, num_workers=1))
+
+
+def measure(pattern: str, batch_size: int, args) -> dict:
+    cfg = ip.InputConfig(file_pattern=pattern, max_seq_length=args.max_seq_length,
+                         batch_size=batch_size, shuffle_buffer=args.shuffle_buffer,
+                         cycle_length=args.cycle_length, repeat=True)
+    t0 = time.perf_counter()
+    it = iter(ip.make_dataset(cfg))
+    next(it)
+    first_s = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        next(it)
+    t1 = time.perf_counter()
+    for _ in range(args.num_batches):
+        batch = next(it)
+    elapsed = time.perf_counter() - t1
+    assert batch["input_ids"].shape == (batch_size, args.max_seq_length)
+    return {"first_s": first_s, "elapsed": elapsed,
+            "batches_per_s": args.num_batches / elapsed,
+            "examples_per_s": args.num_batches * batch_size / elapsed}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    tmp = None
+    pattern = args.data_dir
+    if pattern is None:
+        pattern = DEFAULT_DATA
+        if not os.path.exists(os.path.join(pattern, "manifest.json")):
+            tmp = tempfile.TemporaryDirectory(prefix="bench_input_pipeline-")
+            pattern = tmp.name
+            t = time.perf_counter()
+            _build_sample(pattern, args.max_seq_length)
+            print(f"built the sample into {pattern} in {time.perf_counter() - t:.1f} s")
+    try:
+        manifest = ip.check_data(pattern, max_seq_length=args.max_seq_length)
+        files = ip.resolve_files(pattern)
+        examples = manifest["examples"] if manifest else "unknown"
+        print(f"data: {pattern} ({examples} examples in {len(files)} files)")
+        print(f"host: {os.cpu_count()} CPUs, tensorflow {tf.__version__}; repeat=True, "
+              f"shuffle_buffer={args.shuffle_buffer}, cycle_length={args.cycle_length}, "
+              f"{args.warmup} warm-up + {args.num_batches} timed batches each")
+        for batch_size in [int(b) for b in args.batch_sizes.split(",") if b.strip()]:
+            r = measure(pattern, batch_size, args)
+            ratio = r["examples_per_s"] / args.trainer_seqs_per_s
+            print(f"batch {batch_size} x seq {args.max_seq_length}: "
+                  f"{r['batches_per_s']:.1f} batches/s, {r['examples_per_s']:.0f} examples/s "
+                  f"({args.num_batches} batches in {r['elapsed']:.2f} s; first batch after "
+                  f"{r['first_s']:.2f} s)")
+            print(f"batch {batch_size}: {ratio:.0f}x the trainer's {args.trainer_seqs_per_s:g} "
+                  f"sequences/s")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

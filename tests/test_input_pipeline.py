@@ -1,0 +1,345 @@
+"""Tests of electra_tf.input_pipeline against a small build of the bundled Wikipedia sample.
+
+Expected values come from the records themselves, decoded with tf.train.Example.
+"""
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import input_pipeline as ip
+from tfrecord_builder.build import BuildConfig, build
+from tfrecord_builder.manifest import ManifestError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
+VOCAB = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
+SEQ = 128
+VOCAB_SIZE = 30522
+NUM_SHARDS = 4
+
+
+def _row_key(ids, mask, seg) -> bytes:
+    return np.concatenate([ids, mask, seg]).astype(np.int32).tobytes()
+
+
+def _read_file(path):
+    """(input_ids, input_mask, segment_ids) of every record of `path`, in file order."""
+    rows = []
+    for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        f = tf.train.Example.FromString(raw).features.feature
+        rows.append(tuple(np.array(f[n].int64_list.value, np.int64) for n in ip.FEATURE_NAMES))
+    return rows
+
+
+def _batch_keys(ds, limit=None):
+    keys = []
+    for i, batch in enumerate(ds.as_numpy_iterator()):
+        if limit is not None and i >= limit:
+            break
+        for r in range(batch["input_ids"].shape[0]):
+            keys.append(_row_key(batch["input_ids"][r], batch["input_mask"][r],
+                                 batch["segment_ids"][r]))
+    return keys
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("input_pipeline")
+    # ~250 KB of whole lines: about 450 examples, enough for several batches per shard.
+    lines, size = [], 0
+    with open(CORPUS, encoding="utf-8") as f:
+        for line in f:
+            lines.append(line)
+            size += len(line)
+            if size > 250_000:
+                break
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(lines), encoding="utf-8")
+    out = root / "build"
+    build(BuildConfig(output_dir=str(out), inputs=(str(corpus),), vocab_file=VOCAB,
+                      max_seq_length=SEQ, num_shards=NUM_SHARDS, num_workers=1))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def manifest(data_dir):
+    with open(os.path.join(data_dir, "manifest.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def records(data_dir, manifest):
+    """{shard path: [row tuples in file order]}."""
+    return {os.path.join(data_dir, s["name"]): _read_file(os.path.join(data_dir, s["name"]))
+            for s in manifest["shards"]}
+
+
+@pytest.fixture(scope="session")
+def official_dir(data_dir, tmp_path_factory):
+    """The same shards without manifest.json, like the official builder's output."""
+    d = tmp_path_factory.mktemp("official")
+    for name in os.listdir(data_dir):
+        if name.startswith("pretrain_data.tfrecord"):
+            shutil.copy(os.path.join(data_dir, name), d / name)
+    (d / "vocab.txt").write_text("[PAD]\n")  # must not be taken for a shard
+    return str(d)
+
+
+def _cfg(data_dir, **kw):
+    kw.setdefault("max_seq_length", SEQ)
+    kw.setdefault("batch_size", 16)
+    return ip.InputConfig(file_pattern=kw.pop("file_pattern", data_dir), **kw)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_directory_with_manifest_resolves_to_its_shards(data_dir, manifest):
+    expected = sorted(os.path.join(data_dir, s["name"]) for s in manifest["shards"])
+    assert len(expected) == NUM_SHARDS
+    assert ip.resolve_files(data_dir) == expected
+    # A glob over the directory skips manifest.json and token_counts.txt.
+    assert ip.resolve_files(os.path.join(data_dir, "*")) == expected
+    # Comma-separated parts are merged without duplicates.
+    assert ip.resolve_files(f"{expected[0]}, {data_dir}/*-0000[01]-*") == expected[:2]
+
+
+def test_manifest_shard_missing_is_named(data_dir, manifest, tmp_path):
+    shutil.copy(os.path.join(data_dir, "manifest.json"), tmp_path / "manifest.json")
+    for s in manifest["shards"][:-1]:
+        shutil.copy(os.path.join(data_dir, s["name"]), tmp_path / s["name"])
+    with pytest.raises(ip.InputDataError, match=manifest["shards"][-1]["name"]):
+        ip.resolve_files(str(tmp_path))
+
+
+def test_missing_pattern_is_a_clear_error(tmp_path):
+    pattern = str(tmp_path / "nothing-here" / "pretrain_data.tfrecord-*")
+    with pytest.raises(ip.InputDataError) as e:
+        ip.resolve_files(pattern)
+    assert isinstance(e.value, ValueError)
+    assert pattern in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ip.InputDataError, match="nothing-here"):
+        ip.make_dataset(ip.InputConfig(file_pattern=pattern))
+
+
+def test_official_dir_without_manifest(official_dir, data_dir, records):
+    files = ip.resolve_files(official_dir)
+    assert [os.path.basename(f) for f in files] == sorted(os.path.basename(f) for f in records)
+    assert ip.check_data(official_dir, vocab_size=VOCAB_SIZE, max_seq_length=SEQ) is None
+    assert ip.peek_sequence_length(files[0]) == SEQ
+    batch = next(iter(ip.make_dataset(_cfg(official_dir))))
+    assert batch["input_ids"].shape == (16, SEQ)
+
+
+def test_sequence_length_mismatch_without_manifest_names_file_and_lengths(official_dir):
+    with pytest.raises(ip.InputDataError) as e:
+        ip.make_dataset(_cfg(official_dir, max_seq_length=64))
+    msg = str(e.value)
+    assert "pretrain_data.tfrecord-00000" in msg and "128" in msg and "64" in msg
+
+
+@pytest.mark.parametrize("kw,numbers", [
+    ({"vocab_size": 30000, "max_seq_length": SEQ}, ("30522", "30000")),
+    ({"vocab_size": VOCAB_SIZE, "max_seq_length": 256}, ("128", "256")),
+])
+def test_manifest_mismatch_raises_with_both_numbers(data_dir, kw, numbers):
+    for pattern in (data_dir, os.path.join(data_dir, "pretrain_data.tfrecord-*")):
+        with pytest.raises(ManifestError) as e:
+            ip.check_data(pattern, **kw)
+        assert all(n in str(e.value) for n in numbers), str(e.value)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ManifestError):
+        ip.make_dataset(_cfg(data_dir, **kw))
+
+
+def test_check_data_returns_manifest(data_dir, manifest):
+    got = ip.check_data(data_dir, vocab_size=VOCAB_SIZE, max_seq_length=SEQ)
+    assert got["examples"] == manifest["examples"] == sum(s["examples"] for s in manifest["shards"])
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def test_shapes_and_dtypes_are_static(data_dir):
+    ds = ip.make_dataset(_cfg(data_dir, batch_size=16))
+    assert ds.element_spec == ip.element_spec(16, SEQ)
+    for name in ip.FEATURE_NAMES:
+        spec = ds.element_spec[name]
+        assert spec.shape.as_list() == [16, SEQ] and spec.dtype == tf.int32
+    batch = next(iter(ds))
+    ids, mask, seg = (batch[n].numpy() for n in ip.FEATURE_NAMES)
+    assert set(np.unique(mask)) <= {0, 1} and set(np.unique(seg)) <= {0, 1}
+    assert ids.min() >= 0 and ids.max() < VOCAB_SIZE
+    assert (ids[:, 0] == 101).all()  # [CLS]
+    assert (ids[mask == 0] == 0).all() and (seg[mask == 0] == 0).all()
+
+
+def test_values_equal_the_records_in_file_order(records):
+    path, rows = next(iter(records.items()))
+    cfg = ip.InputConfig(file_pattern=path, max_seq_length=SEQ, batch_size=8, shuffle_buffer=0,
+                         cycle_length=1, repeat=False, deterministic=True, seed=0)
+    got = list(ip.make_dataset(cfg).as_numpy_iterator())
+    assert len(got) == len(rows) // 8
+    for b, batch in enumerate(got):
+        for r in range(8):
+            want = rows[b * 8 + r]
+            for name, w in zip(ip.FEATURE_NAMES, want):
+                np.testing.assert_array_equal(batch[name][r], w)
+
+
+def test_every_example_once_per_epoch(data_dir, manifest, records):
+    all_keys = collections.Counter(_row_key(*r) for rows in records.values() for r in rows)
+    assert sum(all_keys.values()) == manifest["examples"]
+    # Batch 1: the epoch is exactly the records.
+    got = collections.Counter(_batch_keys(ip.make_dataset(_cfg(data_dir, batch_size=1,
+                                                                repeat=False))))
+    assert got == all_keys
+    # Batch 32: full batches only, fewer than one batch left out, nothing twice.
+    keys = _batch_keys(ip.make_dataset(_cfg(data_dir, batch_size=32, repeat=False)))
+    assert len(keys) == manifest["examples"] // 32 * 32
+    assert manifest["examples"] - len(keys) < 32
+    assert not collections.Counter(keys) - all_keys
+    # Repeated: each consecutive epoch's worth of examples is again every record once.
+    n = manifest["examples"]
+    keys = _batch_keys(ip.make_dataset(_cfg(data_dir, batch_size=1, shuffle_buffer=10_000)),
+                       limit=2 * n)
+    assert collections.Counter(keys[:n]) == all_keys == collections.Counter(keys[n:])
+    assert keys[:n] != keys[n:]  # reshuffled each epoch
+
+
+def test_two_input_pipelines_read_disjoint_files_covering_all(data_dir, records):
+    files = ip.resolve_files(data_dir)
+    parts = [ip.shard_files(files, 2, i) for i in range(2)]
+    assert not set(parts[0]) & set(parts[1]) and sorted(parts[0] + parts[1]) == files
+
+    seen = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                         num_replicas_in_sync=2)
+        ds = ip.make_dataset(_cfg(data_dir, batch_size=2, repeat=False), ctx)  # 1 per replica
+        assert ds.element_spec["input_ids"].shape.as_list() == [1, SEQ]
+        seen.append(collections.Counter(_batch_keys(ds)))
+        want = collections.Counter(_row_key(*r) for f in parts[i] for r in records[f])
+        assert seen[i] == want
+    assert not set(seen[0]) & set(seen[1])
+
+
+def test_fewer_files_than_pipelines_is_an_error(data_dir):
+    ctx = tf.distribute.InputContext(num_input_pipelines=NUM_SHARDS + 1, input_pipeline_id=0,
+                                     num_replicas_in_sync=NUM_SHARDS + 1)
+    with pytest.raises(ip.InputDataError, match=f"{NUM_SHARDS} input files .* {NUM_SHARDS + 1}"):
+        ip.make_dataset(_cfg(data_dir, batch_size=NUM_SHARDS + 1), ctx)
+
+
+def test_deterministic_mode_repeats_order_and_seed_changes_it(data_dir, manifest):
+    # 40 batches of 16 cross at least one epoch boundary of the repeated data.
+    assert 40 * 16 > manifest["examples"]
+    run = lambda seed: _batch_keys(  # noqa: E731
+        ip.make_dataset(_cfg(data_dir, deterministic=True, seed=seed, shuffle_buffer=200)),
+        limit=40)
+    first, second, other = run(7), run(7), run(8)
+    assert first == second
+    assert first != other
+    assert first[:16] != other[:16]
+    # Shuffled, not file order.
+    assert first[:16] != _batch_keys(ip.make_dataset(_cfg(
+        data_dir, deterministic=True, seed=0, shuffle_buffer=0, cycle_length=1)), limit=1)
+
+
+def test_deterministic_needs_a_seed(data_dir):
+    with pytest.raises(ValueError, match="seed"):
+        _cfg(data_dir, deterministic=True)
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+def test_one_device_strategy(data_dir):
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    cfg = _cfg(data_dir, batch_size=8)
+    dist = strategy.distribute_datasets_from_function(lambda ctx: ip.make_dataset(cfg, ctx))
+
+    @tf.function
+    def step(batch):
+        return strategy.run(lambda b: tf.reduce_sum(b["input_mask"]), args=(batch,))
+
+    it = iter(dist)
+    for _ in range(3):
+        batch = next(it)
+        assert batch["input_ids"].shape == (8, SEQ) and batch["input_ids"].dtype == tf.int32
+        assert int(step(batch)) == int(tf.reduce_sum(batch["input_mask"]))
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from electra_tf import input_pipeline as ip
+
+    cfg = ip.InputConfig(file_pattern=sys.argv[1], max_seq_length=128, batch_size=8,
+                         deterministic=True, seed=3)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    contexts = []
+
+    def dataset_fn(ctx):
+        contexts.append([ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync])
+        return ip.make_dataset(cfg, ctx)
+
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+
+    @tf.function
+    def step(batch):
+        tokens = strategy.run(lambda b: tf.reduce_sum(b["input_mask"]), args=(batch,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, tokens, axis=None)
+
+    out = {"contexts": contexts, "shapes": [], "dtypes": [], "rows": [], "tokens": [], "sums": []}
+    it = iter(dist)
+    for _ in range(4):
+        batch = next(it)
+        parts = strategy.experimental_local_results(batch["input_ids"])
+        masks = strategy.experimental_local_results(batch["input_mask"])
+        out["shapes"].append([p.shape.as_list() for p in parts])
+        out["dtypes"].append([p.dtype.name for p in parts])
+        out["rows"] += [p.numpy()[r].tolist() for p in parts for r in range(p.shape[0])]
+        out["tokens"].append(int(step(batch)))
+        out["sums"].append(int(sum(int(tf.reduce_sum(m)) for m in masks)))
+    # The same pipeline read directly: its first 8 batches feed the 4 steps of 2 replicas.
+    direct = ip.make_dataset(cfg, tf.distribute.InputContext(1, 0, 2))
+    out["direct"] = [b["input_ids"][r].tolist() for b in direct.take(8).as_numpy_iterator()
+                     for r in range(4)]
+    print(json.dumps(out))
+""")
+
+
+def test_mirrored_strategy_two_cpu_replicas(data_dir):
+    # A subprocess: logical devices can only be configured before TF initializes them,
+    # which other tests in this process have already done.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, data_dir], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["contexts"] == [[1, 0, 2]]  # one pipeline on this host, 2 replicas
+    assert out["shapes"] == [[[4, SEQ], [4, SEQ]]] * 4  # global 8 -> 4 per replica
+    assert out["dtypes"] == [["int32", "int32"]] * 4
+    assert out["tokens"] == out["sums"] and min(out["tokens"]) > 0
+    rows = [tuple(r) for r in out["rows"]]
+    assert len(set(rows)) == len(rows) == 32  # replicas got different examples
+    assert sorted(rows) == sorted(tuple(r) for r in out["direct"])
+    # Deterministic mode: this process, building the same pipeline, gets the same order.
+    cfg = ip.InputConfig(file_pattern=data_dir, max_seq_length=SEQ, batch_size=8,
+                         deterministic=True, seed=3)
+    here = ip.make_dataset(cfg, tf.distribute.InputContext(1, 0, 2))
+    assert [b["input_ids"][r].tolist() for b in here.take(8).as_numpy_iterator()
+            for r in range(4)] == out["direct"]
