@@ -1,0 +1,519 @@
+"""The ELECTRA generator and discriminator as Keras 3 layers (TensorFlow backend).
+
+Layout and initialisation follow the released TF1 code, and the layers are *named* so
+that every Keras ``variable.path`` IS the variable's name in the released TF1
+checkpoints, e.g.::
+
+    electra/embeddings/word_embeddings                       [V, E]
+    electra/embeddings_project/kernel                        [E, H]   (E != H only)
+    electra/encoder/layer_3/attention/self/query/kernel      [H, H]
+    generator/encoder/layer_3/intermediate/dense/kernel      [h, 4h]
+    generator_predictions/output_bias                        [V]
+    discriminator_predictions/dense_1/kernel                 [H, 1]
+
+(`tf1_checkpoint_names` returns that map and checks it; `load_tf1_checkpoint` /
+`save_tf1_checkpoint` read and write name-based checkpoints in the released format.)
+
+Variables are created when the objects are constructed (every size is in the config), so
+construct the model inside ``strategy.scope()``; nothing depends on a first call.
+
+Numerics: Dense layers and attention matmuls run in the layer's compute dtype (the
+Keras dtype policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the
+attention mask and softmax run in float32; all logits are returned as float32.
+Dropout uses stateful ``tf.random.uniform`` (as the TF1 code's ``tf.nn.dropout``), which
+compiles under XLA and needs no per-layer seed variables (Keras' ``Dropout`` keeps a
+SeedGenerator state variable per layer that is awkward under tf.distribute).
+"""
+
+import math
+import os
+import re
+from typing import Dict, List, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from electra_tf.configs import ModelConfig
+
+# First path component of every pre-training variable (the released checkpoints' scopes).
+TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions")
+
+_MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 too
+
+
+def gelu(x):
+    """Exact (erf) GELU, as the released ELECTRA code."""
+    return tf.nn.gelu(x, approximate=False)
+
+
+def dropout(x, rate: float, training: bool):
+    """Inverted dropout; the mask is drawn in float32 and applied in x's dtype."""
+    if not training or rate <= 0.0:
+        return x
+    keep = tf.random.uniform(tf.shape(x), dtype=tf.float32) >= rate
+    return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
+
+
+def _truncated_normal(stddev: float):
+    return keras.initializers.TruncatedNormal(stddev=stddev)
+
+
+class LayerNorm(keras.layers.Layer):
+    """LayerNorm over the last axis with TF1 names `gamma`/`beta`, computed in float32.
+
+    `call(x, residual=None)` normalises `x + residual` (the sum taken in float32) and
+    returns the result in the layer's compute dtype.
+    """
+
+    def __init__(self, size: int, epsilon: float = 1e-12, **kwargs):
+        kwargs.setdefault("name", "LayerNorm")
+        super().__init__(autocast=False, **kwargs)
+        self.size = int(size)
+        self.epsilon = float(epsilon)
+
+    def build(self, input_shape=None):
+        self.gamma = self.add_weight(name="gamma", shape=(self.size,), initializer="ones",
+                                     autocast=False)
+        self.beta = self.add_weight(name="beta", shape=(self.size,), initializer="zeros",
+                                    autocast=False)
+
+    def call(self, x, residual=None):
+        x = tf.cast(x, tf.float32)
+        if residual is not None:
+            x = x + tf.cast(residual, tf.float32)
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        y = (x - mean) * tf.math.rsqrt(variance + self.epsilon)
+        y = y * tf.convert_to_tensor(self.gamma) + tf.convert_to_tensor(self.beta)
+        return tf.cast(y, self.compute_dtype)
+
+
+class Embeddings(keras.layers.Layer):
+    """Token + position + token-type embeddings, LayerNorm, dropout -> [B, L, E].
+
+    The tables stay float32 (gathered in float32, summed and normalised in float32); the
+    output is in the compute dtype. `word_embeddings` doubles as the generator's
+    output matrix (see `GeneratorPredictions`).
+    """
+
+    def __init__(self, config: ModelConfig, **kwargs):
+        kwargs.setdefault("name", "embeddings")
+        super().__init__(**kwargs)
+        self.config = config
+        self.layer_norm = LayerNorm(config.embedding_size, config.layer_norm_eps,
+                                    name="LayerNorm", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        c = self.config
+        init = _truncated_normal(c.initializer_range)
+        self.word_embeddings = self.add_weight(
+            name="word_embeddings", shape=(c.vocab_size, c.embedding_size),
+            initializer=init, autocast=False)
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(c.max_position_embeddings, c.embedding_size),
+            initializer=init, autocast=False)
+        self.token_type_embeddings = self.add_weight(
+            name="token_type_embeddings", shape=(c.type_vocab_size, c.embedding_size),
+            initializer=init, autocast=False)
+        self.layer_norm.build((None, None, c.embedding_size))
+
+    def call(self, input_ids, segment_ids=None, training=False):
+        input_ids = tf.cast(input_ids, tf.int32)
+        seq_len = tf.shape(input_ids)[1]
+        x = tf.gather(tf.convert_to_tensor(self.word_embeddings), input_ids)
+        x = x + tf.convert_to_tensor(self.position_embeddings)[tf.newaxis, :seq_len, :]
+        if segment_ids is None:
+            segment_ids = tf.zeros_like(input_ids)
+        x = x + tf.gather(tf.convert_to_tensor(self.token_type_embeddings),
+                          tf.cast(segment_ids, tf.int32))
+        x = self.layer_norm(x)
+        return dropout(x, self.config.hidden_dropout_prob, training)
+
+
+def attention_bias(input_mask, dtype=tf.float32):
+    """[B, L] 1/0 mask -> additive [B, 1, 1, L] bias (0 or -10000), float32 by default."""
+    mask = tf.cast(input_mask, tf.float32)
+    return tf.cast((1.0 - mask[:, tf.newaxis, tf.newaxis, :]) * _MASK_ADDER, dtype)
+
+
+class TransformerLayer(keras.layers.Layer):
+    """One post-LN BERT block, variables named as TF1's `layer_{i}/...`.
+
+    The sub-layers are plain `Dense` with [in, out] kernels; the head split is a
+    reshape/transpose of their outputs, so kernels map 1:1 to the TF1 ones.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
+                 config: ModelConfig, **kwargs):
+        super().__init__(**kwargs)
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden size {hidden_size} is not a multiple of {num_heads} heads")
+        self.hidden_size = int(hidden_size)
+        self.num_heads = int(num_heads)
+        self.head_size = self.hidden_size // self.num_heads
+        self.intermediate_size = int(intermediate_size)
+        self.config = config
+        policy = self.dtype_policy
+
+        def dense(units, name, activation=None):
+            return keras.layers.Dense(
+                units, activation=activation, name=name, dtype=policy,
+                kernel_initializer=_truncated_normal(config.initializer_range),
+                bias_initializer="zeros")
+
+        self.query = dense(self.hidden_size, "query")
+        self.key = dense(self.hidden_size, "key")
+        self.value = dense(self.hidden_size, "value")
+        self.attention_output = dense(self.hidden_size, "dense")
+        self.attention_layer_norm = LayerNorm(self.hidden_size, config.layer_norm_eps,
+                                              name="LayerNorm", dtype=policy)
+        self.intermediate = dense(self.intermediate_size, "dense", activation=gelu)
+        self.output_dense = dense(self.hidden_size, "dense")
+        self.output_layer_norm = LayerNorm(self.hidden_size, config.layer_norm_eps,
+                                           name="LayerNorm", dtype=policy)
+
+    def build(self, input_shape=None):
+        h, f = self.hidden_size, self.intermediate_size
+        with keras.name_scope("attention"):
+            with keras.name_scope("self"):
+                for layer in (self.query, self.key, self.value):
+                    layer.build((None, None, h))
+            with keras.name_scope("output"):
+                self.attention_output.build((None, None, h))
+                self.attention_layer_norm.build((None, None, h))
+        with keras.name_scope("intermediate"):
+            self.intermediate.build((None, None, h))
+        with keras.name_scope("output"):
+            self.output_dense.build((None, None, f))
+            self.output_layer_norm.build((None, None, h))
+
+    def _split_heads(self, x, batch, seq_len):
+        x = tf.reshape(x, [batch, seq_len, self.num_heads, self.head_size])
+        return tf.transpose(x, [0, 2, 1, 3])  # [B, N, L, D]
+
+    def call(self, x, input_mask, training=False):
+        """x [B, L, H] (compute dtype), input_mask [B, L] 1 = real token, 0 = padding.
+
+        (The mask is passed as ints, not as a float bias, so that Keras' input casting
+        cannot turn the bias into the compute dtype; XLA folds the per-layer copies.)
+        """
+        bias = attention_bias(input_mask)
+        shape = tf.shape(x)
+        batch, seq_len = shape[0], shape[1]
+        scale = tf.cast(1.0 / math.sqrt(self.head_size), x.dtype)
+        q = self._split_heads(self.query(x), batch, seq_len) * scale
+        k = self._split_heads(self.key(x), batch, seq_len)
+        v = self._split_heads(self.value(x), batch, seq_len)
+        scores = tf.matmul(q, k, transpose_b=True)  # [B, N, L, L]
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
+        probs = dropout(tf.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
+                        training)
+        context = tf.matmul(probs, v)  # [B, N, L, D]
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
+                             [batch, seq_len, self.hidden_size])
+        attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
+                       training)
+        x = self.attention_layer_norm(attn, residual=x)
+        y = self.output_dense(self.intermediate(x))
+        y = dropout(y, self.config.hidden_dropout_prob, training)
+        return self.output_layer_norm(y, residual=x)
+
+
+class Encoder(keras.layers.Layer):
+    """Embeddings (own or shared) -> optional `embeddings_project` -> `encoder/layer_{i}`.
+
+    Named `electra` for the discriminator and `generator` for the generator, which gives
+    the TF1 scopes. A shared `embeddings` layer that is already built keeps its variables
+    (and their `electra/embeddings/...` paths); an unbuilt one is built here, under this
+    encoder's name.
+    """
+
+    def __init__(self, config: ModelConfig, hidden_size: int, num_layers: int, num_heads: int,
+                 intermediate_size: int, embeddings: Optional[Embeddings] = None, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.hidden_size = int(hidden_size)
+        self.num_layers = int(num_layers)
+        policy = self.dtype_policy
+        self.embeddings = embeddings if embeddings is not None else Embeddings(
+            config, name="embeddings", dtype=policy)
+        self.embeddings_project = None
+        if config.embedding_size != self.hidden_size:
+            # No initializer in the TF1 code: tf.layers' default Glorot-uniform.
+            self.embeddings_project = keras.layers.Dense(
+                self.hidden_size, name="embeddings_project", dtype=policy,
+                kernel_initializer="glorot_uniform", bias_initializer="zeros")
+        self.blocks = [TransformerLayer(hidden_size, num_heads, intermediate_size, config,
+                                        name=f"layer_{i}", dtype=policy)
+                       for i in range(self.num_layers)]
+        # Keras' tracked lists are invisible to tf.train.Checkpoint: also hold each block
+        # as an attribute so that object-based checkpoints contain the encoder layers.
+        for i, block in enumerate(self.blocks):
+            setattr(self, f"layer_{i}", block)
+
+    def build(self, input_shape=None):
+        if not self.embeddings.built:
+            self.embeddings.build()
+        if self.embeddings_project is not None:
+            self.embeddings_project.build((None, None, self.config.embedding_size))
+        with keras.name_scope("encoder"):
+            for block in self.blocks:
+                block.build((None, None, self.hidden_size))
+
+    def call(self, input_ids, input_mask=None, segment_ids=None, training=False):
+        """-> sequence output [B, L, hidden] in the compute dtype."""
+        if input_mask is None:
+            input_mask = tf.ones_like(input_ids)
+        x = self.embeddings(input_ids, segment_ids, training=training)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
+        input_mask = tf.cast(input_mask, tf.int32)
+        for block in self.blocks:
+            x = block(x, input_mask, training=training)
+        return x
+
+
+class DiscriminatorPredictions(keras.layers.Layer):
+    """dense(H, gelu) -> dense_1(1) -> squeeze: per-token "replaced" logits, float32."""
+
+    def __init__(self, config: ModelConfig, hidden_size: int, **kwargs):
+        kwargs.setdefault("name", "discriminator_predictions")
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.dense = keras.layers.Dense(
+            self.hidden_size, activation=gelu, name="dense", dtype=self.dtype_policy,
+            kernel_initializer=_truncated_normal(config.initializer_range))
+        # No initializer in the TF1 code: Glorot-uniform.
+        self.dense_1 = keras.layers.Dense(1, name="dense_1", dtype=self.dtype_policy,
+                                          kernel_initializer="glorot_uniform")
+
+    def build(self, input_shape=None):
+        self.dense.build((None, None, self.hidden_size))
+        self.dense_1.build((None, None, self.hidden_size))
+
+    def call(self, hidden):
+        logits = self.dense_1(self.dense(hidden))
+        return tf.cast(tf.squeeze(logits, -1), tf.float32)
+
+
+class GeneratorPredictions(keras.layers.Layer):
+    """dense(E, gelu) -> LayerNorm -> x @ word_embeddings^T + output_bias -> float32 logits.
+
+    The vocabulary matmul runs in the compute dtype; its result is cast to float32 before
+    the (float32) bias is added.
+    """
+
+    def __init__(self, config: ModelConfig, hidden_size: int, embeddings: Embeddings,
+                 **kwargs):
+        kwargs.setdefault("name", "generator_predictions")
+        super().__init__(**kwargs)
+        self.config = config
+        self.hidden_size = int(hidden_size)
+        self.embeddings = embeddings  # tracked; its variables are deduplicated by Keras
+        self.dense = keras.layers.Dense(
+            config.embedding_size, activation=gelu, name="dense", dtype=self.dtype_policy,
+            kernel_initializer=_truncated_normal(config.initializer_range))
+        self.layer_norm = LayerNorm(config.embedding_size, config.layer_norm_eps,
+                                    name="LayerNorm", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        self.dense.build((None, None, self.hidden_size))
+        self.layer_norm.build((None, None, self.config.embedding_size))
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.config.vocab_size,),
+                                           initializer="zeros", autocast=False)
+
+    def call(self, hidden):
+        x = self.layer_norm(self.dense(hidden))
+        table = tf.cast(tf.convert_to_tensor(self.embeddings.word_embeddings), x.dtype)
+        logits = tf.einsum("...e,ve->...v", x, table)
+        return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
+
+
+def gather_positions(sequence, positions):
+    """sequence [B, L, H], positions [B, P] int -> [B, P, H]."""
+    return tf.gather(sequence, tf.cast(positions, tf.int32), axis=1, batch_dims=1)
+
+
+def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
+    """A built discriminator encoder (`electra/...`) with its own embeddings.
+
+    What fine-tuning needs: its variable paths are the TF1 names, so
+    `load_tf1_checkpoint(encoder, released_ckpt)` loads a released model into it.
+    """
+    encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
+                      config.num_attention_heads, config.intermediate_size,
+                      name="electra", dtype=dtype)
+    encoder.build()
+    return encoder
+
+
+class ElectraPretrainingModel(keras.Model):
+    """Generator + discriminator of ELECTRA, sharing embeddings as configured.
+
+    Attributes (Keras layers): `embeddings` (the discriminator's, shared with the
+    generator when `tie_embeddings`), `electra` (discriminator encoder), `generator`
+    (generator encoder; the same object as `electra` when `tie_all_weights`),
+    `discriminator_predictions`, `generator_predictions`.
+
+    All variables exist after construction (construct inside `strategy.scope()`).
+    `dtype` is a Keras dtype policy (name or object); None takes the global policy.
+    """
+
+    def __init__(self, config: ModelConfig, dtype=None, name="electra_pretraining", **kwargs):
+        super().__init__(name=name, dtype=dtype, **kwargs)
+        config.check()
+        self.config = config
+        policy = self.dtype_policy
+        self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
+                               config.num_attention_heads, config.intermediate_size,
+                               name="electra", dtype=policy)
+        self.embeddings = self.electra.embeddings
+        if config.tie_all_weights:
+            self.generator = self.electra
+        else:
+            self.generator = Encoder(
+                config, config.generator_hidden, config.generator_num_layers,
+                config.generator_heads, config.generator_intermediate,
+                embeddings=self.embeddings if config.tie_embeddings else None,
+                name="generator", dtype=policy)
+        self.discriminator_predictions = DiscriminatorPredictions(
+            config, config.hidden_size, name="discriminator_predictions", dtype=policy)
+        self.generator_predictions = GeneratorPredictions(
+            config, self.generator.hidden_size, self.generator.embeddings,
+            name="generator_predictions", dtype=policy)
+        # Build order fixes the paths: the discriminator first so that shared embeddings
+        # live under `electra/embeddings`.
+        self.electra.build()
+        if not self.generator.built:
+            self.generator.build()
+        self.discriminator_predictions.build()
+        self.generator_predictions.build()
+        self.built = True
+
+    # --- discriminator -------------------------------------------------------------
+    def discriminator_hidden(self, input_ids, input_mask, segment_ids, training=False):
+        """-> discriminator sequence output [B, L, H] (compute dtype)."""
+        return self.electra(input_ids, input_mask, segment_ids, training=training)
+
+    def discriminator(self, input_ids, input_mask, segment_ids, training=False):
+        """-> per-token replaced-token logits [B, L], float32."""
+        hidden = self.discriminator_hidden(input_ids, input_mask, segment_ids, training)
+        return self.discriminator_predictions(hidden)
+
+    # --- generator -----------------------------------------------------------------
+    def generator_hidden(self, input_ids, input_mask, segment_ids, training=False):
+        """-> generator sequence output [B, L, generator hidden] (compute dtype)."""
+        return self.generator(input_ids, input_mask, segment_ids, training=training)
+
+    def generator_mlm_logits(self, input_ids, input_mask, segment_ids, masked_positions,
+                             training=False):
+        """-> MLM logits [B, P, V], float32, only at `masked_positions` [B, P]."""
+        hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training)
+        return self.generator_predictions(gather_positions(hidden, masked_positions))
+
+    def call(self, inputs, training=False):
+        """inputs: dict with input_ids, input_mask, segment_ids -> discriminator logits."""
+        return self.discriminator(inputs["input_ids"], inputs["input_mask"],
+                                  inputs["segment_ids"], training=training)
+
+
+# --- variable groups and TF1 names ---------------------------------------------------
+
+def _unique(variables) -> List:
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def discriminator_variables(model: ElectraPretrainingModel) -> List:
+    """Trainable variables the discriminator uses (shared embeddings included)."""
+    return _unique(model.electra.trainable_variables +
+                   model.discriminator_predictions.trainable_variables)
+
+
+def generator_variables(model: ElectraPretrainingModel) -> List:
+    """Trainable variables the generator uses (shared embeddings included)."""
+    return _unique(model.generator.trainable_variables +
+                   model.generator_predictions.trainable_variables)
+
+
+def discriminator_checkpoint(model: ElectraPretrainingModel) -> tf.train.Checkpoint:
+    """An object-based checkpoint of the discriminator only (what fine-tuning keeps).
+
+    Restores into `tf.train.Checkpoint(electra=build_discriminator_encoder(cfg))`
+    (the head is optional there: `expect_partial()`).
+    """
+    return tf.train.Checkpoint(electra=model.electra,
+                               discriminator_predictions=model.discriminator_predictions)
+
+
+def tf1_name(path: str) -> str:
+    """A Keras variable path -> the TF1 checkpoint name (drops ':0' and any scope before
+    the first TF1 root component, e.g. an outer model name)."""
+    name = re.sub(r":\d+$", "", path)
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        if part in TF1_ROOTS and i + 1 < len(parts):
+            return "/".join(parts[i:])
+    raise ValueError(f"variable {path!r} is not under any of {TF1_ROOTS}")
+
+
+def tf1_checkpoint_names(model, variables: Optional[Sequence] = None) -> Dict[str, str]:
+    """{variable.path: TF1 name} for every trainable variable of `model` (any layer).
+
+    Raises if two variables would get the same name.
+    """
+    variables = _unique(model.trainable_variables if variables is None else variables)
+    out, owner = {}, {}
+    for v in variables:
+        name = tf1_name(v.path)
+        if name in owner:
+            raise ValueError(f"variables {owner[name]!r} and {v.path!r} both map to {name!r}")
+        if v.path in out:
+            raise ValueError(f"two variables share the path {v.path!r}")
+        owner[name] = v.path
+        out[v.path] = name
+    return out
+
+
+def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None) -> str:
+    """Writes a name-based checkpoint (released-checkpoint names, no optimizer slots).
+
+    `variables` defaults to all trainable ones; pass `discriminator_variables(model)` for a
+    discriminator-only file. Returns `prefix`. Runs eagerly (call outside tf.function).
+    """
+    variables = _unique(model.trainable_variables if variables is None else variables)
+    names = tf1_checkpoint_names(model, variables)
+    tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[names[v.path] for v in variables],
+                      shape_and_slices=[""] * len(variables),
+                      tensors=[tf.convert_to_tensor(v.value) for v in variables])
+    return prefix
+
+
+def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = None,
+                        allow_missing: bool = False) -> List[str]:
+    """Assigns variables from a name-based (TF1) checkpoint, e.g. a released one.
+
+    Shapes must match exactly. Returns the names not found in the checkpoint (an error
+    unless `allow_missing`). Extra checkpoint entries (global_step, adam slots) are ignored.
+    """
+    reader = tf.train.load_checkpoint(ckpt_path)
+    shapes = reader.get_variable_to_shape_map()
+    variables = _unique(model.trainable_variables if variables is None else variables)
+    names = tf1_checkpoint_names(model, variables)
+    missing = []
+    for v in variables:
+        name = names[v.path]
+        if name not in shapes:
+            missing.append(name)
+            continue
+        if list(shapes[name]) != list(v.shape):
+            raise ValueError(f"{name}: checkpoint shape {shapes[name]} != variable shape "
+                             f"{list(v.shape)}")
+        v.assign(reader.get_tensor(name))
+    if missing and not allow_missing:
+        raise ValueError(f"{len(missing)} variables not in {ckpt_path}: {missing[:5]}")
+    return missing

@@ -1,0 +1,380 @@
+"""electra_tf.modeling: shapes, dtypes, masking, weight sharing, TF1 names, XLA, precision."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import modeling
+from electra_tf.configs import ModelConfig, load_config
+
+# E=32, H=64, 2 layers, V=1000; generator 1/4 -> hidden 16 (so it has its own projection).
+TINY = ModelConfig(vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, intermediate_size=256, max_position_embeddings=64,
+                   generator_hidden_size=0.25)
+B, L, P = 2, 16, 3
+
+
+def _inputs(seed=0, batch=B, length=L, pad=4):
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(5, TINY.vocab_size, size=(batch, length)).astype(np.int32)
+    mask = np.ones((batch, length), np.int32)
+    mask[:, length - pad:] = 0
+    ids[:, length - pad:] = 0
+    seg = np.zeros((batch, length), np.int32)
+    seg[:, length // 2:length - pad] = 1
+    positions = np.stack([rng.choice(length - pad, P, replace=False)
+                          for _ in range(batch)]).astype(np.int32)
+    return ids, mask, seg, positions
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return modeling.ElectraPretrainingModel(TINY)
+
+
+def test_output_shapes_and_dtypes(tiny):
+    ids, mask, seg, pos = _inputs()
+    disc = tiny.discriminator(ids, mask, seg)
+    hidden = tiny.discriminator_hidden(ids, mask, seg)
+    gen = tiny.generator_mlm_logits(ids, mask, seg, pos)
+    assert disc.shape == (B, L) and disc.dtype == tf.float32
+    assert hidden.shape == (B, L, TINY.hidden_size)
+    assert gen.shape == (B, P, TINY.vocab_size) and gen.dtype == tf.float32
+    assert tiny.generator_hidden(ids, mask, seg).shape == (B, L, TINY.generator_hidden)
+    # Logits are only computed at the masked positions, and they are the right ones.
+    all_positions = np.tile(np.arange(L, dtype=np.int32), (B, 1))
+    full = tiny.generator_mlm_logits(ids, mask, seg, all_positions).numpy()
+    expected = np.take_along_axis(full, pos[:, :, None], axis=1)
+    np.testing.assert_allclose(gen.numpy(), expected, rtol=1e-5, atol=1e-5)
+    # Keras call() is the discriminator.
+    np.testing.assert_allclose(tiny({"input_ids": ids, "input_mask": mask,
+                                     "segment_ids": seg}).numpy(), disc.numpy(), atol=1e-6)
+    # Sanity at initialisation: MLM loss ~ ln V.
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        np.take_along_axis(ids, pos, axis=1), gen))
+    assert abs(float(loss) - np.log(TINY.vocab_size)) < 1.0
+
+
+def test_inference_deterministic_training_stochastic(tiny):
+    ids, mask, seg, pos = _inputs()
+    a = tiny.discriminator(ids, mask, seg, training=False)
+    b = tiny.discriminator(ids, mask, seg, training=False)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    g1 = tiny.generator_mlm_logits(ids, mask, seg, pos, training=False)
+    g2 = tiny.generator_mlm_logits(ids, mask, seg, pos, training=False)
+    np.testing.assert_array_equal(g1.numpy(), g2.numpy())
+    t1 = tiny.discriminator(ids, mask, seg, training=True)
+    t2 = tiny.discriminator(ids, mask, seg, training=True)
+    assert not np.allclose(t1.numpy(), t2.numpy())
+    assert not np.allclose(t1.numpy(), a.numpy())
+
+
+def test_padding_does_not_leak_into_real_positions(tiny):
+    ids, mask, seg, pos = _inputs(pad=5)
+    other = ids.copy()
+    other[:, -5:] = np.random.RandomState(7).randint(5, TINY.vocab_size, size=(B, 5))
+    seg2 = seg.copy()
+    seg2[:, -5:] = 1
+    real = mask.astype(bool)
+    for fn in (tiny.discriminator, tiny.discriminator_hidden, tiny.generator_hidden):
+        x = fn(ids, mask, seg).numpy()
+        y = fn(other, mask, seg2).numpy()
+        np.testing.assert_allclose(x[real], y[real], rtol=1e-5, atol=1e-5)
+        assert not np.allclose(x[~real], y[~real])
+    np.testing.assert_allclose(tiny.generator_mlm_logits(ids, mask, seg, pos).numpy(),
+                               tiny.generator_mlm_logits(other, mask, seg2, pos).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _encoder_names(scope, hidden, ffn, layers, E):
+    out = {}
+    if E != hidden:
+        out[f"{scope}/embeddings_project/kernel"] = (E, hidden)
+        out[f"{scope}/embeddings_project/bias"] = (hidden,)
+    for i in range(layers):
+        p = f"{scope}/encoder/layer_{i}"
+        for qkv in ("query", "key", "value"):
+            out[f"{p}/attention/self/{qkv}/kernel"] = (hidden, hidden)
+            out[f"{p}/attention/self/{qkv}/bias"] = (hidden,)
+        out[f"{p}/attention/output/dense/kernel"] = (hidden, hidden)
+        out[f"{p}/attention/output/dense/bias"] = (hidden,)
+        out[f"{p}/intermediate/dense/kernel"] = (hidden, ffn)
+        out[f"{p}/intermediate/dense/bias"] = (ffn,)
+        out[f"{p}/output/dense/kernel"] = (ffn, hidden)
+        out[f"{p}/output/dense/bias"] = (hidden,)
+        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
+            out[f"{p}/{ln}/gamma"] = (hidden,)
+            out[f"{p}/{ln}/beta"] = (hidden,)
+    return out
+
+
+def _embedding_names(scope, c):
+    E = c.embedding_size
+    return {f"{scope}/embeddings/word_embeddings": (c.vocab_size, E),
+            f"{scope}/embeddings/position_embeddings": (c.max_position_embeddings, E),
+            f"{scope}/embeddings/token_type_embeddings": (c.type_vocab_size, E),
+            f"{scope}/embeddings/LayerNorm/gamma": (E,),
+            f"{scope}/embeddings/LayerNorm/beta": (E,)}
+
+
+def expected_tf1_layout(c: ModelConfig):
+    """{TF1 name: shape} of a pre-training checkpoint, written from REFERENCE section 5."""
+    E, H = c.embedding_size, c.hidden_size
+    out = _embedding_names("electra", c)
+    out.update(_encoder_names("electra", H, c.intermediate_size, c.num_hidden_layers, E))
+    gen_hidden = H
+    if not c.tie_all_weights:
+        gen_hidden = c.generator_hidden
+        if not c.tie_embeddings:
+            out.update(_embedding_names("generator", c))
+        out.update(_encoder_names("generator", gen_hidden, c.generator_intermediate,
+                                  c.generator_num_layers, E))
+    out.update({
+        "generator_predictions/dense/kernel": (gen_hidden, E),
+        "generator_predictions/dense/bias": (E,),
+        "generator_predictions/LayerNorm/gamma": (E,),
+        "generator_predictions/LayerNorm/beta": (E,),
+        "generator_predictions/output_bias": (c.vocab_size,),
+        "discriminator_predictions/dense/kernel": (H, H),
+        "discriminator_predictions/dense/bias": (H,),
+        "discriminator_predictions/dense_1/kernel": (H, 1),
+        "discriminator_predictions/dense_1/bias": (1,),
+    })
+    return out
+
+
+def _check_name_map(model, cfg, show=False):
+    names = modeling.tf1_checkpoint_names(model)
+    variables = model.trainable_variables
+    assert len({id(v) for v in variables}) == len(variables)
+    assert set(names) == {v.path for v in variables}, "every trainable variable is mapped"
+    assert len(set(names.values())) == len(names), "the map is 1:1"
+    got = {names[v.path]: tuple(v.shape) for v in variables}
+    expected = expected_tf1_layout(cfg)
+    assert sorted(set(expected) - set(got)) == [] and sorted(set(got) - set(expected)) == []
+    assert got == expected
+    # The scheme: the Keras variable path IS the TF1 name.
+    assert all(path == name for path, name in names.items())
+    if show:
+        for path in names:
+            print(f"{path:64s} {list(got[names[path]])}")
+    return got
+
+
+@pytest.mark.parametrize("preset", ["small", "base", "large"])
+def test_tf1_name_map_presets(preset):
+    cfg = load_config(preset).model
+    model = modeling.ElectraPretrainingModel(cfg)  # builds variables only, no forward pass
+    print(f"\n--- {preset}: our variable path -> TF1 checkpoint name (identical) [shape]")
+    got = _check_name_map(model, cfg, show=(preset == "small"))
+    E, H, V = cfg.embedding_size, cfg.hidden_size, cfg.vocab_size
+    last = cfg.num_hidden_layers - 1
+    gh = cfg.generator_hidden
+    assert got["electra/embeddings/word_embeddings"] == (V, E)
+    assert got[f"electra/encoder/layer_{last}/attention/self/query/kernel"] == (H, H)
+    assert got[f"generator/encoder/layer_{last}/attention/self/query/kernel"] == (gh, gh)
+    assert got["generator_predictions/dense/kernel"] == (gh, E)
+    assert got["generator_predictions/output_bias"] == (V,)
+    assert got["discriminator_predictions/dense_1/kernel"] == (H, 1)
+    if preset == "small":
+        assert got["electra/embeddings/word_embeddings"] == (30522, 128)
+        assert got["electra/embeddings_project/kernel"] == (128, 256)
+        assert got["generator/embeddings_project/kernel"] == (128, 64)
+        assert got["electra/encoder/layer_11/attention/self/query/kernel"] == (256, 256)
+        assert got["generator/encoder/layer_11/attention/self/query/kernel"] == (64, 64)
+        assert got["generator_predictions/dense/kernel"] == (64, 128)
+        # Discriminator size by formula (embeddings + projection + 12 blocks + head).
+        E, H, F, n = 128, 256, 1024, 12
+        emb = (30522 + 512 + 2) * E + 2 * E
+        proj = E * H + H
+        block = 4 * (H * H + H) + (H * F + F) + (F * H + H) + 2 * 2 * H
+        head = (H * H + H) + (H + 1)
+        expected = emb + proj + n * block + head
+        assert expected == 13_549_057
+        n_disc = sum(int(np.prod(v.shape)) for v in modeling.discriminator_variables(model))
+        n_enc = sum(int(np.prod(v.shape)) for v in model.electra.trainable_variables)
+        print(f"small discriminator: {n_disc:,} parameters ({n_enc:,} without the head)")
+        assert n_disc == expected and n_enc == expected - head == 13_483_008
+    else:
+        assert ("electra/embeddings_project/kernel" in got) == (E != H)
+        assert got["generator/embeddings_project/kernel"] == (E, gh)
+
+
+def test_tie_all_weights_shares_the_encoder():
+    cfg = dataclasses.replace(TINY, generator_hidden_size=1.0, tie_all_weights=True)
+    model = modeling.ElectraPretrainingModel(cfg)
+    assert model.generator is model.electra
+    gen = {id(v) for v in model.generator.trainable_variables}
+    assert gen == {id(v) for v in model.electra.trainable_variables}
+    names = _check_name_map(model, cfg)
+    assert not any(n.startswith("generator/") for n in names)
+    assert model.generator_predictions.dense.kernel.shape == (cfg.hidden_size, cfg.embedding_size)
+    ids, mask, seg, pos = _inputs()
+    np.testing.assert_allclose(model.generator_hidden(ids, mask, seg).numpy(),
+                               model.discriminator_hidden(ids, mask, seg).numpy())
+    assert model.generator_mlm_logits(ids, mask, seg, pos).shape == (B, P, cfg.vocab_size)
+
+
+def test_untied_embeddings_are_separate():
+    cfg = dataclasses.replace(TINY, tie_embeddings=False)
+    model = modeling.ElectraPretrainingModel(cfg)
+    names = _check_name_map(model, cfg)
+    assert "generator/embeddings/word_embeddings" in names
+    assert model.generator.embeddings is not model.electra.embeddings
+    # The generator's output matrix is its own (input/output tied within the generator).
+    assert model.generator_predictions.embeddings is model.generator.embeddings
+    disc = {id(v) for v in modeling.discriminator_variables(model)}
+    gen = {id(v) for v in modeling.generator_variables(model)}
+    assert not disc & gen
+
+
+def test_variable_groups_and_gradients(tiny):
+    disc = modeling.discriminator_variables(tiny)
+    gen = modeling.generator_variables(tiny)
+    shared = {id(v) for v in disc} & {id(v) for v in gen}
+    assert shared == {id(v) for v in tiny.embeddings.trainable_variables}
+    assert {id(v) for v in disc} | {id(v) for v in gen} == {
+        id(v) for v in tiny.trainable_variables}
+    ids, mask, seg, pos = _inputs()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tiny.discriminator(ids, mask, seg, training=True))
+    grads = tape.gradient(loss, tiny.trainable_variables)
+    disc_ids = {id(v) for v in disc}
+    for v, g in zip(tiny.trainable_variables, grads):
+        assert (g is not None) == (id(v) in disc_ids), v.path
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tiny.generator_mlm_logits(ids, mask, seg, pos, training=True))
+    grads = tape.gradient(loss, tiny.trainable_variables)
+    gen_ids = {id(v) for v in gen}
+    for v, g in zip(tiny.trainable_variables, grads):
+        # position/type tables and every weight reach the loss; only discriminator ones don't
+        assert (g is not None) == (id(v) in gen_ids), v.path
+
+
+def test_initialisation(tiny):
+    c = TINY
+    k = tiny.electra.blocks[0].query.kernel.numpy()
+    assert np.abs(k).max() <= 2 * c.initializer_range + 1e-6
+    assert abs(k.std() - 0.88 * c.initializer_range) < 0.005  # truncated at 2 sigma
+    proj = tiny.electra.embeddings_project.kernel.numpy()
+    limit = np.sqrt(6.0 / (c.embedding_size + c.hidden_size))
+    assert np.abs(proj).max() <= limit and np.abs(proj).max() > 2 * c.initializer_range
+    d1 = tiny.discriminator_predictions.dense_1.kernel.numpy()
+    assert np.abs(d1).max() <= np.sqrt(6.0 / (c.hidden_size + 1))
+    assert np.all(tiny.generator_predictions.output_bias.numpy() == 0)
+    assert np.all(tiny.electra.blocks[0].output_layer_norm.gamma.numpy() == 1)
+
+
+def _copy_weights(src, dst):
+    by_path = {v.path: v for v in src.trainable_variables}
+    for v in dst.trainable_variables:
+        v.assign(by_path[v.path].numpy())
+
+
+# Measured on CPU at initialisation (logit scale ~0.3-0.5): bf16 max diff ~0.003, fp16 ~0.0003.
+@pytest.mark.parametrize("policy,tol", [("mixed_bfloat16", 0.02), ("mixed_float16", 0.003)])
+def test_mixed_precision_close_to_float32(tiny, policy, tol):
+    ids, mask, seg, pos = _inputs()
+    previous = keras.config.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        low = modeling.ElectraPretrainingModel(TINY)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    compute = "bfloat16" if "bfloat16" in policy else "float16"
+    assert low.electra.blocks[0].query.compute_dtype == compute
+    assert all(v.dtype == "float32" for v in low.trainable_variables)
+    _copy_weights(tiny, low)
+    assert low.discriminator_hidden(ids, mask, seg).dtype == compute
+    d32 = tiny.discriminator(ids, mask, seg).numpy()
+    d16 = low.discriminator(ids, mask, seg)
+    g32 = tiny.generator_mlm_logits(ids, mask, seg, pos).numpy()
+    g16 = low.generator_mlm_logits(ids, mask, seg, pos)
+    assert d16.dtype == tf.float32 and g16.dtype == tf.float32
+    d_err = np.abs(d16.numpy() - d32).max()
+    g_err = np.abs(g16.numpy() - g32).max()
+    print(f"\n{policy}: max |disc logit diff| {d_err:.4f} (scale {np.abs(d32).max():.2f}), "
+          f"max |MLM logit diff| {g_err:.4f} (scale {np.abs(g32).max():.2f})")
+    assert d_err < tol and g_err < tol
+    # The same through the dtype argument instead of the global policy.
+    arg = modeling.ElectraPretrainingModel(TINY, dtype=policy)
+    assert arg.generator.blocks[0].value.compute_dtype == compute
+    _copy_weights(tiny, arg)
+    np.testing.assert_allclose(arg.discriminator(ids, mask, seg).numpy(), d16.numpy())
+
+
+def test_xla_compiled_train_like_step(tiny):
+    ids, mask, seg, pos = _inputs()
+
+    @tf.function(jit_compile=True)
+    def step(ids, mask, seg, pos):
+        with tf.GradientTape() as tape:
+            mlm = tiny.generator_mlm_logits(ids, mask, seg, pos, training=True)
+            disc = tiny.discriminator(ids, mask, seg, training=True)
+            loss = tf.reduce_mean(mlm) + tf.reduce_mean(disc)
+        grads = tape.gradient(loss, tiny.trainable_variables)
+        return (tiny.discriminator(ids, mask, seg), tiny.generator_mlm_logits(ids, mask, seg, pos),
+                tf.add_n([tf.reduce_sum(tf.square(tf.convert_to_tensor(g))) for g in grads]))
+
+    disc, mlm, gnorm = step(ids, mask, seg, pos)
+    np.testing.assert_allclose(disc.numpy(), tiny.discriminator(ids, mask, seg).numpy(),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mlm.numpy(), tiny.generator_mlm_logits(ids, mask, seg, pos).numpy(),
+                               rtol=1e-4, atol=1e-4)
+    assert np.isfinite(gnorm.numpy()) and gnorm.numpy() > 0
+
+
+def test_under_a_distribution_strategy():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = modeling.ElectraPretrainingModel(TINY)
+    ids, mask, seg, pos = _inputs()
+
+    @tf.function
+    def step():
+        def replica_fn():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model.discriminator(ids, mask, seg, training=True)) + \
+                    tf.reduce_mean(model.generator_mlm_logits(ids, mask, seg, pos, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            return loss, len([g for g in grads if g is not None])
+        return strategy.run(replica_fn)
+
+    loss, n = step()
+    assert np.isfinite(loss.numpy()) and n == len(model.trainable_variables)
+
+
+def test_tf1_checkpoint_round_trip(tiny, tmp_path):
+    ids, mask, seg, pos = _inputs()
+    prefix = modeling.save_tf1_checkpoint(tiny, str(tmp_path / "full" / "model.ckpt"))
+    listed = dict(tf.train.list_variables(prefix))
+    assert {k: tuple(v) for k, v in listed.items()} == expected_tf1_layout(TINY)
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    assert modeling.load_tf1_checkpoint(fresh, prefix) == []
+    np.testing.assert_array_equal(fresh.discriminator(ids, mask, seg).numpy(),
+                                  tiny.discriminator(ids, mask, seg).numpy())
+    np.testing.assert_array_equal(fresh.generator_mlm_logits(ids, mask, seg, pos).numpy(),
+                                  tiny.generator_mlm_logits(ids, mask, seg, pos).numpy())
+    # Discriminator only, into a stand-alone encoder (the fine-tuning path).
+    disc_prefix = modeling.save_tf1_checkpoint(
+        tiny, str(tmp_path / "disc" / "model.ckpt"), modeling.discriminator_variables(tiny))
+    assert not any(n.startswith("generator") for n, _ in tf.train.list_variables(disc_prefix))
+    encoder = modeling.build_discriminator_encoder(TINY)
+    assert modeling.load_tf1_checkpoint(encoder, disc_prefix) == []
+    np.testing.assert_array_equal(encoder(ids, mask, seg).numpy(),
+                                  tiny.discriminator_hidden(ids, mask, seg).numpy())
+    with pytest.raises(ValueError, match="not in"):
+        modeling.load_tf1_checkpoint(fresh, disc_prefix)
+    # Object-based checkpoints (the training loop's) hold every variable exactly once.
+    full = tf.train.Checkpoint(model=tiny).write(str(tmp_path / "obj" / "full"))
+    stored = [n for n, _ in tf.train.list_variables(full) if n.endswith("VARIABLE_VALUE")]
+    assert len(stored) == len(tiny.trainable_variables)
+    # Object-based discriminator checkpoint restores into the stand-alone encoder too.
+    path = modeling.discriminator_checkpoint(tiny).write(str(tmp_path / "obj" / "disc"))
+    other = modeling.build_discriminator_encoder(TINY)
+    tf.train.Checkpoint(electra=other).read(path).expect_partial()
+    np.testing.assert_array_equal(other(ids, mask, seg).numpy(),
+                                  tiny.discriminator_hidden(ids, mask, seg).numpy())
