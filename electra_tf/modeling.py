@@ -46,11 +46,28 @@ def gelu(x):
     return tf.nn.gelu(x, approximate=False)
 
 
-def dropout(x, rate: float, training: bool):
-    """Inverted dropout; the mask is drawn in float32 and applied in x's dtype."""
+def fold_seed(seed, k: int):
+    """A [2] seed derived from `seed` and the constant `k` (None stays None)."""
+    if seed is None:
+        return None
+    return tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int32), k, alg="philox")
+
+
+def dropout(x, rate: float, training: bool, seed=None):
+    """Inverted dropout; the mask is drawn in float32 and applied in x's dtype.
+
+    With a `seed` ([2] int32) the mask is a pure function of it (stateless), so a train
+    step is reproducible and a resumed run redraws exactly the same masks; without one
+    it comes from TensorFlow's global random state.
+    """
     if not training or rate <= 0.0:
         return x
-    keep = tf.random.uniform(tf.shape(x), dtype=tf.float32) >= rate
+    if seed is None:
+        u = tf.random.uniform(tf.shape(x), dtype=tf.float32)
+    else:
+        u = tf.random.stateless_uniform(tf.shape(x), seed=seed, dtype=tf.float32,
+                                        alg="philox")
+    keep = u >= rate
     return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
 
 
@@ -116,7 +133,7 @@ class Embeddings(keras.layers.Layer):
             initializer=init, autocast=False)
         self.layer_norm.build((None, None, c.embedding_size))
 
-    def call(self, input_ids, segment_ids=None, training=False):
+    def call(self, input_ids, segment_ids=None, training=False, seed=None):
         input_ids = tf.cast(input_ids, tf.int32)
         seq_len = tf.shape(input_ids)[1]
         x = tf.gather(tf.convert_to_tensor(self.word_embeddings), input_ids)
@@ -126,7 +143,7 @@ class Embeddings(keras.layers.Layer):
         x = x + tf.gather(tf.convert_to_tensor(self.token_type_embeddings),
                           tf.cast(segment_ids, tf.int32))
         x = self.layer_norm(x)
-        return dropout(x, self.config.hidden_dropout_prob, training)
+        return dropout(x, self.config.hidden_dropout_prob, training, seed)
 
 
 def attention_bias(input_mask, dtype=tf.float32):
@@ -190,8 +207,9 @@ class TransformerLayer(keras.layers.Layer):
         x = tf.reshape(x, [batch, seq_len, self.num_heads, self.head_size])
         return tf.transpose(x, [0, 2, 1, 3])  # [B, N, L, D]
 
-    def call(self, x, input_mask, training=False):
-        """x [B, L, H] (compute dtype), input_mask [B, L] 1 = real token, 0 = padding.
+    def call(self, x, input_mask, training=False, seed=None):
+        """x [B, L, H] (compute dtype), input_mask [B, L] 1 = real token, 0 = padding;
+        `seed` (optional [2] int32) makes the three dropout masks stateless.
 
         (The mask is passed as ints, not as a float bias, so that Keras' input casting
         cannot turn the bias into the compute dtype; XLA folds the per-layer copies.)
@@ -206,15 +224,15 @@ class TransformerLayer(keras.layers.Layer):
         scores = tf.matmul(q, k, transpose_b=True)  # [B, N, L, L]
         probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
         probs = dropout(tf.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
-                        training)
+                        training, fold_seed(seed, 0))
         context = tf.matmul(probs, v)  # [B, N, L, D]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                              [batch, seq_len, self.hidden_size])
         attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
-                       training)
+                       training, fold_seed(seed, 1))
         x = self.attention_layer_norm(attn, residual=x)
         y = self.output_dense(self.intermediate(x))
-        y = dropout(y, self.config.hidden_dropout_prob, training)
+        y = dropout(y, self.config.hidden_dropout_prob, training, fold_seed(seed, 2))
         return self.output_layer_norm(y, residual=x)
 
 
@@ -259,16 +277,17 @@ class Encoder(keras.layers.Layer):
             for block in self.blocks:
                 block.build((None, None, self.hidden_size))
 
-    def call(self, input_ids, input_mask=None, segment_ids=None, training=False):
-        """-> sequence output [B, L, hidden] in the compute dtype."""
+    def call(self, input_ids, input_mask=None, segment_ids=None, training=False, seed=None):
+        """-> sequence output [B, L, hidden] in the compute dtype (`seed`: see dropout)."""
         if input_mask is None:
             input_mask = tf.ones_like(input_ids)
-        x = self.embeddings(input_ids, segment_ids, training=training)
+        x = self.embeddings(input_ids, segment_ids, training=training,
+                            seed=fold_seed(seed, 0))
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         input_mask = tf.cast(input_mask, tf.int32)
-        for block in self.blocks:
-            x = block(x, input_mask, training=training)
+        for i, block in enumerate(self.blocks):
+            x = block(x, input_mask, training=training, seed=fold_seed(seed, i + 1))
         return x
 
 
@@ -390,24 +409,26 @@ class ElectraPretrainingModel(keras.Model):
         self.built = True
 
     # --- discriminator -------------------------------------------------------------
-    def discriminator_hidden(self, input_ids, input_mask, segment_ids, training=False):
+    def discriminator_hidden(self, input_ids, input_mask, segment_ids, training=False,
+                             seed=None):
         """-> discriminator sequence output [B, L, H] (compute dtype)."""
-        return self.electra(input_ids, input_mask, segment_ids, training=training)
+        return self.electra(input_ids, input_mask, segment_ids, training=training, seed=seed)
 
-    def discriminator(self, input_ids, input_mask, segment_ids, training=False):
-        """-> per-token replaced-token logits [B, L], float32."""
-        hidden = self.discriminator_hidden(input_ids, input_mask, segment_ids, training)
+    def discriminator(self, input_ids, input_mask, segment_ids, training=False, seed=None):
+        """-> per-token replaced-token logits [B, L], float32. `seed` ([2] int32, optional)
+        makes dropout stateless (reproducible steps, exact resume)."""
+        hidden = self.discriminator_hidden(input_ids, input_mask, segment_ids, training, seed)
         return self.discriminator_predictions(hidden)
 
     # --- generator -----------------------------------------------------------------
-    def generator_hidden(self, input_ids, input_mask, segment_ids, training=False):
+    def generator_hidden(self, input_ids, input_mask, segment_ids, training=False, seed=None):
         """-> generator sequence output [B, L, generator hidden] (compute dtype)."""
-        return self.generator(input_ids, input_mask, segment_ids, training=training)
+        return self.generator(input_ids, input_mask, segment_ids, training=training, seed=seed)
 
     def generator_mlm_logits(self, input_ids, input_mask, segment_ids, masked_positions,
-                             training=False):
+                             training=False, seed=None):
         """-> MLM logits [B, P, V], float32, only at `masked_positions` [B, P]."""
-        hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training)
+        hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training, seed)
         return self.generator_predictions(gather_positions(hidden, masked_positions))
 
     def call(self, inputs, training=False):
