@@ -1,0 +1,438 @@
+"""The ELECTRA objective as pure functions: masking, sampling, corruption, losses, metrics.
+
+Every function takes tensors and returns tensors: no variables, no hidden state, static
+shapes when the inputs have them, and all of them compile with
+`tf.function(jit_compile=True)` (TPU / XLA first).
+
+Conventions
+-----------
+* Token ids are int32 (int64 inputs are cast). `B` batch, `L` sequence length,
+  `P` prediction slots per sequence (`max_predictions`), `V` vocabulary size.
+* Prediction slots: `masked_positions [B,P]` int32, `masked_ids [B,P]` int32 (the original
+  tokens) and `masked_weights [B,P]` float32 (1.0 real slot, 0.0 padding slot). Real slots
+  come first, in increasing position order; padding slots point at position 0 with id 0.
+* Randomness: only stateless ops with an explicit `seed`, a `[2]` int32 tensor. The same
+  seed gives the same result; give every call its own seed (`split_seed`) and every step
+  and replica its own stream (`step_seed(base_seed, step, replica_id)`). Random bits come
+  from the Philox algorithm (not 'auto_select', which picks per device) and are turned into
+  floats here, because TF's own bits-to-float conversion differs between eager and XLA: a
+  seed gives identical draws eagerly and under XLA (tested on CPU; Philox bits are
+  device-independent by design, other devices not tested).
+* Replica aggregation (losses): each loss has a `*_sums` form returning
+  `(numerator, denominator, per_item)`. With N replicas, each replica computes
+  `local_numerator / global_denominator`, where `global_denominator` is the sum of the
+  local denominators over replicas (and over micro-batches when accumulating gradients),
+  e.g. `cross_replica_sum(denominator)`. The denominators need no randomness: the MLM one
+  is `sum(num_to_mask(...)[1])`, the discriminator one `sum(input_mask)`, so they can be
+  computed for a whole batch before masking or splitting it into micro-batches. Gradients
+  are then SUM-reduced across replicas (what `tf.distribute` / Keras optimizers do). The
+  summed per-replica losses and gradients then equal those of one device on the whole
+  global batch exactly, even when replicas hold different numbers of masked slots or real
+  tokens. `mlm_loss` and `disc_loss` take
+  that denominator as `global_denominator=`; without it they give the local mean. Do not
+  divide by the number of replicas on top of this.
+* Metrics: `metric_sums` returns float32 sums (counts, loss sums, AUC histograms) that add
+  up across steps and replicas (`accumulate_metric_sums`, or a SUM all-reduce);
+  `metrics_from_sums` turns them into the reported values.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import tensorflow as tf
+
+RNG_ALG = "philox"
+AUC_BUCKETS = 1000
+_EPS = 1e-5
+_DISALLOW_PENALTY = 1000.0
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _shape(x: tf.Tensor):
+    """Static dims where known, dynamic scalars elsewhere."""
+    static = x.shape.as_list()
+    dynamic = tf.shape(x)
+    return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
+
+
+def _as_seed(seed) -> tf.Tensor:
+    return tf.cast(tf.convert_to_tensor(seed), tf.int32)
+
+
+def _random_bits(shape, seed) -> tf.Tensor:
+    """uint32 Philox bits: identical eagerly, under XLA and across devices."""
+    return tf.random.stateless_uniform(shape, _as_seed(seed), minval=None, maxval=None,
+                                       dtype=tf.uint32, alg=RNG_ALG)
+
+
+def _random_uniform(shape, seed) -> tf.Tensor:
+    """float32 uniform on [0, 1) with 24 random bits, multiples of 2**-24."""
+    bits = tf.bitwise.right_shift(_random_bits(shape, seed), tf.constant(8, tf.uint32))
+    return tf.cast(bits, tf.float32) * (1.0 / (1 << 24))
+
+
+def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
+    """float32 zeros shaped like `like`, computed at run time from it.
+
+    Constant generator logits ([B,P,V] zeros) let XLA constant-fold every reduction over
+    them (softmax, argmax, ...) with its slow HLO evaluator: minutes of compile time at
+    real sizes. XLA does not simplify float `0 * x`, so this keeps the logits opaque.
+    """
+    return 0.0 * tf.cast(like, tf.float32)
+
+
+def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
+                   real: tf.Tensor) -> tf.Tensor:
+    """ids [B,L] with ids[b, positions[b,j]] = values[b,j] wherever real[b,j].
+
+    One-hot reductions instead of a scatter: padding slots (all at position 0) never
+    collide with a real slot, results are deterministic on every device, and XLA fuses it.
+    Real positions of a row must be distinct (`mask_tokens` guarantees it).
+    """
+    length = ids.shape[1] if ids.shape[1] is not None else tf.shape(ids)[1]
+    hits = tf.one_hot(positions, length, dtype=tf.int32) * tf.cast(real, tf.int32)[..., None]
+    written = tf.reduce_max(hits, axis=1) > 0                     # [B,L]
+    new_values = tf.reduce_sum(hits * values[..., None], axis=1)  # [B,L]
+    return tf.where(written, new_values, ids)
+
+
+# ----------------------------------------------------------------------------- seeds
+
+def fold_seed(seed, data) -> tf.Tensor:
+    """A new [2] int32 seed that is a deterministic function of `seed` and the int `data`."""
+    return tf.random.experimental.stateless_fold_in(
+        _as_seed(seed), tf.cast(data, tf.int32), alg=RNG_ALG)
+
+
+def split_seed(seed, num: int) -> tf.Tensor:
+    """[num, 2] int32 independent seeds derived from `seed` (e.g. masking vs sampling)."""
+    return tf.stack([fold_seed(seed, i) for i in range(num)])
+
+
+def step_seed(base_seed, step, replica_id=0) -> tf.Tensor:
+    """The seed of one (step, replica): reproducible, distinct across steps and replicas.
+
+    `step` is e.g. `optimizer.iterations` (cast to int32), `replica_id` e.g.
+    `tf.distribute.get_replica_context().replica_id_in_sync_group`.
+    """
+    return fold_seed(fold_seed(base_seed, step), replica_id)
+
+
+def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
+    """SUM of `x` over the replicas of the current replica context (identity with one).
+
+    Use it on loss denominators to get `global_denominator`; it carries no gradient.
+    """
+    x = tf.stop_gradient(tf.convert_to_tensor(x))
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return x
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, x)
+
+
+# ----------------------------------------------------------------------------- masking
+
+def num_to_mask(input_ids: tf.Tensor, input_mask: tf.Tensor, *, mask_prob: float,
+                max_predictions: int, mask_id: int, cls_id: int, sep_id: int
+                ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(candidates [B,L] bool, count [B] int32) as used by `mask_tokens`.
+
+    Candidates: input_mask == 1 and the token is not [CLS], [SEP] or [MASK].
+    count = min(#candidates, max(1, min(P, round(num_real_tokens * mask_prob)))) with
+    num_real_tokens = sum(input_mask) and TF's round (half to even), as officially.
+    """
+    input_ids = tf.cast(input_ids, tf.int32)
+    real = tf.cast(input_mask, tf.int32) > 0
+    candidates = real & tf.not_equal(input_ids, cls_id) & tf.not_equal(input_ids, sep_id) \
+        & tf.not_equal(input_ids, mask_id)
+    num_real = tf.reduce_sum(tf.cast(real, tf.float32), axis=-1)
+    count = tf.cast(tf.round(num_real * mask_prob), tf.int32)
+    count = tf.maximum(1, tf.minimum(max_predictions, count))
+    count = tf.minimum(count, tf.reduce_sum(tf.cast(candidates, tf.int32), axis=-1))
+    return candidates, count
+
+
+def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob: float,
+                max_predictions: int, mask_id: int, cls_id: int, sep_id: int,
+                vocab_size: int, mask_token_prob: float = 0.85,
+                random_token_prob: float = 0.0) -> Dict[str, tf.Tensor]:
+    """Chooses prediction positions and builds the generator's input.
+
+    Args:
+      input_ids: [B,L] int32/int64 token ids. input_mask: [B,L] 1 real token, 0 padding.
+      seed: [2] int32 stateless seed.
+      mask_prob, max_predictions (P), mask_id, cls_id, sep_id, vocab_size: see the config.
+      mask_token_prob: share of chosen positions that become [MASK] (ELECTRA 0.85, BERT 0.8).
+      random_token_prob: share that get a token uniform on [0, vocab_size) (BERT 0.1);
+        the rest keep their original token.
+
+    Positions are drawn uniformly among the candidates WITHOUT replacement (top-k of
+    random scores), so the count per row (`num_to_mask`) is exact and no position repeats
+    (the official code draws with replacement and can repeat positions).
+
+    Returns a dict of `masked_input_ids [B,L]` int32, `masked_positions [B,P]` int32,
+    `masked_ids [B,P]` int32 (original tokens), `masked_weights [B,P]` float32; real slots
+    first in increasing position order, padding slots at position 0 with id 0.
+    """
+    input_ids = tf.cast(input_ids, tf.int32)
+    batch, length = _shape(input_ids)
+    if max_predictions < 1:
+        raise ValueError(f"max_predictions={max_predictions} must be >= 1")
+    candidates, count = num_to_mask(input_ids, input_mask, mask_prob=mask_prob,
+                                    max_predictions=max_predictions, mask_id=mask_id,
+                                    cls_id=cls_id, sep_id=sep_id)
+    seeds = split_seed(seed, 3)
+
+    # Uniform scores in [0,1) for candidates, -1 elsewhere: the top `count` are a uniform
+    # sample without replacement of the candidates (count <= #candidates).
+    scores = tf.where(candidates, _random_uniform([batch, length], seeds[0]), -1.0)
+    k = max_predictions
+    if isinstance(length, int):
+        k = min(k, length)
+    _, top = tf.math.top_k(scores, k=k, sorted=True)           # [B,k]
+    real = tf.range(k)[None, :] < count[:, None]
+    positions = tf.sort(tf.where(real, top, length), axis=-1)   # real first, ascending
+    real = positions < length
+    positions = tf.where(real, positions, 0)
+    if k < max_predictions:
+        pad = [[0, 0], [0, max_predictions - k]]
+        positions = tf.pad(positions, pad)
+        real = tf.pad(real, pad)
+    masked_ids = tf.where(real, tf.gather(input_ids, positions, batch_dims=1), 0)
+
+    uniform = _random_uniform([batch, max_predictions], seeds[1])
+    new_values = tf.where(uniform < mask_token_prob, mask_id, masked_ids)
+    if random_token_prob > 0:
+        random_ids = tf.random.stateless_uniform(
+            [batch, max_predictions], seeds[2], minval=0, maxval=vocab_size,
+            dtype=tf.int32, alg=RNG_ALG)
+        use_random = (uniform >= mask_token_prob) & \
+            (uniform < mask_token_prob + random_token_prob)
+        new_values = tf.where(use_random, random_ids, new_values)
+
+    return {
+        "masked_input_ids": _scatter_slots(input_ids, positions, new_values, real),
+        "masked_positions": positions,
+        "masked_ids": masked_ids,
+        "masked_weights": tf.cast(real, tf.float32),
+    }
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def gumbel_sample(logits: tf.Tensor, seed, temperature=1.0,
+                  disallow_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """One sample per row of `logits [..., V]` from softmax(logits / temperature): [...] int32.
+
+    Gumbel-max in float32 with noise -log(-log(u + 1e-9) + 1e-9), u ~ U[0,1) from `seed`.
+    `disallow_ids [...]` (e.g. `masked_ids` for `disallow_correct`) get 1000 subtracted from
+    their (temperature-scaled) logit, so they are practically never drawn. No gradient flows.
+    """
+    logits = tf.stop_gradient(tf.cast(logits, tf.float32)) / temperature
+    if disallow_ids is not None:
+        vocab = logits.shape[-1] if logits.shape[-1] is not None else tf.shape(logits)[-1]
+        logits -= _DISALLOW_PENALTY * tf.one_hot(tf.cast(disallow_ids, tf.int32), vocab,
+                                                 dtype=tf.float32)
+    u = _random_uniform(_shape(logits), seed)
+    gumbel = -tf.math.log(-tf.math.log(u + 1e-9) + 1e-9)
+    return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
+
+
+def uniform_logits(like: tf.Tensor, vocab_size: int) -> tf.Tensor:
+    """Zero logits [*like.shape, V]: the 'uniform' generator (sample with `gumbel_sample`)."""
+    return tf.broadcast_to(_runtime_zeros(like)[..., None], _shape(like) + [vocab_size])
+
+
+def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
+    """log(counts) logits [*like.shape, V]: the 'unigram' generator (token frequencies).
+
+    `counts [V]` need not be normalised; tokens with count 0 get -1e9 (never drawn).
+    """
+    counts = tf.cast(tf.convert_to_tensor(counts), tf.float32)
+    logits = tf.where(counts > 0, tf.math.log(tf.maximum(counts, 1e-30)), -1e9)
+    return logits + _runtime_zeros(like)[..., None]
+
+
+def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.Tensor,
+            masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The discriminator's input and labels.
+
+    Args: the ORIGINAL input_ids [B,L] (not the [MASK]ed ones), the slots of
+      `mask_tokens`, and `sampled_ids [B,P]` from the generator.
+    Returns (fake_input_ids [B,L] int32, is_replaced [B,L] int32): samples written at real
+      slots; the label is 1 only where the token now differs from the original (a sample
+      equal to the original is "real", label 0).
+    """
+    input_ids = tf.cast(input_ids, tf.int32)
+    fake = _scatter_slots(input_ids, tf.cast(masked_positions, tf.int32),
+                          tf.cast(sampled_ids, tf.int32), masked_weights > 0)
+    return fake, tf.cast(tf.not_equal(fake, input_ids), tf.int32)
+
+
+# ----------------------------------------------------------------------------- losses
+
+def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor
+                  ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum of weighted losses, sum of weights, per-slot loss [B,P]) of the generator.
+
+    Softmax cross-entropy in float32 of `logits [B,P,V]` against `masked_ids`; per-slot
+    losses are multiplied by `masked_weights`, so padding slots are 0.
+    """
+    weights = tf.cast(masked_weights, tf.float32)
+    per_slot = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(masked_ids, tf.int32), logits=tf.cast(logits, tf.float32)) * weights
+    return tf.reduce_sum(per_slot), tf.reduce_sum(weights), per_slot
+
+
+def mlm_loss(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
+             global_denominator: Optional[tf.Tensor] = None
+             ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(mean MLM loss over real slots, per-slot loss [B,P]).
+
+    mean = sum(w * loss) / max(denominator, 1e-5), denominator = sum(w) here, or the
+    `global_denominator` (sum of w over all replicas) for the multi-replica convention
+    described in the module docstring.
+    """
+    numerator, denominator, per_slot = mlm_loss_sums(logits, masked_ids, masked_weights)
+    if global_denominator is not None:
+        denominator = tf.cast(global_denominator, tf.float32)
+    return numerator / tf.maximum(denominator, _EPS), per_slot
+
+
+def disc_loss_sums(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor
+                   ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum of BCE over real tokens, number of real tokens, per-token BCE [B,L]).
+
+    Real tokens: input_mask == 1 ([CLS] and [SEP] included); per-token losses of padding
+    are 0. Computed in float32.
+    """
+    weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
+    per_token = tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.float32), logits=tf.cast(disc_logits, tf.float32)) * weights
+    return tf.reduce_sum(per_token), tf.reduce_sum(weights), per_token
+
+
+def disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
+              global_denominator: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """Mean BCE of the discriminator over real tokens (scalar float32).
+
+    Local mean by default; pass `global_denominator` (number of real tokens summed over
+    replicas) for the multi-replica convention of the module docstring.
+    """
+    numerator, denominator, _ = disc_loss_sums(disc_logits, labels, input_mask)
+    if global_denominator is not None:
+        denominator = tf.cast(global_denominator, tf.float32)
+    return numerator / tf.maximum(denominator, _EPS)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
+                   num_buckets: int = AUC_BUCKETS) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(pos_hist, neg_hist) [num_buckets] float32 of sigmoid(disc_logits) over real tokens.
+
+    Bucket i holds probabilities in [i/K, (i+1)/K). Sum them over steps / replicas and
+    call `auc_from_histograms`.
+    """
+    probs = tf.reshape(tf.sigmoid(tf.cast(disc_logits, tf.float32)), [-1])
+    bucket = tf.clip_by_value(tf.cast(tf.floor(probs * num_buckets), tf.int32),
+                              0, num_buckets - 1)
+    weights = tf.reshape(tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32), [-1])
+    positive = tf.reshape(tf.cast(labels, tf.float32), [-1])
+    pos = tf.math.unsorted_segment_sum(weights * positive, bucket, num_buckets)
+    neg = tf.math.unsorted_segment_sum(weights * (1.0 - positive), bucket, num_buckets)
+    return pos, neg
+
+
+def auc_from_histograms(pos_hist, neg_hist) -> tf.Tensor:
+    """ROC AUC (float32 scalar) from bucketed positive / negative score histograms.
+
+    = P(score_pos > score_neg) + 0.5 * P(same bucket), i.e. the trapezoidal ROC area with
+    thresholds at the bucket edges (exact when no two different scores share a bucket).
+    0.5 when there are no positives or no negatives.
+    """
+    pos = tf.cast(tf.convert_to_tensor(pos_hist), tf.float32)  # float32: TPU has no float64
+    neg = tf.cast(tf.convert_to_tensor(neg_hist), tf.float32)
+    neg_below = tf.cumsum(neg, exclusive=True)
+    pairs = tf.reduce_sum(pos) * tf.reduce_sum(neg)
+    wins = tf.reduce_sum(pos * (neg_below + 0.5 * neg))
+    return tf.where(pairs > 0, wins / tf.maximum(pairs, 1.0), 0.5)
+
+
+def metric_sums(*, disc_logits: tf.Tensor, disc_labels: tf.Tensor, input_mask: tf.Tensor,
+                masked_ids: tf.Tensor, masked_weights: tf.Tensor, sampled_ids: tf.Tensor,
+                mlm_logits: Optional[tf.Tensor] = None,
+                num_auc_buckets: int = AUC_BUCKETS) -> Dict[str, tf.Tensor]:
+    """Additive float32 statistics of one batch (sum them over steps and replicas).
+
+    Scalars: mlm_weight, mlm_correct, mlm_loss_sum (only with `mlm_logits`),
+    sampled_correct, disc_weight, disc_loss_sum, disc_correct, disc_true_pos,
+    disc_pred_pos, disc_label_pos; vectors auc_pos_hist / auc_neg_hist [num_auc_buckets].
+    A token is predicted "replaced" when its logit is > 0.
+    """
+    w = tf.cast(masked_weights, tf.float32)
+    masked_ids = tf.cast(masked_ids, tf.int32)
+    sums = {"mlm_weight": tf.reduce_sum(w),
+            "sampled_correct": tf.reduce_sum(
+                w * tf.cast(tf.equal(tf.cast(sampled_ids, tf.int32), masked_ids), tf.float32))}
+    if mlm_logits is not None:
+        loss_sum, _, _ = mlm_loss_sums(mlm_logits, masked_ids, w)
+        preds = tf.argmax(mlm_logits, axis=-1, output_type=tf.int32)
+        sums["mlm_correct"] = tf.reduce_sum(w * tf.cast(tf.equal(preds, masked_ids),
+                                                        tf.float32))
+        sums["mlm_loss_sum"] = loss_sum
+    loss_sum, count, _ = disc_loss_sums(disc_logits, disc_labels, input_mask)
+    m = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
+    label = tf.cast(tf.cast(disc_labels, tf.float32) > 0.5, tf.float32)
+    pred = tf.cast(tf.cast(disc_logits, tf.float32) > 0, tf.float32)
+    pos_hist, neg_hist = auc_histograms(disc_logits, label, input_mask, num_auc_buckets)
+    sums.update({
+        "disc_weight": count,
+        "disc_loss_sum": loss_sum,
+        "disc_correct": tf.reduce_sum(m * tf.cast(tf.equal(pred, label), tf.float32)),
+        "disc_true_pos": tf.reduce_sum(m * pred * label),
+        "disc_pred_pos": tf.reduce_sum(m * pred),
+        "disc_label_pos": tf.reduce_sum(m * label),
+        "auc_pos_hist": pos_hist,
+        "auc_neg_hist": neg_hist,
+    })
+    return sums
+
+
+def accumulate_metric_sums(total: Optional[Dict[str, tf.Tensor]],
+                           batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """total + batch, key by key (`total=None` starts a sum)."""
+    if total is None:
+        return dict(batch)
+    return {k: total[k] + batch[k] for k in batch}
+
+
+def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """The reported metrics (float32 scalars) from (accumulated) `metric_sums`.
+
+    masked_lm_accuracy, masked_lm_loss (when MLM logits were given),
+    sampled_masked_lm_accuracy, disc_loss, disc_accuracy, disc_precision, disc_recall,
+    disc_auc, replaced_fraction (share of real tokens labelled replaced).
+    """
+    def ratio(num, den):
+        return tf.cast(sums[num], tf.float32) / tf.maximum(tf.cast(sums[den], tf.float32), _EPS)
+
+    out = {}
+    if "mlm_correct" in sums:
+        out["masked_lm_accuracy"] = ratio("mlm_correct", "mlm_weight")
+        out["masked_lm_loss"] = ratio("mlm_loss_sum", "mlm_weight")
+    out.update({
+        "sampled_masked_lm_accuracy": ratio("sampled_correct", "mlm_weight"),
+        "disc_loss": ratio("disc_loss_sum", "disc_weight"),
+        "disc_accuracy": ratio("disc_correct", "disc_weight"),
+        "disc_precision": ratio("disc_true_pos", "disc_pred_pos"),
+        "disc_recall": ratio("disc_true_pos", "disc_label_pos"),
+        "disc_auc": auc_from_histograms(sums["auc_pos_hist"], sums["auc_neg_hist"]),
+        "replaced_fraction": ratio("disc_label_pos", "disc_weight"),
+    })
+    return out
+
+
+def compute_metrics(**kwargs) -> Dict[str, tf.Tensor]:
+    """`metrics_from_sums(metric_sums(**kwargs))`: the metrics of a single batch."""
+    return metrics_from_sums(metric_sums(**kwargs))

@@ -1,0 +1,447 @@
+"""Numbers checks of electra_tf.objective: masking, sampling, corruption, losses, metrics."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import objective as obj
+
+CLS, SEP, MASK, PAD = 101, 102, 103, 0
+VOCAB = 30522
+L, P = 128, 16
+MASK_PROB = 0.15
+KW = dict(mask_prob=MASK_PROB, max_predictions=P, mask_id=MASK, cls_id=CLS, sep_id=SEP,
+          vocab_size=VOCAB)
+
+
+def jit(fn):
+    return tf.function(fn, jit_compile=True)
+
+
+def _row(tokens):
+    row = np.zeros(L, np.int32)
+    row[:len(tokens)] = tokens
+    return row
+
+
+def _base_rows():
+    rng = np.random.default_rng(0)
+    words = lambda n: list(rng.integers(1000, 30000, n))
+    return np.stack([
+        _row([CLS] + words(L - 2) + [SEP]),                    # full: 128*.15=19.2 -> cap 16
+        _row([CLS] + words(30) + [SEP] + words(27) + [SEP]),   # 60 real -> 9
+        _row([CLS] + words(20) + [SEP]),                       # 22 -> 3 (positions test)
+        _row([CLS] + words(8) + [SEP]),                        # 10 -> round(1.5) = 2
+        _row([CLS] + words(1) + [SEP]),                        # 3 -> max(1, 0) = 1
+        _row([CLS, SEP]),                                      # no candidate -> 0
+        _row([]),                                              # all padding -> 0
+        _row([CLS] + [MASK] * 5 + words(2) + [SEP]),           # 9 -> 1, never a [MASK]
+    ])
+
+
+BASE = _base_rows()
+REPS = 512
+IDS = np.tile(BASE, (REPS, 1))          # 4096 rows; each copy draws its own positions
+INPUT_MASK = (IDS != PAD).astype(np.int32)
+
+
+def _expected_counts(ids, mask):
+    n = mask.sum(1).astype(np.float32)
+    cands = ((mask == 1) & (ids != CLS) & (ids != SEP) & (ids != MASK)).sum(1)
+    k = np.round(n * np.float32(MASK_PROB)).astype(np.int64)   # half to even, like tf.round
+    return np.minimum(cands, np.maximum(1, np.minimum(P, k)))
+
+
+@pytest.fixture(scope="module")
+def electra_masks():
+    fn = jit(lambda i, m, s: obj.mask_tokens(i, m, s, **KW))
+    a = {k: v.numpy() for k, v in fn(IDS, INPUT_MASK, tf.constant([1, 2])).items()}
+    a2 = {k: v.numpy() for k, v in fn(IDS, INPUT_MASK, tf.constant([1, 2])).items()}
+    b = {k: v.numpy() for k, v in fn(IDS, INPUT_MASK, tf.constant([1, 3])).items()}
+    return a, a2, b
+
+
+def test_mask_counts_and_valid_positions(electra_masks):
+    out = electra_masks[0]
+    pos, mids, w, mii = (out[k] for k in ("masked_positions", "masked_ids", "masked_weights",
+                                          "masked_input_ids"))
+    assert pos.shape == (len(IDS), P) and pos.dtype == np.int32
+    assert mids.shape == (len(IDS), P) and mids.dtype == np.int32
+    assert w.shape == (len(IDS), P) and w.dtype == np.float32
+    assert mii.shape == IDS.shape and mii.dtype == np.int32
+    expected = _expected_counts(IDS, INPUT_MASK)
+    assert list(expected[:8]) == [16, 9, 3, 2, 1, 0, 0, 1]
+    np.testing.assert_array_equal(w.sum(1), expected)
+    for b in range(len(IDS)):
+        n = int(expected[b])
+        np.testing.assert_array_equal(w[b], [1.0] * n + [0.0] * (P - n))   # real slots first
+        real = pos[b, :n]
+        assert np.all(np.diff(real) > 0)                 # ascending, so no duplicates
+        assert np.all(INPUT_MASK[b, real] == 1)
+        assert not np.isin(IDS[b, real], [CLS, SEP, MASK, PAD]).any()
+        np.testing.assert_array_equal(mids[b, :n], IDS[b, real])
+        assert np.all(pos[b, n:] == 0) and np.all(mids[b, n:] == 0)
+        changed = np.flatnonzero(mii[b] != IDS[b])
+        assert set(changed) <= set(real)
+        assert np.all((mii[b, real] == MASK) | (mii[b, real] == IDS[b, real]))
+
+
+def test_positions_uniform_over_candidates(electra_masks):
+    out = electra_masks[0]
+    rows = np.arange(2, len(IDS), len(BASE))             # the 20-candidate row, 512 copies
+    hits = np.zeros(L)
+    for b in rows:
+        hits[out["masked_positions"][b, :3]] += 1
+    freq = hits[1:21] / len(rows)                       # candidates are positions 1..20
+    assert hits[0] == 0 and hits[21:].sum() == 0
+    np.testing.assert_allclose(freq, 3 / 20, atol=0.06)  # binomial sd 0.016 per position
+    assert abs(freq.mean() - 0.15) < 1e-9
+
+
+def test_mask_85_15_split(electra_masks):
+    out = electra_masks[0]
+    real = out["masked_weights"] > 0
+    rows = np.nonzero(real)[0]
+    pos = out["masked_positions"][real]
+    new = out["masked_input_ids"][rows, pos]
+    assert real.sum() >= 10_000
+    frac_mask = np.mean(new == MASK)
+    assert abs(frac_mask - 0.85) < 0.02, frac_mask
+    np.testing.assert_array_equal(new[new != MASK], out["masked_ids"][real][new != MASK])
+
+
+def test_mask_bert_80_10_10():
+    fn = jit(lambda i, m, s: obj.mask_tokens(i, m, s, **dict(KW, mask_token_prob=0.8,
+                                                               random_token_prob=0.1)))
+    out = {k: v.numpy() for k, v in fn(IDS, INPUT_MASK, tf.constant([5, 6])).items()}
+    real = out["masked_weights"] > 0
+    rows = np.nonzero(real)[0]
+    new = out["masked_input_ids"][rows, out["masked_positions"][real]]
+    orig = out["masked_ids"][real]
+    assert real.sum() >= 10_000
+    assert abs(np.mean(new == MASK) - 0.8) < 0.02
+    assert abs(np.mean(new == orig) - 0.1) < 0.015
+    other = new[(new != MASK) & (new != orig)]
+    assert abs(len(other) / len(new) - 0.1) < 0.015
+    assert other.min() >= 0 and other.max() < VOCAB and len(np.unique(other)) > 0.9 * len(other)
+    unchanged = np.ones_like(IDS, bool)
+    unchanged[rows, out["masked_positions"][real]] = False
+    np.testing.assert_array_equal(out["masked_input_ids"][unchanged], IDS[unchanged])
+
+
+def test_mask_seeds_reproducible(electra_masks):
+    a, a2, b = electra_masks
+    for k in a:
+        np.testing.assert_array_equal(a[k], a2[k])
+    np.testing.assert_array_equal(a["masked_weights"], b["masked_weights"])  # counts fixed
+    rich = np.tile(np.arange(len(BASE)) < 4, REPS)     # rows with >= 2 slots to place
+    differ = np.any(a["masked_positions"] != b["masked_positions"], axis=1)
+    assert differ[rich].mean() > 0.95
+    assert not np.array_equal(a["masked_input_ids"], b["masked_input_ids"])
+    # Eager execution draws exactly the same as XLA (Philox bits, own float conversion).
+    eager = obj.mask_tokens(IDS[:64], INPUT_MASK[:64], tf.constant([1, 2]), **KW)
+    for k in a:
+        np.testing.assert_array_equal(eager[k].numpy(), a[k][:64])
+
+
+def test_static_shapes():
+    fn = tf.function(lambda i, m, s: obj.mask_tokens(i, m, s, **KW), jit_compile=True)
+    conc = fn.get_concrete_function(tf.TensorSpec([4, L], tf.int64),
+                                    tf.TensorSpec([4, L], tf.int64),
+                                    tf.TensorSpec([2], tf.int32))
+    shapes = {k: v.shape.as_list() for k, v in conc.structured_outputs.items()}
+    assert shapes == {"masked_input_ids": [4, L], "masked_positions": [4, P],
+                      "masked_ids": [4, P], "masked_weights": [4, P]}
+    # More slots than positions: still [B, P], padded.
+    out = obj.mask_tokens(IDS[:8, :6], INPUT_MASK[:8, :6], [0, 0], **dict(KW, mask_prob=0.9))
+    assert out["masked_positions"].shape == (8, P)
+    np.testing.assert_array_equal(out["masked_weights"].numpy().sum(1)[:2], [5, 5])  # 5 words
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _freqs(ids, vocab):
+    return np.bincount(ids.ravel(), minlength=vocab) / ids.size
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_gumbel_matches_softmax(temperature):
+    rows = np.array([[1.0, 0.0, -1.0, 2.0, 0.5], [-2.0, 3.0, 0.0, 0.0, 1.0]], np.float32)
+    n = 50_000
+    logits = np.broadcast_to(rows[:, None, :], (2, n, 5))
+    ids = jit(obj.gumbel_sample)(logits, tf.constant([7, 8]), tf.constant(temperature)).numpy()
+    assert ids.shape == (2, n) and ids.dtype == np.int32
+    for r in range(2):
+        p = _softmax(rows[r] / temperature)
+        f = _freqs(ids[r], 5)
+        chi2 = n * np.sum((f - p) ** 2 / p)
+        assert chi2 < 18.47, (chi2, f, p)               # df=4, p=0.001
+        assert np.max(np.abs(f - p)) < 0.01
+
+
+def test_gumbel_disallow_correct_and_helpers():
+    vocab = 8
+    originals = np.random.default_rng(1).integers(0, vocab, (64, 100)).astype(np.int32)
+    logits = 10.0 * np.eye(vocab, dtype=np.float32)[originals]      # peaked at the original
+    sample = jit(obj.gumbel_sample)
+    free = sample(logits, tf.constant([1, 1]), tf.constant(1.0)).numpy()
+    assert np.mean(free == originals) > 0.99
+    banned = sample(logits, tf.constant([1, 1]), tf.constant(1.0), originals).numpy()
+    assert not np.any(banned == originals)
+    uni = sample(obj.uniform_logits(tf.constant(originals), vocab), tf.constant([2, 2]),
+                 tf.constant(1.0)).numpy()
+    np.testing.assert_allclose(_freqs(uni, vocab), 1 / vocab, atol=0.01)
+    counts = np.array([0, 1, 3, 6], np.float32)
+    uni_logits = obj.unigram_logits(tf.constant(originals), counts)
+    assert uni_logits.shape == (64, 100, 4)
+    gram = sample(uni_logits, tf.constant([3, 3]), tf.constant(1.0)).numpy()
+    f = _freqs(gram, 4)
+    assert f[0] == 0
+    np.testing.assert_allclose(f, counts / counts.sum(), atol=0.015)
+
+
+def test_corrupt_hand_made():
+    ids = np.array([[CLS, 5, 6, 7, SEP, PAD],
+                    [CLS, 8, 9, SEP, PAD, PAD],
+                    [4, 5, 6, 7, 8, 9]], np.int32)      # no [CLS]: a real slot at position 0
+    positions = np.array([[1, 3, 0], [2, 0, 0], [0, 2, 0]], np.int32)
+    weights = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 0]], np.float32)
+    samples = np.array([[5, 42, 77],                    # 5 == original: stays "real"
+                        [13, 55, 66],
+                        [70, 6, 99]], np.int32)         # padding slots at 0 must not win
+    fake, labels = jit(obj.corrupt)(ids, positions, samples, weights)
+    np.testing.assert_array_equal(fake.numpy(), [[CLS, 5, 6, 42, SEP, PAD],
+                                                 [CLS, 8, 13, SEP, PAD, PAD],
+                                                 [70, 5, 6, 7, 8, 9]])
+    np.testing.assert_array_equal(labels.numpy(), [[0, 0, 0, 1, 0, 0],
+                                                   [0, 0, 1, 0, 0, 0],
+                                                   [1, 0, 0, 0, 0, 0]])
+
+
+def test_mlm_loss_values():
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, VOCAB, (3, 4)).astype(np.int32)
+    w = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+    loss, per_slot = jit(obj.mlm_loss)(np.zeros((3, 4, VOCAB), np.float32), ids, w)
+    np.testing.assert_allclose(loss.numpy(), np.log(VOCAB), rtol=1e-6)
+    np.testing.assert_allclose(per_slot.numpy(), w * np.log(VOCAB), rtol=1e-6)
+    logits = rng.normal(size=(3, 4, 50)).astype(np.float32)
+    ids50 = ids % 50
+    direct = -np.log(_softmax(logits.astype(np.float64)))[
+        np.arange(3)[:, None], np.arange(4)[None], ids50]
+    loss, _ = obj.mlm_loss(logits, ids50, w)
+    np.testing.assert_allclose(loss.numpy(), (direct * w).sum() / w.sum(), rtol=1e-5)
+    noisy, noisy_ids = logits.copy(), ids50.copy()       # padding slots contribute nothing
+    noisy[w == 0] = rng.normal(size=(int((w == 0).sum()), 50)) * 30
+    noisy_ids[w == 0] = 0
+    np.testing.assert_allclose(obj.mlm_loss(noisy, noisy_ids, w)[0].numpy(), loss.numpy(),
+                               rtol=1e-6)
+
+
+def test_disc_loss_values():
+    mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]], np.int32)
+    labels = np.array([[0, 1, 0, 0, 1, 1], [0, 0, 1, 0, 1, 0]], np.int32)
+    loss = jit(obj.disc_loss)(np.zeros((2, 6), np.float32), labels, mask)
+    np.testing.assert_allclose(loss.numpy(), np.log(2.0), rtol=1e-6)
+    logits = np.random.default_rng(3).normal(size=(2, 6)).astype(np.float32)
+    p = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p))
+    np.testing.assert_allclose(obj.disc_loss(logits, labels, mask).numpy(),
+                               (bce * mask).sum() / mask.sum(), rtol=1e-5)
+    noisy = np.where(mask == 1, logits, 50.0).astype(np.float32)
+    np.testing.assert_allclose(obj.disc_loss(noisy, labels, mask).numpy(),
+                               obj.disc_loss(logits, labels, mask).numpy(), rtol=1e-6)
+
+
+def test_replicas_with_global_denominator_match_one_device():
+    """Two 'replicas' with unequal slot / token counts give the one-device loss and grads."""
+    rng = np.random.default_rng(4)
+    mlm_logits = tf.constant(rng.normal(size=(4, 3, 20)).astype(np.float32))
+    ids = rng.integers(0, 20, (4, 3)).astype(np.int32)
+    w = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)
+    d_logits = tf.constant(rng.normal(size=(4, 5)).astype(np.float32))
+    labels = rng.integers(0, 2, (4, 5))
+    mask = np.array([[1] * 5, [1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], np.int32)
+
+    def total(ml, dl, sl, mlm_den=None, disc_den=None):
+        return (obj.mlm_loss(ml, ids[sl], w[sl], mlm_den)[0] +
+                50.0 * obj.disc_loss(dl, labels[sl], mask[sl], disc_den))
+
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([mlm_logits, d_logits])
+        full = total(mlm_logits, d_logits, slice(0, 4))
+        mlm_den = sum(obj.mlm_loss_sums(mlm_logits[s], ids[s], w[s])[1]
+                      for s in (slice(0, 2), slice(2, 4)))
+        disc_den = sum(obj.disc_loss_sums(d_logits[s], labels[s], mask[s])[1]
+                       for s in (slice(0, 2), slice(2, 4)))
+        parts = [total(mlm_logits[s], d_logits[s], s, mlm_den, disc_den)
+                 for s in (slice(0, 2), slice(2, 4))]
+        naive = 0.5 * sum(total(mlm_logits[s], d_logits[s], s) for s in (slice(0, 2),
+                                                                          slice(2, 4)))
+    np.testing.assert_allclose((parts[0] + parts[1]).numpy(), full.numpy(), rtol=1e-6)
+    assert abs(naive.numpy() - full.numpy()) > 1e-3          # local means would be biased
+    for var in (mlm_logits, d_logits):
+        g_full = tape.gradient(full, var).numpy()
+        g_sum = tape.gradient(parts[0], var).numpy() + tape.gradient(parts[1], var).numpy()
+        np.testing.assert_allclose(g_sum, g_full, rtol=1e-5, atol=1e-7)
+    assert float(obj.cross_replica_sum(tf.constant(3.0))) == 3.0   # one replica: identity
+
+
+def _direct_auc(scores, labels):
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return (greater + 0.5 * ties) / (len(pos) * len(neg))
+
+
+def test_auc_from_histograms_vs_direct():
+    rng = np.random.default_rng(5)
+    k = 50
+    scores = rng.integers(0, k, 3000)                       # discrete scores: exact match
+    labels = (rng.random(3000) < 0.2 + 0.6 * scores / k).astype(np.int64)
+    pos = np.bincount(scores[labels == 1], minlength=k)
+    neg = np.bincount(scores[labels == 0], minlength=k)
+    np.testing.assert_allclose(obj.auc_from_histograms(pos, neg).numpy(),
+                               _direct_auc(scores, labels), atol=1e-6)
+    # Continuous logits through auc_histograms, with padding that must be ignored.
+    logits = rng.normal(size=(20, 200)).astype(np.float32)
+    labels = (rng.random((20, 200)) < 1 / (1 + np.exp(-2 * logits))).astype(np.int32)
+    mask = (rng.random((20, 200)) < 0.8).astype(np.int32)
+    padded_logits = np.where(mask == 1, logits, 9.0).astype(np.float32)
+    pos_h, neg_h = jit(obj.auc_histograms)(padded_logits, labels, mask)
+    assert pos_h.shape == (obj.AUC_BUCKETS,) and float(pos_h.numpy().sum() +
+                                                       neg_h.numpy().sum()) == mask.sum()
+    probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    direct = _direct_auc(probs[mask == 1], labels[mask == 1])
+    assert 0.6 < direct < 0.9
+    assert abs(obj.auc_from_histograms(pos_h, neg_h).numpy() - direct) < 2e-3
+    # Histograms add up across batches.
+    h1 = obj.auc_histograms(padded_logits[:10], labels[:10], mask[:10])
+    h2 = obj.auc_histograms(padded_logits[10:], labels[10:], mask[10:])
+    np.testing.assert_array_equal(h1[0].numpy() + h2[0].numpy(), pos_h.numpy())
+    assert float(obj.auc_from_histograms(np.zeros(4), np.ones(4))) == 0.5
+
+
+def test_metrics_hand_made_and_accumulable():
+    disc_logits = np.array([[2.0, -1.0, 0.5, -3.0, 1.0, 5.0],
+                            [-2.0, 1.5, -0.5, 0.0, -1.0, 4.0]], np.float32)
+    labels = np.array([[0, 0, 1, 0, 1, 1], [0, 1, 1, 0, 0, 1]], np.int32)
+    mask = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]], np.int32)
+    masked_ids = np.array([[3, 4, 0], [5, 0, 0]], np.int32)
+    w = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    sampled = np.array([[3, 9, 3], [5, 1, 0]], np.int32)
+    mlm_logits = np.zeros((2, 3, 10), np.float32)
+    mlm_logits[0, 0, 3] = mlm_logits[0, 1, 7] = mlm_logits[1, 0, 5] = 4.0
+    args = dict(disc_logits=disc_logits, disc_labels=labels, input_mask=mask,
+                masked_ids=masked_ids, masked_weights=w, sampled_ids=sampled,
+                mlm_logits=mlm_logits)
+    m = {k: float(v) for k, v in jit(lambda a: obj.compute_metrics(**a))(args).items()}
+    # Real tokens: preds (logit > 0) 1 0 1 0 1 | 0 1 0 0 ; labels 0 0 1 0 1 | 0 1 1 0
+    assert m["disc_accuracy"] == pytest.approx(7 / 9)
+    assert m["disc_precision"] == pytest.approx(3 / 4)
+    assert m["disc_recall"] == pytest.approx(3 / 4)
+    assert m["replaced_fraction"] == pytest.approx(4 / 9)
+    assert m["masked_lm_accuracy"] == pytest.approx(2 / 3)
+    assert m["sampled_masked_lm_accuracy"] == pytest.approx(2 / 3)
+    assert m["disc_loss"] == pytest.approx(float(obj.disc_loss(disc_logits, labels, mask)))
+    assert m["masked_lm_loss"] == pytest.approx(float(obj.mlm_loss(mlm_logits, masked_ids, w)[0]))
+    pos_scores = 1 / (1 + np.exp(-disc_logits[(mask == 1)]))
+    assert m["disc_auc"] == pytest.approx(_direct_auc(pos_scores, labels[mask == 1]), abs=1e-6)
+    # Sums over two half-batches give the metrics of the whole batch.
+    halves = [obj.metric_sums(**{k: v[s] for k, v in args.items()})
+              for s in (slice(0, 1), slice(1, 2))]
+    acc = obj.accumulate_metric_sums(obj.accumulate_metric_sums(None, halves[0]), halves[1])
+    for k, v in obj.metrics_from_sums(acc).items():
+        assert float(v) == pytest.approx(m[k], abs=1e-6), k
+
+
+def test_full_step_under_xla_matches_eager():
+    """mask -> sample (uniform generator, disallow) -> corrupt -> losses -> metrics."""
+    ids, mask = IDS[:16], INPUT_MASK[:16]
+
+    def step(ids, mask, seed):
+        mask_seed, sample_seed = tf.unstack(obj.split_seed(seed, 2))
+        m = obj.mask_tokens(ids, mask, mask_seed, **KW)
+        logits = obj.uniform_logits(m["masked_ids"], VOCAB)
+        sampled = obj.gumbel_sample(logits, sample_seed, 1.0, m["masked_ids"])
+        fake, labels = obj.corrupt(ids, m["masked_positions"], sampled, m["masked_weights"])
+        disc_logits = tf.cast(fake % 7, tf.float32) - 3.0
+        mlm, _ = obj.mlm_loss(logits, m["masked_ids"], m["masked_weights"])
+        disc = obj.disc_loss(disc_logits, labels, mask)
+        return dict(m, fake=fake, labels=labels, mlm=mlm, disc=disc,
+                    **obj.compute_metrics(disc_logits=disc_logits, disc_labels=labels,
+                                          input_mask=mask, masked_ids=m["masked_ids"],
+                                          masked_weights=m["masked_weights"],
+                                          sampled_ids=sampled, mlm_logits=logits))
+
+    seed = obj.step_seed(tf.constant([0, 1]), tf.constant(10, tf.int64), 3)
+    assert not np.array_equal(seed.numpy(), obj.step_seed([0, 1], 10, 2).numpy())
+    out = {k: v.numpy() for k, v in jit(step)(ids, mask, seed).items()}
+    ref = {k: v.numpy() for k, v in step(ids, mask, seed).items()}
+    for k in ("masked_input_ids", "masked_positions", "fake", "labels"):
+        np.testing.assert_array_equal(out[k], ref[k])
+    for k in ("mlm", "disc", "disc_auc", "disc_accuracy"):
+        np.testing.assert_allclose(out[k], ref[k], rtol=1e-5)
+    np.testing.assert_allclose(out["mlm"], np.log(VOCAB), rtol=1e-6)
+    # With disallow_correct every real slot is replaced: labels == real slots exactly.
+    assert out["sampled_masked_lm_accuracy"] == 0
+    assert out["labels"].sum() == out["masked_weights"].sum()
+    assert out["replaced_fraction"] == pytest.approx(out["labels"].sum() / mask.sum())
+
+
+_MIRRORED = r'''
+import numpy as np, tensorflow as tf
+from electra_tf import objective as obj
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+rng = np.random.default_rng(6)
+feats = rng.normal(size=(4, 3, 20)).astype(np.float32)
+ids = rng.integers(0, 20, (4, 3)).astype(np.int32)
+w = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)
+dfeats = rng.normal(size=(4, 5)).astype(np.float32)
+labels = rng.integers(0, 2, (4, 5)).astype(np.int32)
+mask = np.array([[1] * 5, [1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], np.int32)
+
+def loss_and_grads(bias, scale, f, i, ww, d, lab, m, replicated):
+    with tf.GradientTape() as tape:
+        num, den, _ = obj.mlm_loss_sums(f + bias, i, ww)
+        dnum, dden, _ = obj.disc_loss_sums(d * scale, lab, m)
+        if replicated:
+            den, dden = obj.cross_replica_sum(den), obj.cross_replica_sum(dden)
+        loss = num / den + 50.0 * dnum / dden
+    grads = tape.gradient(loss, [bias, scale])
+    if replicated:
+        ctx = tf.distribute.get_replica_context()
+        loss, grads = ctx.all_reduce("sum", loss), ctx.all_reduce("sum", grads)
+    return [loss] + grads
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    bias = tf.Variable(tf.zeros([20]))
+    scale = tf.Variable(1.5)
+data = (feats, ids, w, dfeats, labels, mask)
+one = loss_and_grads(bias, scale, *data, replicated=False)
+dist = strategy.experimental_distribute_values_from_function(
+    lambda ctx: tuple(x[2 * ctx.replica_id_in_sync_group:][:2] for x in data))
+per = strategy.run(tf.function(lambda *a: loss_and_grads(bias, scale, *a, replicated=True)),
+                   args=dist)
+assert strategy.num_replicas_in_sync == 2
+for a, b in zip(one, per):
+    for r in strategy.experimental_local_results(b):
+        np.testing.assert_allclose(r.numpy(), a.numpy(), rtol=1e-5, atol=1e-7)
+print("MIRRORED_OK", float(one[0]))
+'''
+
+
+def test_two_mirrored_replicas_equal_one_device():
+    """Real MirroredStrategy over 2 logical CPUs (a fresh process: devices are set at start)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, "-c", _MIRRORED], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert "MIRRORED_OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
