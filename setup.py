@@ -16,6 +16,7 @@ setup(
         "tensorflow-text>=2.21,<2.22",
         "sentencepiece>=0.2,<0.3",
         "absl-py>=2.1,<3",
+        "tensorboard>=2.19",
         "numpy>=1.26",
     ],
     extras_require={

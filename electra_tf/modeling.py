@@ -343,7 +343,11 @@ class GeneratorPredictions(keras.layers.Layer):
     def call(self, hidden):
         x = self.layer_norm(self.dense(hidden))
         table = tf.cast(tf.convert_to_tensor(self.embeddings.word_embeddings), x.dtype)
-        logits = tf.einsum("...e,ve->...v", x, table)
+        # One 2-D matmul: an einsum over [B, P, E] makes the table's gradient a batched
+        # product with a [B, E, V] intermediate, ~20x slower on CPU.
+        rows = tf.reshape(x, [-1, self.config.embedding_size])
+        logits = tf.matmul(rows, table, transpose_b=True)
+        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [self.config.vocab_size]], 0))
         return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
 
 

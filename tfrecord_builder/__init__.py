@@ -4,7 +4,14 @@ The output (features `input_ids`, `input_mask`, `segment_ids`, int64[max_seq_len
 is the official ELECTRA pre-training format, plus a `manifest.json` the trainer checks.
 """
 
-__version__ = "0.1.0"
+import os
+
+__version__ = "0.2.0"
+
+# The bundled sample (a fresh clone's defaults): data/ beside the package.
+REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+DEFAULT_CORPUS = os.path.join(REPO_DATA, "corpus", "enwiki_sample.txt")
+DEFAULT_VOCAB = os.path.join(REPO_DATA, "vocab", "bert_uncased_vocab.txt")
 
 
 class BuildError(Exception):

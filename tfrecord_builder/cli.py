@@ -9,11 +9,8 @@ import sys
 
 from absl import app, flags, logging
 
-from tfrecord_builder import BuildError
+from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB, BuildError
 
-_REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-DEFAULT_CORPUS = os.path.join(_REPO_DATA, "corpus", "enwiki_sample.txt")
-DEFAULT_VOCAB = os.path.join(_REPO_DATA, "vocab", "bert_uncased_vocab.txt")
 DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
 
 FLAGS = flags.FLAGS

@@ -1,0 +1,246 @@
+"""The pre-training run: data, strategy, checkpoints, the loop, logging and evaluation.
+
+`run(options)` is everything `run_pretraining.py` does after parsing flags: it resumes
+from the newest checkpoint in `model_dir`, trains to `num_train_steps` in host loops of
+`steps_per_loop` compiled steps, logs and writes TensorBoard scalars, and leaves a
+discriminator-only checkpoint in the released TF1 layout for fine-tuning.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from electra_tf import distribute, input_pipeline
+from electra_tf.configs import ConfigError, PretrainingConfig
+from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
+from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_CACHE = os.path.join("cache", "tfrecords")
+
+
+class RunError(ValueError):
+    """A problem with the run's flags or data, reported as one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    model_dir: str
+    train_data: Optional[str] = None  # glob(s) or build dir; None = the bundled sample
+    eval_data: Optional[str] = None
+    do_train: bool = True
+    do_eval: bool = False
+    strategy: str = "auto"
+    tpu: Optional[str] = None
+    tpu_zone: Optional[str] = None
+    gcp_project: Optional[str] = None
+    jit_compile: Optional[bool] = None
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def bundled_sample(max_seq_length: int, vocab_size: int) -> str:
+    """Builds (once) the bundled Wikipedia sample at this length into ./cache."""
+    from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB
+    from tfrecord_builder.build import BuildConfig, build
+    if vocab_size != 30522:
+        raise RunError(f"no --train_data given, and the bundled sample uses the 30522-token "
+                       f"BERT vocabulary but model.vocab_size={vocab_size}")
+    out = os.path.join(SAMPLE_CACHE, f"enwiki_sample-seq{max_seq_length}")
+    logging.info("No --train_data: building the bundled Wikipedia sample into %s", out)
+    build(BuildConfig(output_dir=out, inputs=(DEFAULT_CORPUS,), vocab_file=DEFAULT_VOCAB,
+                      max_seq_length=max_seq_length, num_shards=16,
+                      num_workers=min(2, os.cpu_count() or 1)))
+    return out
+
+
+def resolve_data(options: RunOptions, cfg: PretrainingConfig):
+    """-> (train files, eval files, manifest or None). The bundled sample holds out its
+    last shard for evaluation."""
+    tc = cfg.train
+    train_pattern, eval_pattern = options.train_data, options.eval_data
+    held_out = None
+    if not train_pattern:
+        train_pattern = bundled_sample(tc.max_seq_length, cfg.model.vocab_size)
+        files = input_pipeline.resolve_files(train_pattern)
+        files, held_out = files[:-1], files[-1:]
+    else:
+        files = input_pipeline.resolve_files(train_pattern)
+    manifest = input_pipeline.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
+                                         max_seq_length=tc.max_seq_length)
+    input_pipeline.check_sequence_length(files[:1], tc.max_seq_length)
+    if eval_pattern:
+        eval_files = input_pipeline.resolve_files(eval_pattern)
+        input_pipeline.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
+                                  max_seq_length=tc.max_seq_length)
+    elif held_out:
+        eval_files = held_out
+    elif options.do_eval:
+        raise RunError("--do_eval needs --eval_data (held-out shards)")
+    else:
+        eval_files = []
+    return files, eval_files, manifest
+
+
+def _dataset(strategy, files, cfg: PretrainingConfig, batch_size, training, seed):
+    pattern = ",".join(files)
+    icfg = input_pipeline.InputConfig(
+        file_pattern=pattern, max_seq_length=cfg.train.max_seq_length, batch_size=batch_size,
+        repeat=True, deterministic=True, seed=seed, check_data=False,
+        shuffle_buffer=10_000 if training else 1)
+    return strategy.distribute_datasets_from_function(
+        lambda ctx: input_pipeline.make_dataset(icfg, ctx))
+
+
+def _special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
+    special = dict(BERT_SPECIAL_IDS)
+    counts = None
+    if manifest:
+        special.update(manifest["tokenizer"].get("special_token_ids", {}))
+        if cfg.objective.generator == "unigram":
+            base = os.path.dirname(files[0])
+            counts = np.loadtxt(os.path.join(base, manifest["token_counts_file"]),
+                                dtype=np.int64)
+    return special, counts
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+def _format_time(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
+                    eta_s: float) -> str:
+    m = out.metrics
+    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}"]
+    if "masked_lm_loss" in m:
+        parts.append(f"mlm_loss {m['masked_lm_loss']:.4f} mlm_acc {m['masked_lm_accuracy']:.4f}")
+    parts.append(f"disc_loss {m['disc_loss']:.4f} disc_acc {m['disc_accuracy']:.4f} "
+                 f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
+    parts.append(f"lr {lr:.3g}")
+    parts.append(f"{seqs_per_s:.1f} seq/s")
+    parts.append(f"ETA {_format_time(eta_s)}")
+    if out.skipped_steps:
+        parts.append(f"skipped {out.skipped_steps} non-finite step(s)")
+    return " | ".join(parts)
+
+
+def _write_scalars(writer, step: int, out, extra: Dict[str, float]):
+    with writer.as_default(step=step):
+        tf.summary.scalar("loss", out.loss)
+        for k, v in out.metrics.items():
+            tf.summary.scalar(k, v)
+        for k, v in extra.items():
+            tf.summary.scalar(k, v)
+    writer.flush()
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
+    """Trains and/or evaluates; returns the last logged (or eval) metrics."""
+    tc = cfg.train
+    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
+                                        options.gcp_project)
+    distribute.set_precision(tc.precision)
+    files, eval_files, manifest = resolve_data(options, cfg)
+    special, counts = _special_ids_and_counts(manifest, files, cfg)
+    os.makedirs(options.model_dir, exist_ok=True)
+    with open(os.path.join(options.model_dir, "config.json"), "w") as f:
+        json.dump(cfg.to_json(), f, indent=2)
+
+    trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
+    ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
+                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
+                               loss_scale_good_steps=trainer.good_steps)
+    train_iter = None
+    if options.do_train:
+        train_ds = _dataset(strategy, files, cfg, tc.train_batch_size, True, tc.seed)
+        train_iter = iter(train_ds)
+        ckpt.data = train_iter  # data position is part of the checkpoint: exact resume
+    manager = tf.train.CheckpointManager(ckpt, options.model_dir,
+                                         max_to_keep=tc.keep_checkpoint_max,
+                                         step_counter=trainer.global_step)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        logging.info("Resumed from %s (step %d)", manager.latest_checkpoint,
+                     int(trainer.global_step.numpy()))
+
+    result: Dict[str, float] = {}
+    if options.do_train:
+        result = _train(cfg, trainer, train_iter, manager, options.model_dir)
+        disc_prefix = os.path.join(options.model_dir, "discriminator", "model.ckpt")
+        save_tf1_checkpoint(trainer.model, disc_prefix, discriminator_variables(trainer.model))
+        logging.info("Discriminator-only checkpoint (released TF1 layout): %s", disc_prefix)
+    if options.do_eval and eval_files:
+        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir)
+    return result
+
+
+def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir) -> Dict[str, float]:
+    tc = cfg.train
+    total = tc.num_train_steps
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+    loop = trainer.make_train_loop()
+    step = int(trainer.global_step.numpy())
+    if step >= total:
+        logging.info("Already at step %d of %d: nothing to train", step, total)
+        return {}
+    start_step, start = step, time.monotonic()
+    last_log_step, last_log_time = step, start
+    out_metrics: Dict[str, float] = {}
+    sums = None
+    while step < total:
+        # Stop each host loop at the next log or checkpoint boundary.
+        n = min(tc.steps_per_loop, total - step,
+                tc.log_every_steps - step % tc.log_every_steps,
+                tc.save_checkpoints_steps - step % tc.save_checkpoints_steps)
+        loop_sums = loop(iterator, tf.constant(n))
+        sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
+        step = int(trainer.global_step.numpy())
+        if step % tc.log_every_steps == 0 or step >= total:
+            now = time.monotonic()
+            out = summarize(sums)
+            sums = None
+            done_steps = step - last_log_step
+            seqs_per_s = done_steps * tc.train_batch_size / max(now - last_log_time, 1e-9)
+            rate = (step - start_step) / max(now - start, 1e-9)
+            eta = (total - step) / rate if rate > 0 else float("nan")
+            lr = float(trainer.optimizer.learning_rate(step))
+            logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta))
+            _write_scalars(writer, step, out, {"learning_rate": lr, "grad_norm": out.grad_norm,
+                                               "sequences_per_second": seqs_per_s})
+            out_metrics = dict(out.metrics, loss=out.loss)
+            last_log_step, last_log_time = step, now
+        if step % tc.save_checkpoints_steps == 0 or step >= total:
+            path = manager.save(checkpoint_number=step)
+            logging.info("Saved checkpoint %s", path)
+    return out_metrics
+
+
+def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir) -> Dict[str, float]:
+    """The objective's metrics over held-out shards, no dropout, `max_eval_steps` batches."""
+    tc = cfg.train
+    ds = _dataset(strategy, files, cfg, tc.eval_batch_size, False, tc.seed)
+    loop = trainer.make_eval_loop()
+    out = summarize(loop(iter(ds), tf.constant(tc.max_eval_steps)))
+    step = int(trainer.global_step.numpy())
+    metrics = dict(out.metrics, loss=out.loss)
+    logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,
+                 tc.eval_batch_size, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
+    _write_scalars(writer, step, out, {})
+    with open(os.path.join(model_dir, "eval_results.json"), "w") as f:
+        json.dump(dict(metrics, step=step), f, indent=2)
+    return metrics

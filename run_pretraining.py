@@ -1,0 +1,81 @@
+"""Pre-trains ELECTRA: flags -> config -> `electra_tf.train.run`.
+
+With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (built into
+./cache on first use) and writes checkpoints and TensorBoard logs to runs/pretrain_tiny.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("config", "tiny", "A preset (tiny, small, small_plus, base, large) or a "
+                    "JSON config file.")
+flags.DEFINE_string("params_override", "", "Comma-separated key=value config overrides, "
+                    "e.g. learning_rate=1e-3,model.generator_hidden_size=0.5.")
+flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs and config.json "
+                    "(default runs/pretrain_<config>). A rerun resumes from here.")
+flags.DEFINE_string("train_data", None, "TFRecord glob(s) or a tfrecord_builder output "
+                    "directory; default: the bundled sample, built on first use.")
+flags.DEFINE_string("eval_data", None, "Held-out TFRecords for --do_eval.")
+flags.DEFINE_integer("num_train_steps", None, "Overrides train.num_train_steps.")
+flags.DEFINE_integer("train_batch_size", None, "Global batch; overrides the config.")
+flags.DEFINE_integer("max_seq_length", None, "Overrides train.max_seq_length.")
+flags.DEFINE_integer("save_checkpoints_steps", None, "Overrides the config.")
+flags.DEFINE_integer("steps_per_loop", None, "Compiled steps per host visit.")
+flags.DEFINE_integer("grad_accum_steps", None, "Micro-batches per update.")
+flags.DEFINE_float("learning_rate", None, "Overrides optimizer.learning_rate.")
+flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
+                  "tf.distribute strategy.")
+flags.DEFINE_string("tpu", None, "TPU name or grpc address (Cloud TPU).")
+flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU.")
+flags.DEFINE_string("gcp_project", None, "GCP project of the TPU.")
+flags.DEFINE_enum("precision", None, ["float32", "bfloat16", "float16"],
+                  "Compute precision (default: bfloat16 on TPU, else the config's).")
+flags.DEFINE_bool("do_train", True, "Train.")
+flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
+flags.DEFINE_integer("seed", None, "Overrides train.seed.")
+flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
+
+_FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
+                "train_batch_size": "train.train_batch_size",
+                "max_seq_length": "train.max_seq_length",
+                "save_checkpoints_steps": "train.save_checkpoints_steps",
+                "steps_per_loop": "train.steps_per_loop",
+                "grad_accum_steps": "train.grad_accum_steps",
+                "learning_rate": "optimizer.learning_rate",
+                "precision": "train.precision", "seed": "train.seed"}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.INFO)
+    from electra_tf import configs, train
+    from electra_tf.input_pipeline import InputDataError
+    from tfrecord_builder import BuildError
+    from tfrecord_builder.manifest import ManifestError
+    from electra_tf.distribute import StrategyError
+    try:
+        overrides = configs.parse_overrides(FLAGS.params_override)
+        overrides.update({key: str(getattr(FLAGS, name)) for name, key in _FLAG_TO_KEY.items()
+                          if getattr(FLAGS, name) is not None})
+        cfg = configs.load_config(FLAGS.config, overrides)
+        model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{FLAGS.config}")
+        options = train.RunOptions(
+            model_dir=model_dir, train_data=FLAGS.train_data, eval_data=FLAGS.eval_data,
+            do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, strategy=FLAGS.strategy,
+            tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, gcp_project=FLAGS.gcp_project,
+            jit_compile=FLAGS.jit_compile)
+        train.run(cfg, options)
+    except (configs.ConfigError, train.RunError, InputDataError, ManifestError, BuildError,
+            StrategyError) as e:
+        print(f"run_pretraining: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)
