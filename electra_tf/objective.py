@@ -11,9 +11,11 @@ Conventions
 * Prediction slots: `masked_positions [B,P]` int32, `masked_ids [B,P]` int32 (the original
   tokens) and `masked_weights [B,P]` float32 (1.0 real slot, 0.0 padding slot). Real slots
   come first, in increasing position order; padding slots point at position 0 with id 0.
-* Randomness: only stateless ops with an explicit `seed`, a `[2]` int32 tensor. The same
-  seed gives the same result; give every call its own seed (`split_seed`) and every step
-  and replica its own stream (`step_seed(base_seed, step, replica_id)`). Random bits come
+* Randomness: only stateless ops with an explicit `seed`, a `[3]` int32 tensor (key and
+  the global index of the batch's first row, see `electra_tf.rng`; a `[2]` seed means
+  row 0). The same seed gives the same result; give every call its own seed
+  (`split_seed`) and every step its own stream (`step_seed(base_seed, step, first_row)`);
+  a replica's rows draw what the same rows of the whole global batch would. Random bits come
   from the Philox algorithm (not 'auto_select', which picks per device) and are turned into
   floats here, because TF's own bits-to-float conversion differs between eager and XLA: a
   seed gives identical draws eagerly and under XLA (tested on CPU; Philox bits are
@@ -40,6 +42,8 @@ from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
+from electra_tf import rng
+
 RNG_ALG = "philox"
 AUC_BUCKETS = 1000
 _EPS = 1e-5
@@ -56,19 +60,12 @@ def _shape(x: tf.Tensor):
 
 
 def _as_seed(seed) -> tf.Tensor:
-    return tf.cast(tf.convert_to_tensor(seed), tf.int32)
-
-
-def _random_bits(shape, seed) -> tf.Tensor:
-    """uint32 Philox bits: identical eagerly, under XLA and across devices."""
-    return tf.random.stateless_uniform(shape, _as_seed(seed), minval=None, maxval=None,
-                                       dtype=tf.uint32, alg=RNG_ALG)
+    return rng.as_seed(seed)
 
 
 def _random_uniform(shape, seed) -> tf.Tensor:
-    """float32 uniform on [0, 1) with 24 random bits, multiples of 2**-24."""
-    bits = tf.bitwise.right_shift(_random_bits(shape, seed), tf.constant(8, tf.uint32))
-    return tf.cast(bits, tf.float32) * (1.0 / (1 << 24))
+    """float32 uniform on [0, 1) (see `electra_tf.rng`: rows are split-invariant)."""
+    return rng.uniform(shape, seed)
 
 
 def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
@@ -99,23 +96,22 @@ def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
 # ----------------------------------------------------------------------------- seeds
 
 def fold_seed(seed, data) -> tf.Tensor:
-    """A new [2] int32 seed that is a deterministic function of `seed` and the int `data`."""
-    return tf.random.experimental.stateless_fold_in(
-        _as_seed(seed), tf.cast(data, tf.int32), alg=RNG_ALG)
+    """A new [3] seed that is a deterministic function of `seed` and the int `data`."""
+    return rng.fold(seed, data)
 
 
 def split_seed(seed, num: int) -> tf.Tensor:
-    """[num, 2] int32 independent seeds derived from `seed` (e.g. masking vs sampling)."""
-    return tf.stack([fold_seed(seed, i) for i in range(num)])
+    """[num, 3] independent seeds derived from `seed` (e.g. masking vs sampling)."""
+    return rng.split(seed, num)
 
 
-def step_seed(base_seed, step, replica_id=0) -> tf.Tensor:
-    """The seed of one (step, replica): reproducible, distinct across steps and replicas.
+def step_seed(base_seed, step, first_row=0) -> tf.Tensor:
+    """The seed of one step for the rows starting at `first_row` of the global batch.
 
-    `step` is e.g. `optimizer.iterations` (cast to int32), `replica_id` e.g.
-    `tf.distribute.get_replica_context().replica_id_in_sync_group`.
+    `step` is e.g. the global step; a replica holding rows [r * b, (r + 1) * b) passes
+    first_row = r * b, so its draws are exactly those rows of a one-device draw.
     """
-    return fold_seed(fold_seed(base_seed, step), replica_id)
+    return rng.offset_rows(fold_seed(base_seed, step), first_row)
 
 
 def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
@@ -203,9 +199,7 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     uniform = _random_uniform([batch, max_predictions], seeds[1])
     new_values = tf.where(uniform < mask_token_prob, mask_id, masked_ids)
     if random_token_prob > 0:
-        random_ids = tf.random.stateless_uniform(
-            [batch, max_predictions], seeds[2], minval=0, maxval=vocab_size,
-            dtype=tf.int32, alg=RNG_ALG)
+        random_ids = rng.uniform_int([batch, max_predictions], seeds[2], vocab_size)
         use_random = (uniform >= mask_token_prob) & \
             (uniform < mask_token_prob + random_token_prob)
         new_values = tf.where(use_random, random_ids, new_values)

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from electra_tf import objective as obj
+from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import ElectraPretrainingModel
 from electra_tf.optimization import all_reduce_gradients, clip_by_global_norm, make_optimizer
@@ -162,9 +163,8 @@ class Pretrainer:
     def _replica_step_fn(self, batch):
         """One optimizer update on this replica's share of the global batch."""
         self.trace_count += 1  # Python side effect: counts traces, not calls
-        ctx = tf.distribute.get_replica_context()
-        replica = ctx.replica_id_in_sync_group if ctx is not None else 0
-        seed = obj.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32), replica)
+        seed = obj.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32),
+                             self._first_row(batch))
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
         grads, loss, sums = self._accumulated_grads(batch, seed, dens)
@@ -197,12 +197,13 @@ class Pretrainer:
         micro_batches = {n: tf.reshape(t, [k, -1] + t.shape[1:].as_list())
                          for n, t in batch.items()}
         take = lambda i: {n: t[i] for n, t in micro_batches.items()}
-        grads, loss, sums = self._grads(take(0), obj.fold_seed(seed, 0), dens)
+        rows = batch["input_ids"].shape[0] // k
+        grads, loss, sums = self._grads(take(0), seed, dens)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.variables)]
 
         def body(i, grads, loss, sums):
-            g, l, s = self._grads(take(i), obj.fold_seed(seed, i), dens)
+            g, l, s = self._grads(take(i), rng.offset_rows(seed, i * rows), dens)
             grads = [a if b is None else a + b for a, b in zip(grads, g)]
             return i + 1, grads, loss + l, {n: sums[n] + s[n] for n in sums}
 
@@ -210,6 +211,13 @@ class Pretrainer:
                                              (tf.constant(1), grads, loss, sums),
                                              maximum_iterations=k - 1)
         return grads, loss, sums
+
+    @staticmethod
+    def _first_row(batch):
+        """Global index of this replica's first row (replicas hold equal, ordered shares)."""
+        ctx = tf.distribute.get_replica_context()
+        replica = ctx.replica_id_in_sync_group if ctx is not None else 0
+        return replica * tf.shape(batch["input_ids"])[0]
 
     def _update_loss_scale(self, finite):
         """Dynamic loss scaling for float16: halve on overflow, double after 2000 good steps."""
@@ -226,7 +234,7 @@ class Pretrainer:
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
         seed = obj.step_seed(self.base_seed + 1, tf.cast(self.global_step, tf.int32),
-                             tf.distribute.get_replica_context().replica_id_in_sync_group)
+                             self._first_row(batch))
         loss, sums = self.objective.loss(self.model, batch, seed, dens, False)
         sums = dict(sums)
         sums["loss_sum"] = loss
@@ -265,9 +273,10 @@ class Pretrainer:
     def _reduce(self, per_replica):
         sums = {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
                 for k, v in per_replica.items()}
-        # Loss, step counts and norms are the same on every replica: undo the SUM.
+        # Replica losses are shares of the global loss (global denominators) and add up;
+        # step counts and gradient norms are the same on every replica: undo the SUM.
         n = float(self.strategy.num_replicas_in_sync)
-        for key in ("loss_sum", "steps", "grad_norm_sum", "skipped"):
+        for key in ("steps", "grad_norm_sum", "skipped"):
             if key in sums:
                 sums[key] = sums[key] / n
         return sums

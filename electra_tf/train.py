@@ -57,7 +57,7 @@ def bundled_sample(max_seq_length: int, vocab_size: int) -> str:
     logging.info("No --train_data: building the bundled Wikipedia sample into %s", out)
     build(BuildConfig(output_dir=out, inputs=(DEFAULT_CORPUS,), vocab_file=DEFAULT_VOCAB,
                       max_seq_length=max_seq_length, num_shards=16,
-                      num_workers=min(2, os.cpu_count() or 1)))
+                      num_workers=min(2, os.cpu_count() or 1), overwrite=True))
     return out
 
 
