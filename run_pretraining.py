@@ -33,8 +33,10 @@ flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cp
 flags.DEFINE_string("tpu", None, "TPU name or grpc address (Cloud TPU).")
 flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU.")
 flags.DEFINE_string("gcp_project", None, "GCP project of the TPU.")
-flags.DEFINE_enum("precision", None, ["float32", "bfloat16", "float16"],
-                  "Compute precision (default: bfloat16 on TPU, else the config's).")
+flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
+                  "Compute precision; variables, losses, softmax and sampling stay float32. "
+                  "auto (the presets' default): bfloat16 on TPU, float32 elsewhere; "
+                  "float16 adds dynamic loss scaling.")
 flags.DEFINE_bool("do_train", True, "Train.")
 flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
 flags.DEFINE_integer("seed", None, "Overrides train.seed.")

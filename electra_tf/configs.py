@@ -135,7 +135,8 @@ class TrainConfig:
     save_checkpoints_steps: int = 1000
     keep_checkpoint_max: int = 5
     grad_accum_steps: int = 1
-    precision: str = "float32"  # float32 | bfloat16 | float16
+    # auto: bfloat16 on TPU, float32 elsewhere; float16 uses dynamic loss scaling.
+    precision: str = "auto"  # auto | float32 | bfloat16 | float16
     seed: int = 1
 
     def check(self, model: ModelConfig):
@@ -149,9 +150,9 @@ class TrainConfig:
         if self.train_batch_size % self.grad_accum_steps:
             raise ConfigError(f"train_batch_size={self.train_batch_size} is not a multiple of "
                               f"grad_accum_steps={self.grad_accum_steps}")
-        if self.precision not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"precision={self.precision!r}: expected float32, bfloat16 or "
-                              "float16")
+        if self.precision not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"precision={self.precision!r}: expected auto, float32, "
+                              "bfloat16 or float16")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,37 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     return strategy
 
 
+def task(strategy: tf.distribute.Strategy):
+    """(task_type, task_id) of this process in a multi-worker cluster, else (None, None)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None, None
+    return resolver.task_type, resolver.task_id
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes the run's outputs: the chief, or worker 0 of a cluster
+    without one; always true outside multi-worker training (TPU: the one host program)."""
+    task_type, task_id = task(strategy)
+    return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and
+                                            not _has_chief(strategy))
+
+
+def _has_chief(strategy) -> bool:
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+    return bool(spec.get("chief"))
+
+
+def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
+    """Where this process saves checkpoints: `model_dir` for the chief; a scratch
+    directory for the other workers, which must take part in every save (it is a
+    collective) but whose copies nobody reads."""
+    if is_chief(strategy):
+        return model_dir
+    task_type, task_id = task(strategy)
+    return os.path.join(model_dir, ".workers", f"{task_type}_{task_id}")
+
+
 def default_precision(strategy: tf.distribute.Strategy) -> str:
     """bfloat16 on TPU, float32 elsewhere."""
     return "bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"

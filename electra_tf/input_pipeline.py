@@ -47,12 +47,17 @@ class InputConfig:
     deterministic: bool = False  # same element order on every run; needs `seed`
     seed: Optional[int] = None
     repeat: bool = True
+    # Global batches to pass over first (resuming a run where it stopped): each pipeline
+    # skips its replicas' share of them, before parsing, so it costs reading only.
+    skip_batches: int = 0
     vocab_size: Optional[int] = None  # checked against the manifest when given
     check_data: bool = True  # manifest and first-record checks before building
 
     def __post_init__(self):
         if not self.file_pattern or not self.file_pattern.strip(" ,"):
             raise ValueError("InputConfig.file_pattern is empty")
+        if self.skip_batches < 0:
+            raise ValueError(f"InputConfig.skip_batches={self.skip_batches}: must be >= 0")
         for name in ("max_seq_length", "batch_size", "cycle_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"InputConfig.{name}={getattr(self, name)}: must be at least 1")
@@ -275,6 +280,9 @@ def make_dataset(config: InputConfig,
         pipeline_id = input_context.input_pipeline_id
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
     files = shard_files(files, num_pipelines, pipeline_id)
+    logging.info("Input pipeline %d of %d: %d file(s), %s", pipeline_id, num_pipelines,
+                 len(files), ", ".join(os.path.basename(f) for f in files[:8]) +
+                 (", ..." if len(files) > 8 else ""))
     if config.check_data:
         check_sequence_length(files, config.max_seq_length)
 
@@ -297,6 +305,11 @@ def make_dataset(config: InputConfig,
         ds = ds.repeat()
     # Parsing a whole batch in one parse_example call is much cheaper than per record.
     ds = ds.batch(batch_size, drop_remainder=True)
+    if config.skip_batches:
+        replicas_per_pipeline = 1
+        if input_context is not None:
+            replicas_per_pipeline = max(1, input_context.num_replicas_in_sync // num_pipelines)
+        ds = ds.skip(config.skip_batches * replicas_per_pipeline)
     ds = ds.map(lambda s: parse_batch(s, config.max_seq_length),
                 num_parallel_calls=tf.data.AUTOTUNE)
 

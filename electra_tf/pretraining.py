@@ -9,6 +9,7 @@ host visit. New objectives subclass `Objective` and register in `OBJECTIVES`.
 import dataclasses
 from typing import Callable, Dict, Optional
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -131,6 +132,9 @@ class Pretrainer:
         self.strategy = strategy
         self.objective = build_objective(cfg, special_ids, unigram_counts)
         tc = cfg.train
+        # Initial weights are a function of the seed: reruns and every worker of a
+        # multi-worker job start from the same model.
+        keras.utils.set_random_seed(tc.seed)
         with strategy.scope():
             self.model = ElectraPretrainingModel(cfg.model)
             self.variables = list(self.model.trainable_variables)
@@ -143,6 +147,10 @@ class Pretrainer:
                                           trainable=False, name="loss_scale", aggregation=agg)
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="loss_scale_good_steps", aggregation=agg)
+            # Global batches read so far (skipped non-finite steps included): where the
+            # input pipeline resumes.
+            self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="data_batches", aggregation=agg)
         self.base_seed = tf.constant([tc.seed, 0x5EED], tf.int32)
         if jit_compile is None:
             jit_compile = default_jit(strategy)

@@ -89,12 +89,17 @@ def resolve_data(options: RunOptions, cfg: PretrainingConfig):
     return files, eval_files, manifest
 
 
-def _dataset(strategy, files, cfg: PretrainingConfig, batch_size, training, seed):
-    pattern = ",".join(files)
-    icfg = input_pipeline.InputConfig(
-        file_pattern=pattern, max_seq_length=cfg.train.max_seq_length, batch_size=batch_size,
-        repeat=True, deterministic=True, seed=seed, check_data=False,
-        shuffle_buffer=10_000 if training else 1)
+def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
+                 skip_batches: int = 0) -> input_pipeline.InputConfig:
+    """The input pipeline of a run: deterministic for the seed, so it can be resumed."""
+    return input_pipeline.InputConfig(
+        file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
+        batch_size=batch_size, repeat=True, deterministic=True, seed=cfg.train.seed,
+        check_data=False, shuffle_buffer=10_000 if training else 1,
+        skip_batches=skip_batches)
+
+
+def _dataset(strategy, icfg: input_pipeline.InputConfig):
     return strategy.distribute_datasets_from_function(
         lambda ctx: input_pipeline.make_dataset(icfg, ctx))
 
@@ -148,50 +153,81 @@ def _write_scalars(writer, step: int, out, extra: Dict[str, float]):
 # ----------------------------------------------------------------------------- run
 
 
+def resolve_precision(cfg: PretrainingConfig, strategy) -> PretrainingConfig:
+    """`train.precision=auto` -> bfloat16 on TPU, float32 elsewhere."""
+    if cfg.train.precision != "auto":
+        return cfg
+    precision = distribute.default_precision(strategy)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+
+
 def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
-    """Trains and/or evaluates; returns the last logged (or eval) metrics."""
-    tc = cfg.train
+    """Trains and/or evaluates; returns the last logged (or eval) metrics.
+
+    Every process of a multi-worker job calls this; only the chief writes the run's
+    outputs (config, summaries, checkpoints in `model_dir`, the discriminator export).
+    """
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
+    cfg = resolve_precision(cfg, strategy)
+    tc = cfg.train
     distribute.set_precision(tc.precision)
+    chief = distribute.is_chief(strategy)
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = _special_ids_and_counts(manifest, files, cfg)
     os.makedirs(options.model_dir, exist_ok=True)
-    with open(os.path.join(options.model_dir, "config.json"), "w") as f:
-        json.dump(cfg.to_json(), f, indent=2)
+    if chief:
+        with open(os.path.join(options.model_dir, "config.json"), "w") as f:
+            json.dump(cfg.to_json(), f, indent=2)
 
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
                                global_step=trainer.global_step, loss_scale=trainer.loss_scale,
-                               loss_scale_good_steps=trainer.good_steps)
-    train_iter = None
-    if options.do_train:
-        train_ds = _dataset(strategy, files, cfg, tc.train_batch_size, True, tc.seed)
-        train_iter = iter(train_ds)
-        ckpt.data = train_iter  # data position is part of the checkpoint: exact resume
-    manager = tf.train.CheckpointManager(ckpt, options.model_dir,
+                               loss_scale_good_steps=trainer.good_steps,
+                               data_batches=trainer.data_batches)
+    latest = tf.train.latest_checkpoint(options.model_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+        logging.info("Resumed from %s (step %d)", latest, int(trainer.global_step.numpy()))
+    manager = tf.train.CheckpointManager(ckpt, distribute.worker_dir(options.model_dir,
+                                                                     strategy),
                                          max_to_keep=tc.keep_checkpoint_max,
                                          step_counter=trainer.global_step)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        logging.info("Resumed from %s (step %d)", manager.latest_checkpoint,
-                     int(trainer.global_step.numpy()))
 
     result: Dict[str, float] = {}
     if options.do_train:
-        result = _train(cfg, trainer, train_iter, manager, options.model_dir)
-        disc_prefix = os.path.join(options.model_dir, "discriminator", "model.ckpt")
-        save_tf1_checkpoint(trainer.model, disc_prefix, discriminator_variables(trainer.model))
-        logging.info("Discriminator-only checkpoint (released TF1 layout): %s", disc_prefix)
+        # The data order is a function of the seed, so a resumed run continues it exactly
+        # by passing over the batches its checkpoint has already consumed.
+        train_ds = _dataset(strategy, input_config(
+            files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())))
+        result = _train(cfg, trainer, iter(train_ds), manager, options.model_dir, chief)
+        if chief:
+            disc_prefix = os.path.join(options.model_dir, "discriminator", "model.ckpt")
+            save_tf1_checkpoint(trainer.model, disc_prefix,
+                                discriminator_variables(trainer.model))
+            # A `checkpoint` state file, so tf.train.latest_checkpoint(dir) finds it too.
+            tf.compat.v1.train.update_checkpoint_state(os.path.dirname(disc_prefix),
+                                                       disc_prefix)
+            logging.info("Discriminator-only checkpoint (released TF1 layout): %s",
+                         disc_prefix)
     if options.do_eval and eval_files:
-        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir)
+        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief)
+    if not chief and tf.io.gfile.exists(manager.directory):
+        tf.io.gfile.rmtree(manager.directory)
     return result
 
 
-def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir) -> Dict[str, float]:
+def _summary_writer(model_dir: str, name: str, chief: bool):
+    if not chief:
+        return tf.summary.create_noop_writer()
+    return tf.summary.create_file_writer(os.path.join(model_dir, name))
+
+
+def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
+           chief: bool = True) -> Dict[str, float]:
     tc = cfg.train
     total = tc.num_train_steps
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+    writer = _summary_writer(model_dir, "train", chief)
     loop = trainer.make_train_loop()
     step = int(trainer.global_step.numpy())
     if step >= total:
@@ -207,6 +243,7 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir) -> Dict[str, 
                 tc.log_every_steps - step % tc.log_every_steps,
                 tc.save_checkpoints_steps - step % tc.save_checkpoints_steps)
         loop_sums = loop(iterator, tf.constant(n))
+        trainer.data_batches.assign_add(n)
         sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
         step = int(trainer.global_step.numpy())
         if step % tc.log_every_steps == 0 or step >= total:
@@ -229,18 +266,19 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir) -> Dict[str, 
     return out_metrics
 
 
-def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir) -> Dict[str, float]:
+def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
+             chief: bool = True) -> Dict[str, float]:
     """The objective's metrics over held-out shards, no dropout, `max_eval_steps` batches."""
     tc = cfg.train
-    ds = _dataset(strategy, files, cfg, tc.eval_batch_size, False, tc.seed)
+    ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False))
     loop = trainer.make_eval_loop()
     out = summarize(loop(iter(ds), tf.constant(tc.max_eval_steps)))
     step = int(trainer.global_step.numpy())
     metrics = dict(out.metrics, loss=out.loss)
     logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,
                  tc.eval_batch_size, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
-    _write_scalars(writer, step, out, {})
-    with open(os.path.join(model_dir, "eval_results.json"), "w") as f:
-        json.dump(dict(metrics, step=step), f, indent=2)
+    if chief:
+        _write_scalars(_summary_writer(model_dir, "eval", chief), step, out, {})
+        with open(os.path.join(model_dir, "eval_results.json"), "w") as f:
+            json.dump(dict(metrics, step=step), f, indent=2)
     return metrics

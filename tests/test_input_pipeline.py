@@ -255,6 +255,20 @@ def test_deterministic_mode_repeats_order_and_seed_changes_it(data_dir, manifest
         data_dir, deterministic=True, seed=0, shuffle_buffer=0, cycle_length=1)), limit=1)
 
 
+def test_skip_batches_resumes_the_same_stream(data_dir, manifest):
+    """skip_batches=k yields exactly batches k, k+1, ... of the unskipped stream, across
+    an epoch boundary (what a resumed run relies on)."""
+    make = lambda skip: ip.make_dataset(_cfg(  # noqa: E731
+        data_dir, deterministic=True, seed=5, shuffle_buffer=200, skip_batches=skip))
+    full = _batch_keys(make(0), limit=40)
+    resumed = _batch_keys(make(25), limit=15)
+    assert 25 * 16 < manifest["examples"] < 40 * 16
+    assert len(resumed) == 15 * 16
+    assert resumed == full[25 * 16:]
+    with pytest.raises(ValueError, match="skip_batches"):
+        _cfg(data_dir, skip_batches=-1)
+
+
 def test_deterministic_needs_a_seed(data_dir):
     with pytest.raises(ValueError, match="seed"):
         _cfg(data_dir, deterministic=True)

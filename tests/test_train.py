@@ -1,0 +1,211 @@
+"""The pre-training run: resume, learning, checkpoints and logs, and bad flags."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import train
+from electra_tf.configs import load_config
+
+from conftest import REPO
+
+
+def _options(model_dir, data, **kw):
+    return train.RunOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
+
+
+def _cfg(**overrides):
+    base = {"train_batch_size": 8, "num_train_steps": 6, "save_checkpoints_steps": 3,
+            "steps_per_loop": 3, "log_every_steps": 3, "warmup_steps": 2}
+    base.update(overrides)
+    return load_config("tiny", {k: str(v) for k, v in base.items()})
+
+
+def _final_weights(model_dir):
+    reader = tf.train.load_checkpoint(str(model_dir))
+    names = sorted(n for n, _ in tf.train.list_variables(str(model_dir))
+                   if n.startswith("model/") and "OPTIMIZER" not in n)
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
+    """6 steps straight == 3 steps, a crash right after the checkpoint, then a rerun of
+    the same command: same weights, bit for bit (data position and RNG are restored)."""
+    data = sample_build[0]
+    straight = tmp_path / "straight"
+    train.run(_cfg(), _options(straight, data))
+
+    resumed = tmp_path / "resumed"
+    real_save = tf.train.CheckpointManager.save
+
+    def save_then_crash(self, *args, **kwargs):
+        path = real_save(self, *args, **kwargs)
+        raise KeyboardInterrupt("simulated crash after " + path)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(_cfg(), _options(resumed, data))
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", real_save)
+    assert tf.train.latest_checkpoint(str(resumed)).endswith("ckpt-3")
+    train.run(_cfg(), _options(resumed, data))
+
+    a, b = _final_weights(straight), _final_weights(resumed)
+    assert tf.train.latest_checkpoint(str(resumed)).endswith("ckpt-6")
+    assert a.keys() == b.keys() and len(a) > 20
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_outputs_of_a_run(tmp_path, sample_build):
+    out = tmp_path / "run"
+    metrics = train.run(_cfg(), _options(out, sample_build[0], do_eval=True,
+                                          eval_data=sample_build[0]))
+    assert json.load(open(out / "config.json"))["model"]["hidden_size"] == 128
+    assert os.path.exists(out / "eval_results.json")
+    assert json.load(open(out / "eval_results.json"))["step"] == 6
+    assert set(metrics) >= {"masked_lm_loss", "disc_loss", "disc_auc", "loss"}
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "train"))
+    # The discriminator-only checkpoint uses the released TF1 names and nothing else.
+    names = dict(tf.train.list_variables(str(out / "discriminator")))
+    assert "electra/encoder/layer_1/output/dense/kernel" in names
+    assert "discriminator_predictions/dense_1/kernel" in names
+    assert not [n for n in names if n.startswith("generator")]
+
+
+def test_learning_on_the_bundled_sample(tmp_path, sample_build):
+    """The tiny model lowers both losses and its discriminator beats the all-"original"
+    baseline within a couple of hundred steps."""
+    cfg = _cfg(train_batch_size=32, num_train_steps=240, save_checkpoints_steps=240,
+               steps_per_loop=40, log_every_steps=40, warmup_steps=20, learning_rate=2e-3)
+    out = tmp_path / "learn"
+    before = train.run(cfg, _options(out, sample_build[0], do_train=False, do_eval=True,
+                                     eval_data=sample_build[0]))
+    after = train.run(cfg, _options(out, sample_build[0], do_eval=True,
+                                    eval_data=sample_build[0]))
+    assert before["masked_lm_loss"] > 10.0
+    assert after["masked_lm_loss"] < before["masked_lm_loss"] - 2.5
+    assert after["disc_loss"] < 0.5 * before["disc_loss"]
+    baseline = 1.0 - after["replaced_fraction"]
+    assert after["disc_accuracy"] > baseline + 0.005, (after, baseline)
+    assert after["disc_auc"] > 0.75
+
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "run_pretraining.py", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--params_override=hidden_sise=64"], "unknown config key 'hidden_sise'"),
+    (["--max_seq_length=1024"], "exceeds model.max_position_embeddings=128"),
+    (["--params_override=vocab_size=1000"], "vocab_size=1000"),
+    (["--train_data=/no/such/data*"], "/no/such/data*"),
+    (["--config=huge"], "presets:"),
+    (["--grad_accum_steps=3", "--train_batch_size=32"], "not a multiple"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, sample_build, args, needle):
+    data = [] if any(a.startswith("--train_data") for a in args) else \
+        [f"--train_data={sample_build[0]}"]
+    done = _cli(f"--model_dir={tmp_path / 'm'}", "--num_train_steps=1", *data, *args)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining: error:") and needle in last, last
+
+
+WORKER_SCRIPT = """
+import sys
+from absl import logging
+from electra_tf import train
+from electra_tf.configs import load_config
+cfg = load_config("tiny", sys.argv[3])
+logging.set_verbosity(logging.INFO)
+train.run(cfg, train.RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
+                                strategy="multi_worker"))
+"""
+
+NO_DROPOUT = {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0}
+
+
+def _free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_two_workers_equal_one_process(tmp_path, sample_build):
+    """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
+    its own file shards, end with the weights of one process that trains on the same
+    global batches (worker 0's rows, then worker 1's). Only the chief writes model_dir."""
+    from electra_tf import input_pipeline
+    from electra_tf.pretraining import Pretrainer
+
+    data = sample_build[0]
+    overrides = dict(NO_DROPOUT, train_batch_size=8, num_train_steps=4,
+                     save_checkpoints_steps=2, steps_per_loop=2, log_every_steps=2,
+                     warmup_steps=2)
+    override_text = ",".join(f"{k}={v}" for k, v in overrides.items())
+    model_dir = tmp_path / "mw"
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", WORKER_SCRIPT, str(model_dir), data, override_text],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    logs = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=420)
+        finally:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+        assert p.returncode == 0, err[-3000:]
+        logs.append(err)
+
+    # Each worker's input pipeline read its own half of the shards.
+    read = []
+    for index, err in enumerate(logs):
+        line = [ln for ln in err.splitlines() if f"Input pipeline {index} of 2:" in ln][0]
+        read.append(set(line.split("file(s), ")[1].split(", ")))
+    assert read[0] and read[1] and not read[0] & read[1]
+    # The chief alone wrote the run's outputs; the other worker's scratch copies are gone.
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
+    assert not os.path.exists(model_dir / ".workers" / "worker_1")
+    assert os.path.exists(model_dir / "discriminator" / "checkpoint")
+
+    # One process, one device, the same global batches.
+    cfg = load_config("tiny", {k: str(v) for k, v in overrides.items()})
+    icfg = train.input_config(input_pipeline.resolve_files(data), cfg, 8, True)
+    halves = [input_pipeline.make_dataset(icfg, tf.distribute.InputContext(2, w, 2))
+              for w in range(2)]
+    global_batches = tf.data.Dataset.zip(tuple(halves)).map(
+        lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
+    one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))
+    loop = one.make_train_loop()
+    loop(iter(one.strategy.distribute_datasets_from_function(lambda ctx: global_batches)),
+         tf.constant(4))
+    reference = tf.train.Checkpoint(model=one.model).save(str(tmp_path / "one" / "ckpt"))
+
+    got, want = tf.train.load_checkpoint(str(model_dir)), tf.train.load_checkpoint(reference)
+    names = [n for n, _ in tf.train.list_variables(reference) if n.startswith("model/")]
+    assert len(names) > 20
+    start = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0")).model
+    moved = max(float(np.max(np.abs(a - b))) for a, b in
+                zip(start.get_weights(), one.model.get_weights()))
+    assert moved > 1e-4
+    for name in names:
+        np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), atol=1e-5,
+                                   err_msg=name)
