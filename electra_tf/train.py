@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import distribute, input_pipeline
-from electra_tf.configs import ConfigError, PretrainingConfig
+from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
 from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
 
@@ -49,15 +49,20 @@ class RunOptions:
 def bundled_sample(max_seq_length: int, vocab_size: int) -> str:
     """Builds (once) the bundled Wikipedia sample at this length into ./cache."""
     from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB
+    from tfrecord_builder import BuildError
     from tfrecord_builder.build import BuildConfig, build
     if vocab_size != 30522:
         raise RunError(f"no --train_data given, and the bundled sample uses the 30522-token "
                        f"BERT vocabulary but model.vocab_size={vocab_size}")
     out = os.path.join(SAMPLE_CACHE, f"enwiki_sample-seq{max_seq_length}")
-    logging.info("No --train_data: building the bundled Wikipedia sample into %s", out)
-    build(BuildConfig(output_dir=out, inputs=(DEFAULT_CORPUS,), vocab_file=DEFAULT_VOCAB,
-                      max_seq_length=max_seq_length, num_shards=16,
-                      num_workers=min(2, os.cpu_count() or 1), overwrite=True))
+    logging.info("No --train_data: using the bundled Wikipedia sample, built in %s", out)
+    build_cfg = BuildConfig(output_dir=out, inputs=(DEFAULT_CORPUS,), vocab_file=DEFAULT_VOCAB,
+                            max_seq_length=max_seq_length, num_shards=16,
+                            num_workers=min(2, os.cpu_count() or 1))
+    try:
+        build(build_cfg)  # a finished identical build is reused as it is
+    except BuildError:  # the cache holds another build of ours (older builder): replace it
+        build(dataclasses.replace(build_cfg, overwrite=True))
     return out
 
 
@@ -91,7 +96,10 @@ def resolve_data(options: RunOptions, cfg: PretrainingConfig):
 
 def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
                  skip_batches: int = 0) -> input_pipeline.InputConfig:
-    """The input pipeline of a run: deterministic for the seed, so it can be resumed."""
+    """The input pipeline of a run: deterministic for the seed, so it can be resumed.
+
+    tf.data's shuffles also depend on TensorFlow's global seed, which `Pretrainer` sets
+    from the same seed: make the dataset after the trainer, as `run` does."""
     return input_pipeline.InputConfig(
         file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
         batch_size=batch_size, repeat=True, deterministic=True, seed=cfg.train.seed,
@@ -202,19 +210,26 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
             files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())))
         result = _train(cfg, trainer, iter(train_ds), manager, options.model_dir, chief)
         if chief:
-            disc_prefix = os.path.join(options.model_dir, "discriminator", "model.ckpt")
-            save_tf1_checkpoint(trainer.model, disc_prefix,
-                                discriminator_variables(trainer.model))
-            # A `checkpoint` state file, so tf.train.latest_checkpoint(dir) finds it too.
-            tf.compat.v1.train.update_checkpoint_state(os.path.dirname(disc_prefix),
-                                                       disc_prefix)
-            logging.info("Discriminator-only checkpoint (released TF1 layout): %s",
-                         disc_prefix)
+            export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
         result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief)
     if not chief and tf.io.gfile.exists(manager.directory):
         tf.io.gfile.rmtree(manager.directory)
     return result
+
+
+def export_discriminator(model, model_dir: str) -> str:
+    """Writes MODEL_DIR/discriminator/model.ckpt: the discriminator alone, under the
+    released TF1 names (what fine-tuning loads), with a `checkpoint` state file so that
+    tf.train.latest_checkpoint finds it. Returns the prefix."""
+    directory = os.path.join(model_dir, "discriminator")
+    prefix = save_tf1_checkpoint(model, os.path.join(directory, "model.ckpt"),
+                                 discriminator_variables(model))
+    with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
+        f.write('model_checkpoint_path: "model.ckpt"\n'
+                'all_model_checkpoint_paths: "model.ckpt"\n')
+    logging.info("Discriminator-only checkpoint (released TF1 layout): %s", prefix)
+    return prefix
 
 
 def _summary_writer(model_dir: str, name: str, chief: bool):

@@ -147,3 +147,53 @@ def test_two_replicas_equal_one_device(sample_build):
     assert result["moved"] > 1e-4  # the step did change the weights
     assert result["diff"] < 1e-5
     assert result["loss_two"] == pytest.approx(result["loss_one"], rel=1e-5)
+
+
+@pytest.fixture
+def precision():
+    """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
+    from electra_tf import distribute
+    yield distribute.set_precision
+    distribute.set_precision("float32")
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_mixed_precision_step(sample_build, precision, name):
+    """The compiled step under a mixed policy: float32 variables, a loss within a few
+    percent of the float32 one at the same weights, and training that moves the weights.
+    float16 starts at a loss scale of 2^15 and halves it on each overflowing (skipped) step."""
+    batch = _batch(sample_build[0])
+    plain = "hidden_dropout_prob=0,attention_probs_dropout_prob=0,warmup_steps=0"
+    reference = _trainer(plain)
+    weights = reference.model.get_weights()
+    want = _run_steps(reference, batch, 1).loss
+    precision(name)
+    trainer = _trainer(f"precision={name}," + plain)
+    assert trainer.model.electra.blocks[0].query.compute_dtype == name
+    assert all(v.dtype == tf.float32 for v in trainer.variables)
+    trainer.model.set_weights(weights)
+    first = _run_steps(trainer, batch, 1)
+    assert first.loss == pytest.approx(want, rel=0.03)
+    rest = _run_steps(trainer, batch, 5)
+    skipped = first.skipped_steps + rest.skipped_steps
+    assert int(trainer.global_step.numpy()) == 6 - skipped
+    if name == "float16":
+        assert skipped < 6
+        assert float(trainer.loss_scale.numpy()) == 2.0 ** (15 - skipped)
+    else:
+        assert skipped == 0
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, trainer.model.get_weights()))
+    assert moved > 1e-4
+    assert rest.loss < first.loss
+
+
+def test_float16_overflow_skips_the_step_and_halves_the_scale(sample_build, precision):
+    precision("float16")
+    trainer = _trainer("precision=float16")
+    trainer.loss_scale.assign(3e38)  # the scaled loss overflows float32: inf gradients
+    before = [v.numpy().copy() for v in trainer.variables]
+    out = _run_steps(trainer, _batch(sample_build[0]), 1)
+    assert out.skipped_steps == 1
+    assert int(trainer.global_step.numpy()) == 0
+    assert float(trainer.loss_scale.numpy()) == pytest.approx(1.5e38)
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, trainer.variables))
