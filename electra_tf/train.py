@@ -48,8 +48,7 @@ class RunOptions:
 
 def bundled_sample(max_seq_length: int, vocab_size: int) -> str:
     """Builds (once) the bundled Wikipedia sample at this length into ./cache."""
-    from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB
-    from tfrecord_builder import BuildError
+    from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB, BuildError
     from tfrecord_builder.build import BuildConfig, build
     if vocab_size != 30522:
         raise RunError(f"no --train_data given, and the bundled sample uses the 30522-token "
@@ -250,6 +249,7 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
         return {}
     start_step, start = step, time.monotonic()
     last_log_step, last_log_time = step, start
+    warm = None  # (step, time) after the first host loop, which includes compilation
     out_metrics: Dict[str, float] = {}
     sums = None
     while step < total:
@@ -261,13 +261,16 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
         trainer.data_batches.assign_add(n)
         sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
         step = int(trainer.global_step.numpy())
+        now = time.monotonic()
         if step % tc.log_every_steps == 0 or step >= total:
-            now = time.monotonic()
             out = summarize(sums)
             sums = None
             done_steps = step - last_log_step
             seqs_per_s = done_steps * tc.train_batch_size / max(now - last_log_time, 1e-9)
-            rate = (step - start_step) / max(now - start, 1e-9)
+            # The ETA uses the rate since the first loop once there is one: compilation
+            # is paid once and would otherwise inflate it for a long while.
+            since_step, since = warm if warm and step > warm[0] else (start_step, start)
+            rate = (step - since_step) / max(now - since, 1e-9)
             eta = (total - step) / rate if rate > 0 else float("nan")
             lr = float(trainer.optimizer.learning_rate(step))
             logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta))
@@ -278,6 +281,8 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
         if step % tc.save_checkpoints_steps == 0 or step >= total:
             path = manager.save(checkpoint_number=step)
             logging.info("Saved checkpoint %s", path)
+        if warm is None:
+            warm = (step, time.monotonic())
     return out_metrics
 
 
