@@ -2,6 +2,8 @@
 
 With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (built into
 ./cache on first use) and writes checkpoints and TensorBoard logs to runs/pretrain_tiny.
+Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by SIGTERM after
+saving a checkpoint (rerun the same command to resume).
 """
 
 import os
@@ -40,6 +42,9 @@ flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
 flags.DEFINE_bool("do_train", True, "Train.")
 flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
 flags.DEFINE_integer("seed", None, "Overrides train.seed.")
+flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite loss or "
+                  "gradient is never applied; skip it and go on (counted in the logs), or "
+                  "stop with the last good checkpoint named. Default: the config's (skip).")
 flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
 
 _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
@@ -49,7 +54,8 @@ _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "steps_per_loop": "train.steps_per_loop",
                 "grad_accum_steps": "train.grad_accum_steps",
                 "learning_rate": "optimizer.learning_rate",
-                "precision": "train.precision", "seed": "train.seed"}
+                "precision": "train.precision", "seed": "train.seed",
+                "on_nan": "train.on_nan"}
 
 
 def main(argv):
@@ -73,6 +79,9 @@ def main(argv):
             tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, gcp_project=FLAGS.gcp_project,
             jit_compile=FLAGS.jit_compile)
         train.run(cfg, options)
+    except train.Preempted as e:
+        print(f"run_pretraining: {e}", file=sys.stderr)
+        sys.exit(train.PREEMPTED_EXIT_CODE)
     except (configs.ConfigError, train.RunError, InputDataError, ManifestError, BuildError,
             StrategyError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)

@@ -138,6 +138,9 @@ class TrainConfig:
     # auto: bfloat16 on TPU, float32 elsewhere; float16 uses dynamic loss scaling.
     precision: str = "auto"  # auto | float32 | bfloat16 | float16
     seed: int = 1
+    # A step with a non-finite loss or gradient is never applied; then either go on
+    # (skip: counted in the logs; what float16 loss scaling needs) or stop the run.
+    on_nan: str = "skip"  # skip | stop
 
     def check(self, model: ModelConfig):
         if self.max_seq_length > model.max_position_embeddings:
@@ -150,6 +153,8 @@ class TrainConfig:
         if self.train_batch_size % self.grad_accum_steps:
             raise ConfigError(f"train_batch_size={self.train_batch_size} is not a multiple of "
                               f"grad_accum_steps={self.grad_accum_steps}")
+        if self.on_nan not in ("skip", "stop"):
+            raise ConfigError(f"on_nan={self.on_nan!r}: expected skip or stop")
         if self.precision not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"precision={self.precision!r}: expected auto, float32, "
                               "bfloat16 or float16")

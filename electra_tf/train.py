@@ -6,9 +6,12 @@ from the newest checkpoint in `model_dir`, trains to `num_train_steps` in host l
 discriminator-only checkpoint in the released TF1 layout for fine-tuning.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
+import threading
 import time
 from typing import Dict, Optional
 
@@ -27,6 +30,18 @@ SAMPLE_CACHE = os.path.join("cache", "tfrecords")
 
 class RunError(ValueError):
     """A problem with the run's flags or data, reported as one line."""
+
+
+# With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss
+# scaling needs at most ~25 to come down from 2^15 after an overflow).
+MAX_CONSECUTIVE_SKIPS = 100
+
+# EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
+PREEMPTED_EXIT_CODE = 75
+
+
+class Preempted(Exception):
+    """SIGTERM arrived; the run saved a checkpoint at the current step and stopped."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +246,50 @@ def export_discriminator(model, model_dir: str) -> str:
     return prefix
 
 
+@contextlib.contextmanager
+def _sigterm_flag():
+    """Yields a list that becomes non-empty when SIGTERM arrives (preemption notice).
+
+    The train loop checks it between host loops, so a signal costs at most one host
+    loop of waiting; the previous handler is restored afterwards."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _summary_writer(model_dir: str, name: str, chief: bool):
     if not chief:
         return tf.summary.create_noop_writer()
     return tf.summary.create_file_writer(os.path.join(model_dir, name))
+
+
+class _Progress:
+    """Sequences/s since the last log line and an ETA from the rate after the first host
+    loop (compilation is paid once and would otherwise inflate the ETA for long)."""
+
+    def __init__(self, step: int, total: int, batch_size: int):
+        self.total, self.batch_size = total, batch_size
+        self.start = self.last = (step, time.monotonic())
+        self.warm = None  # (step, time) after the first host loop
+
+    def loop_done(self, step: int):
+        if self.warm is None:
+            self.warm = (step, time.monotonic())
+
+    def rates(self, step: int):
+        """-> (sequences per second since the last call, ETA in seconds)."""
+        now = time.monotonic()
+        seqs_per_s = (step - self.last[0]) * self.batch_size / max(now - self.last[1], 1e-9)
+        since_step, since = self.warm if self.warm and step > self.warm[0] else self.start
+        rate = (step - since_step) / max(now - since, 1e-9)
+        self.last = (step, now)
+        return seqs_per_s, (self.total - step) / rate if rate > 0 else float("nan")
 
 
 def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
@@ -247,42 +302,49 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
-    start_step, start = step, time.monotonic()
-    last_log_step, last_log_time = step, start
-    warm = None  # (step, time) after the first host loop, which includes compilation
+    progress = _Progress(step, total, tc.train_batch_size)
     out_metrics: Dict[str, float] = {}
     sums = None
-    while step < total:
-        # Stop each host loop at the next log or checkpoint boundary.
-        n = min(tc.steps_per_loop, total - step,
-                tc.log_every_steps - step % tc.log_every_steps,
-                tc.save_checkpoints_steps - step % tc.save_checkpoints_steps)
-        loop_sums = loop(iterator, tf.constant(n))
-        trainer.data_batches.assign_add(n)
-        sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
-        step = int(trainer.global_step.numpy())
-        now = time.monotonic()
-        if step % tc.log_every_steps == 0 or step >= total:
-            out = summarize(sums)
-            sums = None
-            done_steps = step - last_log_step
-            seqs_per_s = done_steps * tc.train_batch_size / max(now - last_log_time, 1e-9)
-            # The ETA uses the rate since the first loop once there is one: compilation
-            # is paid once and would otherwise inflate it for a long while.
-            since_step, since = warm if warm and step > warm[0] else (start_step, start)
-            rate = (step - since_step) / max(now - since, 1e-9)
-            eta = (total - step) / rate if rate > 0 else float("nan")
-            lr = float(trainer.optimizer.learning_rate(step))
-            logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta))
-            _write_scalars(writer, step, out, {"learning_rate": lr, "grad_norm": out.grad_norm,
-                                               "sequences_per_second": seqs_per_s})
-            out_metrics = dict(out.metrics, loss=out.loss)
-            last_log_step, last_log_time = step, now
-        if step % tc.save_checkpoints_steps == 0 or step >= total:
-            path = manager.save(checkpoint_number=step)
-            logging.info("Saved checkpoint %s", path)
-        if warm is None:
-            warm = (step, time.monotonic())
+    bad_run = 0  # consecutive skipped (non-finite) steps
+    # Preemption: SIGTERM stops the run at the end of the current host loop, after a
+    # checkpoint (not in a multi-worker job, where a save needs every worker).
+    handle_sigterm = distribute.task(trainer.strategy)[0] is None
+    with _sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm:
+        while step < total:
+            # Stop each host loop at the next log or checkpoint boundary.
+            n = min(tc.steps_per_loop, total - step,
+                    tc.log_every_steps - step % tc.log_every_steps,
+                    tc.save_checkpoints_steps - step % tc.save_checkpoints_steps)
+            loop_sums = loop(iterator, tf.constant(n))
+            trainer.data_batches.assign_add(n)
+            sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
+            step = int(trainer.global_step.numpy())
+            skipped = int(round(float(loop_sums["skipped"])))
+            bad_run = bad_run + skipped if skipped == n else 0
+            if skipped and (tc.on_nan == "stop" or bad_run >= MAX_CONSECUTIVE_SKIPS):
+                why = ("on_nan=stop" if tc.on_nan == "stop" else
+                       f"{bad_run} steps in a row, the run cannot recover")
+                raise RunError(f"non-finite loss or gradients at step {step + 1} ({why}; no "
+                               "such step is applied); last good checkpoint: "
+                               f"{manager.latest_checkpoint or 'none'}")
+            if step % tc.log_every_steps == 0 or step >= total:
+                out, sums = summarize(sums), None
+                seqs_per_s, eta = progress.rates(step)
+                lr = float(trainer.optimizer.learning_rate(step))
+                logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta))
+                _write_scalars(writer, step, out, {"learning_rate": lr,
+                                                   "grad_norm": out.grad_norm,
+                                                   "sequences_per_second": seqs_per_s})
+                out_metrics = dict(out.metrics, loss=out.loss)
+            saved = step % tc.save_checkpoints_steps == 0 or step >= total
+            if saved:
+                logging.info("Saved checkpoint %s", manager.save(checkpoint_number=step))
+            if sigterm:
+                path = manager.latest_checkpoint if saved else manager.save(
+                    checkpoint_number=step)
+                raise Preempted(f"SIGTERM at step {step}: saved {path}; rerun the same "
+                                "command to resume")
+            progress.loop_done(step)
     return out_metrics
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -227,3 +228,51 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
     for name in names:
         np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), atol=1e-5,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("on_nan, needle", [("stop", "on_nan=stop"),
+                                            ("skip", "in a row, the run cannot recover")])
+def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monkeypatch,
+                                                   on_nan, needle):
+    """A learning rate of 1e30 blows the weights up after one step; the next step's loss
+    is NaN. It is never applied, and the run stops naming the step and the last good
+    checkpoint (at once with on_nan=stop, after MAX_CONSECUTIVE_SKIPS with skip)."""
+    monkeypatch.setattr(train, "MAX_CONSECUTIVE_SKIPS", 4)
+    cfg = _cfg(learning_rate=1e30, warmup_steps=0, num_train_steps=20, steps_per_loop=1,
+               save_checkpoints_steps=1, log_every_steps=1, on_nan=on_nan)
+    out = tmp_path / on_nan
+    with pytest.raises(train.RunError, match=needle) as error:
+        train.run(cfg, _options(out, sample_build[0]))
+    assert "at step 2 " in str(error.value) and str(out / "ckpt-1") in str(error.value)
+    latest = tf.train.latest_checkpoint(str(out))
+    assert latest.endswith("ckpt-1")
+    weights = _final_weights(out)
+    assert all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build):
+    args = [f"--model_dir={tmp_path / 'pre'}", f"--train_data={sample_build[0]}",
+            "--num_train_steps=400", "--train_batch_size=8", "--steps_per_loop=2",
+            "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2"]
+    proc = subprocess.Popen([sys.executable, "run_pretraining.py", *args], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # wait until training is under way
+            if " step 4/400 " in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == train.PREEMPTED_EXIT_CODE, rest[-2000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last
+    step = int(last.split("SIGTERM at step ")[1].split(":")[0])
+    assert step >= 4
+    assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step}")
+
+    done = _cli(*args[:2], f"--num_train_steps={step + 2}", *args[3:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"(step {step})" in done.stderr  # resumed from the preemption checkpoint
+    assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step + 2}")
