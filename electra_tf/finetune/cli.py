@@ -1,0 +1,91 @@
+"""What `run_finetuning.py` does with its flags: resolve the task, the model config, the
+checkpoint and the vocabulary, run, and for the bundled demo answer one request."""
+
+import json
+import os
+from typing import Optional
+
+from absl import logging
+
+from electra_tf import configs
+from electra_tf.distribute import StrategyError
+from electra_tf.finetune import DataError
+from electra_tf.finetune.model import InitError
+from electra_tf.finetune.tasks import get_task
+from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
+from electra_tf.train import PREEMPTED_EXIT_CODE, Preempted  # noqa: F401 (re-exported)
+from tfrecord_builder import BuildError
+
+USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError)
+DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
+DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
+
+
+def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
+    """--config if given, else the config.json of the pre-training run that wrote the
+    checkpoint (looked for beside it and up to two directories above)."""
+    if config:
+        return configs.load_config(config).model
+    if init_checkpoint:
+        here = init_checkpoint if os.path.isdir(init_checkpoint) else \
+            os.path.dirname(init_checkpoint)
+        for _ in range(3):
+            path = os.path.join(here, "config.json")
+            if os.path.exists(path):
+                return configs.load_config(path).model
+            here = os.path.dirname(here.rstrip("/")) or "."
+    raise configs.ConfigError(f"no config.json found near --init_checkpoint="
+                              f"{init_checkpoint}; give the model size with --config")
+
+
+def demo_request(export_path: str, text: str = DEMO_REQUEST) -> dict:
+    """Loads the exported SavedModel and classifies one raw string with it."""
+    import tensorflow as tf
+    served = tf.saved_model.load(export_path)
+    out = served.signatures["serving_default"](sentence=tf.constant([text]))
+    decode = lambda x: x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+    return {k: [decode(x) for x in v.numpy().tolist()] for k, v in out.items()}
+
+
+def main(flags, repo: str) -> dict:
+    demo = flags.task == "polarity" and flags.data_dir is None
+    data_dir = flags.data_dir or os.path.join(repo, "data")
+    init = flags.init_checkpoint
+    if init is None:
+        init = DEFAULT_PRETRAIN_DIR
+        if not os.path.isdir(init):
+            raise InitError(f"no --init_checkpoint and no {init}/ from the pre-training demo: "
+                            "run `python run_pretraining.py` first, or pass --init_checkpoint")
+    model_config = find_config(init, flags.config)
+    labels = flags.labels
+    if labels is not None and labels == [""]:
+        labels = []
+    task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
+                    flags.metric)
+    model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
+    export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
+    cfg = FinetuneConfig(
+        learning_rate=flags.learning_rate, layerwise_lr_decay=flags.layerwise_lr_decay,
+        official_lr_bug=flags.official_lr_bug, num_train_epochs=flags.num_train_epochs,
+        train_batch_size=flags.train_batch_size, eval_batch_size=flags.eval_batch_size,
+        max_seq_length=flags.max_seq_length, warmup_proportion=flags.warmup_proportion,
+        num_trials=flags.num_trials, seed=flags.seed, precision=flags.precision,
+        save_checkpoints_steps=flags.save_checkpoints_steps)
+    vocab = flags.vocab_file
+    if vocab is None and flags.spm_model is None:
+        vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")
+    options = RunOptions(data_dir=data_dir, model_dir=model_dir, init_checkpoint=init,
+                         export_dir=export_dir, vocab_file=vocab, spm_model=flags.spm_model,
+                         do_lower_case=flags.do_lower_case, strategy=flags.strategy,
+                         tpu=flags.tpu, jit_compile=flags.jit_compile)
+    results = run(task, model_config, cfg, options)
+    print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
+          f"{len(results['scores'])} trial(s) "
+          f"({', '.join(f'{s:.4f}' for s in results['scores'])}); "
+          f"results in {os.path.join(model_dir, 'results.json')}")
+    if demo and "export" in results:
+        answer = demo_request(results["export"]["task"])
+        logging.info("Served by %s", results["export"]["task"])
+        print(f"SavedModel answer for {DEMO_REQUEST!r}: {json.dumps(answer)}")
+        results["demo_answer"] = answer
+    return results

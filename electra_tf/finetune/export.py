@@ -1,0 +1,116 @@
+"""SavedModel export for serving: raw strings in (tokenized inside the graph), labels,
+probabilities, scores, tags or answer spans out; a token-id signature; an encoder export.
+
+`<export_dir>/<task>/<version>/` holds the task model, `<export_dir>/encoder/<version>/`
+the encoder alone (sequence output for feature extraction); TensorFlow Serving reads
+that layout as is.
+"""
+
+import os
+import time
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+from electra_tf.finetune.model import FinetuningModel
+from electra_tf.finetune.tasks import Task
+from electra_tf.finetune.text import TextEncoder
+
+TEXT_SIGNATURE = "serving_default"
+IDS_SIGNATURE = "serve_token_ids"
+
+
+def _ids_spec(max_seq_length: int) -> Dict[str, tf.TensorSpec]:
+    return {name: tf.TensorSpec([None, max_seq_length], tf.int32, name=name)
+            for name in ("input_ids", "input_mask", "segment_ids")}
+
+
+def _check_rows(texts: Dict[str, tf.Tensor]):
+    """Every text field must have one string per request row."""
+    names = sorted(texts)
+    first = tf.shape(texts[names[0]])[0]
+    for name in names[1:]:
+        tf.debugging.assert_equal(tf.shape(texts[name])[0], first, message=(
+            f"{names[0]} and {name} must have the same number of rows"))
+
+
+class TaskServer(tf.Module):
+    """The task model with its tokenizer; `serve_text` and `serve_ids` are the signatures."""
+
+    def __init__(self, task: Task, model: FinetuningModel, encoder: TextEncoder,
+                 max_seq_length: int):
+        super().__init__(name="task_server")
+        self.task, self.model, self.encoder = task, model, encoder
+        self.max_seq_length = max_seq_length
+
+    def serve_text(self, **texts) -> Dict[str, tf.Tensor]:
+        _check_rows(texts)
+        return self.task.serve_text(self.model, self.encoder, self.max_seq_length, texts)
+
+    def serve_ids(self, input_ids, input_mask, segment_ids) -> Dict[str, tf.Tensor]:
+        batch = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+        return self.task.serve_ids(self.model, batch)
+
+    def signatures(self):
+        text_spec = {name: tf.TensorSpec([None], tf.string, name=name)
+                     for name in self.task.text_fields()}
+        text_fn = tf.function(lambda **kw: self.serve_text(**kw))
+        ids_fn = tf.function(lambda **kw: self.serve_ids(**kw))
+        return {TEXT_SIGNATURE: text_fn.get_concrete_function(**text_spec),
+                IDS_SIGNATURE: ids_fn.get_concrete_function(**_ids_spec(self.max_seq_length))}
+
+
+class EncoderServer(tf.Module):
+    """The encoder alone: sequence output [N, L, H] and the [CLS] vector [N, H]."""
+
+    def __init__(self, model: FinetuningModel, encoder: TextEncoder, max_seq_length: int):
+        super().__init__(name="encoder_server")
+        self.electra, self.encoder = model.electra, encoder
+        self.max_seq_length = max_seq_length
+
+    def _outputs(self, batch):
+        hidden = tf.cast(self.electra(batch["input_ids"], batch["input_mask"],
+                                      batch["segment_ids"], training=False), tf.float32)
+        return {"sequence_output": hidden, "cls_output": hidden[:, 0],
+                "input_mask": batch["input_mask"], "input_ids": batch["input_ids"]}
+
+    def signatures(self):
+        def text_fn(text):
+            return self._outputs(self.encoder.encode(text, None, self.max_seq_length))
+
+        def ids_fn(**batch):
+            return self._outputs(batch)
+
+        return {TEXT_SIGNATURE: tf.function(text_fn).get_concrete_function(
+                    tf.TensorSpec([None], tf.string, name="text")),
+                IDS_SIGNATURE: tf.function(ids_fn).get_concrete_function(
+                    **_ids_spec(self.max_seq_length))}
+
+
+def _save(module: tf.Module, signatures, directory: str, assets: Dict[str, str]) -> str:
+    """Writes to a temporary sibling and renames it into place, so a reader (or Serving,
+    which polls the directory) never sees a half-written version."""
+    tmp = directory + ".tmp"
+    if tf.io.gfile.exists(tmp):
+        tf.io.gfile.rmtree(tmp)
+    tf.saved_model.save(module, tmp, signatures=signatures)
+    for name, text in assets.items():
+        with tf.io.gfile.GFile(os.path.join(tmp, "assets.extra_" + name), "w") as f:
+            f.write(text)
+    if tf.io.gfile.exists(directory):
+        tf.io.gfile.rmtree(directory)
+    tf.io.gfile.rename(tmp, directory)
+    return directory
+
+
+def export(task: Task, model: FinetuningModel, encoder: TextEncoder, max_seq_length: int,
+           export_dir: str, version: Optional[int] = None) -> Dict[str, str]:
+    """Writes the task SavedModel and the encoder SavedModel; returns their paths."""
+    version = int(time.time()) if version is None else int(version)
+    server = TaskServer(task, model, encoder, max_seq_length)
+    task_dir = _save(server, server.signatures(),
+                     os.path.join(export_dir, task.name, str(version)), task.assets())
+    enc = EncoderServer(model, encoder, max_seq_length)
+    enc_dir = _save(enc, enc.signatures(), os.path.join(export_dir, "encoder", str(version)),
+                    {})
+    return {"task": task_dir, "encoder": enc_dir}

@@ -1,0 +1,254 @@
+"""The fine-tuning model: the discriminator encoder (`electra/...`) plus one task head
+(`task_specific/...`), its encoder initialisation and the layer-wise learning rates.
+
+Heads follow the paper's Appendix and the official code: [CLS] -> dropout -> dense for
+classification and regression, a dense over every token for tagging, and the XLNet-style
+joint start/end head with an answerability classifier for SQuAD.
+"""
+
+import os
+import re
+from typing import Dict
+
+import keras
+import tensorflow as tf
+
+from electra_tf.configs import ModelConfig
+from electra_tf.modeling import (Encoder, _truncated_normal, dropout, gelu,
+                                 load_tf1_checkpoint)
+
+HEAD_SCOPE = "task_specific"
+_NEG = -1e4  # masked logits; float32, so safe under every precision
+
+
+def _dense(units, config: ModelConfig, name, activation=None, dtype=None):
+    return keras.layers.Dense(units, activation=activation, name=name, dtype=dtype,
+                              kernel_initializer=_truncated_normal(config.initializer_range))
+
+
+class ClassificationHead(keras.layers.Layer):
+    """[CLS] -> dropout -> dense(num_outputs) -> float32 logits [B, num_outputs]."""
+
+    def __init__(self, config: ModelConfig, num_outputs: int, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.classifier = _dense(num_outputs, config, "classifier", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        self.classifier.build((None, self.config.hidden_size))
+
+    def call(self, hidden, batch, training=False, seed=None):
+        cls = dropout(hidden[:, 0], self.config.hidden_dropout_prob, training, seed)
+        return {"logits": tf.cast(self.classifier(cls), tf.float32)}
+
+
+class TaggingHead(keras.layers.Layer):
+    """Every token -> dropout -> dense(num_labels); the labels sit on first sub-tokens."""
+
+    def __init__(self, config: ModelConfig, num_labels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.classifier = _dense(num_labels, config, "classifier", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        self.classifier.build((None, None, self.config.hidden_size))
+
+    def call(self, hidden, batch, training=False, seed=None):
+        x = dropout(hidden, self.config.hidden_dropout_prob, training, seed)
+        return {"logits": tf.cast(self.classifier(x), tf.float32)}
+
+
+def answer_mask(batch) -> tf.Tensor:
+    """[B, L] 1.0 where an answer may start or end: the passage (segment 1, not the final
+    [SEP]) and the [CLS], which stands for "no answer in this window"."""
+    mask = tf.cast(batch["input_mask"], tf.float32) * tf.cast(batch["segment_ids"], tf.float32)
+    # The last real token is the closing [SEP].
+    length = tf.reduce_sum(tf.cast(batch["input_mask"], tf.int32), axis=1)
+    last = tf.one_hot(length - 1, tf.shape(mask)[1], dtype=tf.float32)
+    cls = tf.one_hot(tf.zeros_like(length), tf.shape(mask)[1], dtype=tf.float32)
+    return tf.clip_by_value(mask - last + cls, 0.0, 1.0)
+
+
+class QAHead(keras.layers.Layer):
+    """The joint SQuAD head: start logits; end logits conditioned on a start token's
+    hidden state (concat -> dense(512, gelu) -> dense(1)); a beam of `beam` starts x
+    `beam` ends at inference; with `answerable`, a no-answer logit from [CLS] and the
+    start-probability-weighted hidden state."""
+
+    def __init__(self, config: ModelConfig, beam: int = 20, answerable: bool = False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.beam = beam
+        self.answerable = answerable
+        policy = self.dtype_policy
+        self.start_logits = _dense(1, config, "start_logits", dtype=policy)
+        self.end_dense = _dense(512, config, "end_logits_dense", activation=gelu, dtype=policy)
+        self.end_logits = _dense(1, config, "end_logits", dtype=policy)
+        if answerable:
+            self.null_dense = _dense(512, config, "answer_class_dense", activation=gelu,
+                                     dtype=policy)
+            self.null_logit = _dense(1, config, "answer_class", dtype=policy)
+
+    def build(self, input_shape=None):
+        h = self.config.hidden_size
+        self.start_logits.build((None, None, h))
+        self.end_dense.build((None, None, 2 * h))
+        self.end_logits.build((None, None, 512))
+        if self.answerable:
+            self.null_dense.build((None, 2 * h))
+            self.null_logit.build((None, 512))
+
+    def _end_logits(self, hidden, start_hidden, mask):
+        """hidden [B, L, H], start_hidden [B, K, H] -> masked end logits [B, K, L]."""
+        k, length = tf.shape(start_hidden)[1], tf.shape(hidden)[1]
+        tiled = tf.tile(hidden[:, None], [1, k, 1, 1])
+        starts = tf.tile(start_hidden[:, :, None], [1, 1, length, 1])
+        x = self.end_dense(tf.concat([tiled, starts], axis=-1))
+        logits = tf.cast(tf.squeeze(self.end_logits(x), -1), tf.float32)
+        return logits + (1.0 - mask[:, None]) * _NEG
+
+    def call(self, hidden, batch, training=False, seed=None):
+        hidden = dropout(hidden, self.config.hidden_dropout_prob, training, seed)
+        mask = answer_mask(batch)
+        start_logits = tf.cast(tf.squeeze(self.start_logits(hidden), -1), tf.float32)
+        start_logits += (1.0 - mask) * _NEG
+        out = {"start_logits": start_logits}
+        if training or "start_positions" in batch:
+            # Teacher forcing: the end is conditioned on the gold start.
+            gold = tf.gather(hidden, tf.cast(batch["start_positions"], tf.int32)[:, None],
+                             axis=1, batch_dims=1)
+            out["end_logits"] = self._end_logits(hidden, gold, mask)[:, 0]
+        if not training:
+            start_log_probs = tf.nn.log_softmax(start_logits)
+            k = tf.minimum(self.beam, tf.shape(start_logits)[1])
+            top_start, top_index = tf.math.top_k(start_log_probs, k)
+            start_hidden = tf.gather(hidden, top_index, axis=1, batch_dims=1)
+            end_log_probs = tf.nn.log_softmax(self._end_logits(hidden, start_hidden, mask))
+            top_end, end_index = tf.math.top_k(end_log_probs, k)
+            out.update(start_top_log_probs=top_start, start_top_index=top_index,
+                       end_top_log_probs=top_end, end_top_index=end_index)
+        if self.answerable:
+            start_p = tf.nn.softmax(start_logits)
+            weighted = tf.einsum("bl,blh->bh", start_p, tf.cast(hidden, tf.float32))
+            feats = tf.concat([tf.cast(hidden[:, 0], tf.float32), weighted], axis=-1)
+            x = self.null_dense(tf.cast(feats, self.compute_dtype))
+            out["null_logit"] = tf.cast(tf.squeeze(self.null_logit(x), -1), tf.float32)
+        return out
+
+
+class FinetuningModel(keras.Model):
+    """`electra` (the discriminator encoder) + `task_specific` (a head). Inputs are the
+    packed batch dict; outputs the head's dict of float32 tensors."""
+
+    def __init__(self, config: ModelConfig, head: keras.layers.Layer, dtype=None,
+                 name="electra_finetuning", **kwargs):
+        super().__init__(name=name, dtype=dtype, **kwargs)
+        config.check()
+        self.config = config
+        self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
+                               config.num_attention_heads, config.intermediate_size,
+                               name="electra", dtype=self.dtype_policy)
+        self.head = head
+        self.electra.build()
+        with keras.name_scope(HEAD_SCOPE):
+            head.build()
+        self.built = True
+
+    def call(self, batch, training=False, seed=None):
+        hidden = self.electra(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                              training=training, seed=seed)
+        head_seed = None if seed is None else tf.stack([seed[0], seed[1] + 7919, seed[2]])
+        return self.head(hidden, batch, training=training, seed=head_seed)
+
+
+def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 20,
+              answerable: bool = False, dtype=None) -> keras.layers.Layer:
+    if kind in ("classification", "regression"):
+        return ClassificationHead(config, num_outputs, name="head", dtype=dtype)
+    if kind == "tagging":
+        return TaggingHead(config, num_outputs, name="head", dtype=dtype)
+    if kind == "qa":
+        return QAHead(config, beam=beam, answerable=answerable, name="head", dtype=dtype)
+    raise ValueError(f"unknown head kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- init
+
+class InitError(ValueError):
+    """A bad --init_checkpoint; the message names it."""
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A checkpoint prefix or a directory holding one (its `checkpoint` state file)."""
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None and tf.io.gfile.isdir(os.path.join(path, "discriminator")):
+            latest = tf.train.latest_checkpoint(os.path.join(path, "discriminator"))
+        if latest is None:
+            raise InitError(f"--init_checkpoint: no checkpoint in directory {path}")
+        return latest
+    if not tf.io.gfile.exists(path + ".index"):
+        raise InitError(f"--init_checkpoint: {path} is not a checkpoint (no {path}.index)")
+    return path
+
+
+def init_encoder(encoder: Encoder, path: str) -> str:
+    """Loads the discriminator encoder from `path`: a released / exported TF1-named
+    checkpoint (`electra/...`), or an object-based pre-training checkpoint (`ckpt-N`,
+    model/electra/...). The generator and the pre-training heads are ignored.
+    Returns the checkpoint prefix used."""
+    prefix = resolve_checkpoint(path)
+    try:
+        names = dict(tf.train.list_variables(prefix))
+    except (tf.errors.OpError, ValueError) as e:
+        raise InitError(f"--init_checkpoint: cannot read {prefix}: "
+                        f"{str(e).splitlines()[0]}") from None
+    if "electra/embeddings/word_embeddings" in names:
+        try:
+            load_tf1_checkpoint(encoder, prefix, encoder.trainable_variables)
+        except ValueError as e:
+            raise InitError(f"--init_checkpoint {prefix}: {e}") from None
+        return prefix
+    if any(n.startswith("model/electra/") for n in names):
+        status = tf.train.Checkpoint(model=tf.train.Checkpoint(electra=encoder)).read(prefix)
+    elif any(n.startswith("electra/") for n in names):
+        status = tf.train.Checkpoint(electra=encoder).read(prefix)
+    else:
+        raise InitError(f"--init_checkpoint: {prefix} holds no ELECTRA discriminator "
+                        "(no electra/ variables)")
+    try:
+        status.expect_partial().assert_existing_objects_matched()
+    except AssertionError as e:
+        raise InitError(f"--init_checkpoint {prefix}: {str(e).splitlines()[0]}") from None
+    return prefix
+
+
+# --------------------------------------------------------------------------- layer-wise lr
+
+_LAYER = re.compile(r"(?:^|/)encoder/layer_(\d+)/")
+
+
+def layer_depth(path: str, num_layers: int, official_bug: bool = False) -> int:
+    """Depth of a variable: 0 embeddings (and their projection), i + 1 encoder layer i,
+    num_layers + 1 the task head (num_layers + 2 with `official_bug`, the official code's
+    gap that gives the top encoder layer decay^2 instead of decay^1)."""
+    match = _LAYER.search(path)
+    if match:
+        return int(match.group(1)) + 1
+    if path.startswith(HEAD_SCOPE + "/") or f"/{HEAD_SCOPE}/" in path:
+        return num_layers + (2 if official_bug else 1)
+    if "/embeddings" in path or path.startswith("electra/embeddings"):
+        return 0
+    raise ValueError(f"no layer depth for variable {path!r}")
+
+
+def layerwise_lr_multipliers(model: FinetuningModel, decay: float,
+                             official_bug: bool = False) -> Dict[str, float]:
+    """{variable path: decay ** (top - depth)}: the head learns at the full rate, each
+    layer below at `decay` times the one above."""
+    n = model.config.num_hidden_layers
+    top = n + (2 if official_bug else 1)
+    return {v.path: float(decay) ** (top - layer_depth(v.path, n, official_bug))
+            for v in model.trainable_variables}
+

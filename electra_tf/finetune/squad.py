@@ -1,0 +1,669 @@
+"""SQuAD 1.1 / 2.0 for fine-tuning: reading the official JSON, sliding-window features
+and turning the joint start/end head's top-k outputs back into answer texts (no TensorFlow)."""
+
+import bisect
+import collections
+import dataclasses
+import json
+import json.decoder
+import json.scanner
+import re
+import unicodedata
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from absl import logging
+
+from electra_tf.finetune import DataError, where
+
+# The official readers split the context on exactly these characters (U+202F appears in
+# SQuAD contexts and must not end up inside a word).
+_WORD = re.compile("[^ \t\r\n\u202f]+")
+
+Tokenize = Callable[[List[str]], Sequence[Sequence[int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExample:
+    """One question. `start_word`/`end_word`/`answer_text` are set (from the first
+    answer) only when read for training and the question is answerable; else -1/""."""
+    qid: str
+    question: str
+    doc_words: Tuple[str, ...]  # shared by all questions of one paragraph
+    answers: Tuple[str, ...]  # every gold answer text; () when unanswerable
+    is_impossible: bool = False
+    start_word: int = -1
+    end_word: int = -1
+    answer_text: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+
+class _Problem(Exception):
+    """A validation failure; `nodes` are candidates for the line to report, innermost
+    first (only nodes of a located re-parse carry a position)."""
+
+    def __init__(self, message: str, *nodes):
+        super().__init__(message)
+        self.message = message
+        self.nodes = nodes
+
+
+class _LDict(dict):
+    pass
+
+
+class _LList(list):
+    pass
+
+
+class _LStr(str):
+    pass
+
+
+class _LInt(int):
+    pass
+
+
+class _LFloat(float):
+    pass
+
+
+_LOCATED = {dict: _LDict, list: _LList, str: _LStr, int: _LInt, float: _LFloat}
+
+
+def _located_loads(text: str):
+    """json.loads whose containers, strings and numbers remember their character offset
+    (`.pos`). Pure Python and slow, so only run to place an error already found."""
+    decoder = json.JSONDecoder()
+
+    def scan(s, idx):
+        value, end = inner(s, idx)
+        cls = _LOCATED.get(type(value))
+        if cls is not None:
+            value = cls(value)
+            value.pos = idx
+        return value, end
+
+    # The pure-Python scanner looks these up on the decoder once; routing nested values
+    # through `scan` instead of its private closure is what lets every level be located.
+    decoder.parse_object = lambda s_end, strict, _scan, hook, pairs_hook, memo: \
+        json.decoder.JSONObject(s_end, strict, scan, hook, pairs_hook, memo)
+    decoder.parse_array = lambda s_end, _scan: json.decoder.JSONArray(s_end, scan)
+    inner = json.scanner.py_make_scanner(decoder)
+    value, _ = scan(text, json.decoder.WHITESPACE.match(text, 0).end())
+    return value
+
+
+def _field(obj, key: str, kind, what: str, *anchors):
+    if key not in obj:
+        raise _Problem(f'{what} has no "{key}" field', *anchors, obj)
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        name = {str: "a string", list: "a list", int: "an integer", bool: "true/false",
+                dict: "an object"}[kind]
+        raise _Problem(f'"{key}" of {what} must be {name}, got {json.dumps(value)[:40]}',
+                       value, *anchors, obj)
+    return value
+
+
+def _parse(tree, is_training: bool, v2: bool, warn: bool) -> List[SquadExample]:
+    if not isinstance(tree, dict):
+        raise _Problem("the top level must be an object with a \"data\" list", tree)
+    examples = []
+    for entry in _field(tree, "data", list, "the top level"):
+        if not isinstance(entry, dict):
+            raise _Problem("each \"data\" entry must be an object", entry, tree)
+        for para in _field(entry, "paragraphs", list, "a \"data\" entry"):
+            if not isinstance(para, dict):
+                raise _Problem("each paragraph must be an object", para, entry)
+            context = _field(para, "context", str, "a paragraph")
+            qas = _field(para, "qas", list, "a paragraph")
+            spans = [(m.start(), m.end()) for m in _WORD.finditer(context)]
+            words = tuple(context[s:e] for s, e in spans)
+            starts = [s for s, _ in spans]
+            for qa in qas:
+                if not isinstance(qa, dict):
+                    raise _Problem("each \"qas\" entry must be an object", qa, para)
+                ex = _parse_question(qa, para, context, words, starts, is_training, v2,
+                                     warn)
+                if ex is not None:
+                    examples.append(ex)
+    return examples
+
+
+def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
+    qid = _field(qa, "id", str, "a question", para)
+    # A question's errors point at its "id", the value a reader can search for.
+    anchor = qa["id"]
+    what = f"question {json.dumps(qid)}"
+    question = _field(qa, "question", str, what, anchor)
+    answers = _field(qa, "answers", list, what, anchor)
+    impossible = False
+    if v2:
+        impossible = (_field(qa, "is_impossible", bool, what, anchor)
+                      if "is_impossible" in qa else not answers)
+    texts = []
+    for answer in answers:
+        if not isinstance(answer, dict):
+            raise _Problem(f"each answer of {what} must be an object", answer, anchor)
+        text = _field(answer, "text", str, f"an answer of {what}", anchor)
+        start = _field(answer, "answer_start", int, f"an answer of {what}", anchor)
+        if start < 0 or start + len(text) > len(context):
+            raise _Problem(
+                f"answer_start {int(start)} + len(text) {len(text)} of {what} lies outside "
+                f"its context ({len(context)} characters)", start, answer, anchor)
+        if context[start:start + len(text)] != text:
+            raise _Problem(
+                f"the answer text of {what} does not match the context at answer_start "
+                f"{int(start)}: {json.dumps(text)[:60]} vs "
+                f"{json.dumps(context[start:start + len(text)])[:60]}", text, answer, anchor)
+        texts.append(str(text))
+    if impossible:
+        texts = []
+    if not is_training:
+        return SquadExample(str(qid), str(question), words, tuple(texts), impossible)
+    if impossible:
+        return SquadExample(str(qid), str(question), words, (), True)
+    if not answers:
+        raise _Problem(f"{what} has no answers (required for training"
+                       f"{'' if v2 else ' on SQuAD 1.1'})", anchor)
+    text, offset = texts[0], int(answers[0]["answer_start"])
+    # The first and last non-whitespace characters of the answer pick its words, so that
+    # stray spaces around an answer text do not pull in a neighbouring word.
+    stripped = [m.span() for m in _WORD.finditer(text)]
+    recovered = ""
+    if stripped:
+        first = bisect.bisect_right(starts, offset + stripped[0][0]) - 1
+        last = bisect.bisect_right(starts, offset + stripped[-1][1] - 1) - 1
+        recovered = " ".join(words[first:last + 1])
+    # Official rule: Python's (wider) whitespace cleans the answer, so e.g. a no-break
+    # space inside an answer makes it unrecoverable from the words: skip, don't fail.
+    cleaned = " ".join(text.split())
+    if not stripped or not cleaned or recovered.find(cleaned) == -1:
+        if warn:
+            logging.warning("SQuAD: skipping training question %s: answer %r cannot be "
+                            "recovered from the context words (%r)", qid, text, recovered)
+        return None
+    return SquadExample(str(qid), str(question), words, tuple(texts), False, first, last,
+                        text)
+
+
+def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
+    """Questions of an official SQuAD JSON file, in file order.
+
+    Training drops (with a warning) answerable questions whose answer cannot be
+    recovered from the context words, as the official scripts do. Raises DataError
+    naming the file and line for invalid JSON, missing or mistyped fields, answer offsets
+    outside the context, answer texts that differ from the context at their offset and,
+    for training, answerable questions without answers.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{where(path, line)}: not UTF-8 ({e.reason})") from None
+    try:
+        tree = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where(path, e.lineno)}: invalid JSON: {e.msg} "
+                        f"(column {e.colno})") from None
+    try:
+        return _parse(tree, is_training, v2, warn=True)
+    except _Problem:
+        pass
+    # Rare path: parse again keeping offsets, only to say on which line the problem is.
+    try:
+        _parse(_located_loads(text), is_training, v2, warn=False)
+    except _Problem as p:
+        pos = next((n.pos for n in p.nodes if hasattr(n, "pos")), 0)
+        line = text.count("\n", 0, pos) + 1
+        raise DataError(f"{where(path, line)}: {' '.join(p.message.split())}") from None
+    raise AssertionError("the located re-parse found no problem")  # pragma: no cover
+
+
+def to_dataset_answers(examples: Sequence[SquadExample]) -> Dict[str, List[str]]:
+    """{qid: gold answer texts} ([] when unanswerable), as the SQuAD metrics take it."""
+    return {ex.qid: [] if ex.is_impossible else list(ex.answers) for ex in examples}
+
+
+# ---------------------------------------------------------------------------------------
+# BERT basic tokenization (pure Python): to place predictions inside words and for
+# get_final_text. Facts from the published BERT algorithm.
+
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _char_kind(ch: str) -> str:
+    """'drop', 'space', 'cjk', 'punct' or 'plain' in BERT's basic tokenizer."""
+    cp = ord(ch)
+    if ch in " \t\n\r":
+        return "space"
+    cat = unicodedata.category(ch)
+    if cp == 0 or cp == 0xFFFD or cat[0] == "C":
+        return "drop"
+    if cat == "Zs":
+        return "space"
+    if any(lo <= cp <= hi for lo, hi in _CJK):
+        return "cjk"
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 \
+            or cat[0] == "P":
+        return "punct"
+    return "plain"
+
+
+def _strip_accents_lower(token: str) -> str:
+    token = token.lower()
+    if token.isascii():
+        return token
+    return "".join(c for c in unicodedata.normalize("NFD", token)
+                   if unicodedata.category(c) != "Mn")
+
+
+def basic_tokenize(text: str, do_lower_case: bool) -> List[str]:
+    """BERT's BasicTokenizer: drop control characters, split on whitespace, around CJK
+    characters and punctuation; lower-case and strip accents when `do_lower_case`."""
+    out = []
+    for token in _split_cased(text):
+        if do_lower_case:
+            token = _strip_accents_lower(token)
+            out.extend(_split_cased(token))
+        elif token:
+            out.append(token)
+    return out
+
+
+def _split_cased(text: str) -> List[str]:
+    pieces, current = [], []
+    for ch in text:
+        kind = _char_kind(ch)
+        if kind == "plain":
+            current.append(ch)
+            continue
+        if current:
+            pieces.append("".join(current))
+            current = []
+        if kind in ("cjk", "punct"):
+            pieces.append(ch)
+    if current:
+        pieces.append("".join(current))
+    return pieces
+
+
+def _strip_spaces(text: str) -> Tuple[str, List[int]]:
+    kept = [i for i, c in enumerate(text) if c != " "]
+    return "".join(text[i] for i in kept), kept
+
+
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
+                   search_from: int = 0) -> str:
+    """The part of `orig_text` (original case and accents) that `pred_text` (normalised,
+    space-separated basic tokens) covers; `orig_text` itself when they cannot be aligned.
+
+    Official BERT rule: find `pred_text` in the basic-tokenized `orig_text`, then map
+    through the space-free character sequences, which must have equal lengths.
+    `search_from` is where in the basic-tokenized text to look first.
+    """
+    tok_text = " ".join(basic_tokenize(orig_text, do_lower_case))
+    start = tok_text.find(pred_text, search_from) if pred_text else -1
+    if start == -1 and search_from and pred_text:
+        start = tok_text.find(pred_text)
+    if start == -1:
+        return orig_text
+    end = start + len(pred_text) - 1
+    orig_ns, orig_map = _strip_spaces(orig_text)
+    tok_ns, tok_map = _strip_spaces(tok_text)
+    if len(orig_ns) != len(tok_ns):
+        return orig_text
+    tok_to_ns = {s: n for n, s in enumerate(tok_map)}
+    if start not in tok_to_ns or end not in tok_to_ns:
+        return orig_text
+    return orig_text[orig_map[tok_to_ns[start]]:orig_map[tok_to_ns[end]] + 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Features
+
+
+@dataclasses.dataclass
+class SquadFeatures:
+    """Windows of all examples, in example order.
+
+    Per feature f and token position t: `token_to_orig_map[f][t]` is the context word of
+    the token or -1 (CLS, query, SEP, padding); `token_is_max_context[f][t]` whether this
+    window gives the token its most context; `token_piece[f][t]` which basic-tokenizer
+    piece of its word the token belongs to, or -1 when unknown (postprocessing then uses
+    the whole word).
+    """
+    input_ids: np.ndarray  # int32 [N, L]
+    input_mask: np.ndarray  # int32 [N, L]
+    segment_ids: np.ndarray  # int32 [N, L]
+    start_positions: np.ndarray  # int32 [N]; 0 (the CLS) when no answer in the window
+    end_positions: np.ndarray  # int32 [N]
+    is_impossible: np.ndarray  # int32 [N]; 1 when no answer in the window (training)
+    example_index: np.ndarray  # int32 [N], index into the examples list
+    token_to_orig_map: List[np.ndarray]  # int32 [L] each
+    token_is_max_context: List[np.ndarray]  # bool [L] each
+    token_piece: List[np.ndarray]  # int16 [L] each
+    num_examples: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def arrays(self) -> Dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids, "input_mask": self.input_mask,
+                "segment_ids": self.segment_ids, "start_positions": self.start_positions,
+                "end_positions": self.end_positions, "is_impossible": self.is_impossible}
+
+
+@dataclasses.dataclass
+class _Doc:
+    """A paragraph's sub-tokens, shared by its questions."""
+    ids: np.ndarray  # int32 [T]
+    tok_to_orig: np.ndarray  # int32 [T]
+    orig_to_tok: np.ndarray  # int64 [W + 1]: first sub-token of each word, then T
+    piece: np.ndarray  # int16 [T]
+
+
+def _as_ids(rows, n: int, what: str) -> List[np.ndarray]:
+    rows = list(rows)
+    if len(rows) != n:
+        raise ValueError(f"tokenize returned {len(rows)} rows for {n} {what}")
+    return [np.asarray(r, dtype=np.int32).reshape(-1) for r in rows]
+
+
+def _tokenize_docs(examples, tokenize: Tokenize) -> Dict[int, _Doc]:
+    docs = {}
+    for ex in examples:
+        docs.setdefault(id(ex.doc_words), ex.doc_words)
+    vocab: Dict[str, int] = {}
+    doc_word_index = {key: np.array([vocab.setdefault(w, len(vocab)) for w in words],
+                                    np.int64)
+                      for key, words in docs.items()}
+    words = list(vocab)
+    # Words that split into several basic pieces (punctuation) are tokenized piece by
+    # piece too, in the same batch, to learn which sub-tokens belong to which piece.
+    pieces = {}
+    for i, w in enumerate(words):
+        if not (w.isascii() and w.isalnum()):
+            split = _split_cased(w)
+            if len(split) > 1:
+                pieces[i] = [vocab.setdefault(p, len(vocab)) for p in split]
+    strings = list(vocab)
+    ids = _as_ids(tokenize(strings), len(strings), "doc words") if strings else []
+    # Sub-tokens of all distinct words laid end to end, with each one's piece index.
+    lengths = np.array([len(ids[i]) for i in range(len(words))], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat_ids = (np.concatenate(ids[:len(words)]) if words and offsets[-1]
+                else np.zeros([0], np.int32))
+    flat_piece = np.zeros([len(flat_ids)], np.int16)
+    for i, parts in pieces.items():
+        rows = [ids[p] for p in parts]
+        if len(rows) < 32768 and np.array_equal(np.concatenate(rows), ids[i]):
+            value = np.repeat(np.arange(len(rows), dtype=np.int16), [len(r) for r in rows])
+        else:
+            value = -1
+        flat_piece[offsets[i]:offsets[i + 1]] = value
+    out = {}
+    for key, index in doc_word_index.items():
+        word_len = lengths[index]
+        orig_to_tok = np.concatenate([[0], np.cumsum(word_len)]).astype(np.int64)
+        # Position k of the paragraph's tokens comes from flat slot
+        # offsets[word] + (k - first token of that word).
+        gather = (np.repeat(offsets[index] - orig_to_tok[:-1], word_len)
+                  + np.arange(orig_to_tok[-1]))
+        out[key] = _Doc(ids=flat_ids[gather],
+                        tok_to_orig=np.repeat(np.arange(len(index), dtype=np.int32),
+                                              word_len),
+                        orig_to_tok=orig_to_tok, piece=flat_piece[gather])
+    return out
+
+
+def _doc_windows(n_tokens: int, max_tokens: int, stride: int) -> List[Tuple[int, int]]:
+    """(start, length) windows by the official sliding rule."""
+    spans, start = [], 0
+    while start < n_tokens:
+        length = min(n_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length == n_tokens:
+            break
+        start += min(length, stride)
+    return spans
+
+
+def _max_context_owner(windows, n_tokens: int) -> np.ndarray:
+    """For each doc token, the window where min(left, right) context + 0.01 * length is
+    largest (the first such window on ties)."""
+    best = np.full([n_tokens], -np.inf)
+    owner = np.full([n_tokens], -1, np.int64)
+    for w, (start, length) in enumerate(windows):
+        pos = np.arange(start, start + length)
+        score = np.minimum(pos - start, start + length - 1 - pos) + 0.01 * length
+        better = score > best[pos]
+        best[pos[better]] = score[better]
+        owner[pos[better]] = w
+    return owner
+
+
+def _improve_answer_span(doc_ids: np.ndarray, start: int, end: int,
+                         answer_ids: np.ndarray) -> Tuple[int, int]:
+    """Official rule: the first (leftmost start, then longest) sub-span of [start, end]
+    whose tokens are exactly the tokenized answer text; else the span unchanged."""
+    n = len(answer_ids)
+    if n == 0:
+        return start, end
+    for new_start in range(start, end - n + 2):
+        if np.array_equal(doc_ids[new_start:new_start + n], answer_ids):
+            return new_start, new_start + n - 1
+    return start, end
+
+
+def convert_examples_to_features(examples: Sequence[SquadExample], tokenize: Tokenize,
+                                 special_ids: Mapping[str, int], max_seq_length: int = 512,
+                                 doc_stride: int = 128, max_query_length: int = 64,
+                                 is_training: bool = False) -> SquadFeatures:
+    """Sliding windows `[CLS] query [SEP] doc-window [SEP]` (official BERT layout).
+
+    `tokenize` maps a batch of strings to their WordPiece ids; it is called once for the
+    questions, once for all distinct context words and, when training, once for the
+    answer texts. A training example whose answer words have no sub-tokens is dropped
+    with a warning.
+    """
+    if max_query_length + 3 >= max_seq_length:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context "
+                         f"after a query of up to {max_query_length} tokens")
+    if doc_stride < 1:
+        raise ValueError(f"doc_stride must be positive, got {doc_stride}")
+    cls_id, sep_id, pad_id = (int(special_ids[k]) for k in ("[CLS]", "[SEP]", "[PAD]"))
+    questions = list(dict.fromkeys(ex.question for ex in examples))
+    q_ids = dict(zip(questions, _as_ids(tokenize(questions), len(questions), "questions")
+                     if questions else []))
+    docs = _tokenize_docs(examples, tokenize)
+    answer_ids = {}
+    if is_training:
+        texts = list(dict.fromkeys(ex.answer_text for ex in examples
+                                   if not ex.is_impossible))
+        if texts:
+            answer_ids = dict(zip(texts, _as_ids(tokenize(texts), len(texts), "answers")))
+
+    plans = []  # (example index, query ids, doc, windows, token start, token end)
+    for e, ex in enumerate(examples):
+        query = q_ids[ex.question][:max_query_length]
+        doc = docs[id(ex.doc_words)]
+        tok_start = tok_end = -1
+        if is_training and not ex.is_impossible:
+            tok_start = int(doc.orig_to_tok[ex.start_word])
+            tok_end = int(doc.orig_to_tok[ex.end_word + 1]) - 1
+            if tok_end < tok_start:
+                logging.warning("SQuAD: skipping training question %s: its answer words "
+                                "have no sub-tokens", ex.qid)
+                continue
+            tok_start, tok_end = _improve_answer_span(doc.ids, tok_start, tok_end,
+                                                      answer_ids[ex.answer_text])
+        windows = _doc_windows(len(doc.ids), max_seq_length - len(query) - 3, doc_stride)
+        plans.append((e, query, doc, windows, tok_start, tok_end))
+
+    n = sum(len(p[3]) for p in plans)
+    L = max_seq_length
+    input_ids = np.full([n, L], pad_id, np.int32)
+    input_mask = np.zeros([n, L], np.int32)
+    segment_ids = np.zeros([n, L], np.int32)
+    start_positions = np.zeros([n], np.int32)
+    end_positions = np.zeros([n], np.int32)
+    is_impossible = np.zeros([n], np.int32)
+    example_index = np.zeros([n], np.int32)
+    to_orig, max_context, piece = [], [], []
+    f = 0
+    for e, query, doc, windows, tok_start, tok_end in plans:
+        owner = _max_context_owner(windows, len(doc.ids))
+        offset = len(query) + 2
+        for w, (start, length) in enumerate(windows):
+            stop = start + length
+            used = offset + length + 1
+            input_ids[f, 0] = cls_id
+            input_ids[f, 1:offset - 1] = query
+            input_ids[f, offset - 1] = sep_id
+            input_ids[f, offset:used - 1] = doc.ids[start:stop]
+            input_ids[f, used - 1] = sep_id
+            input_mask[f, :used] = 1
+            segment_ids[f, offset:used] = 1
+            row = np.full([L], -1, np.int32)
+            row[offset:used - 1] = doc.tok_to_orig[start:stop]
+            to_orig.append(row)
+            row = np.zeros([L], bool)
+            row[offset:used - 1] = owner[start:stop] == w
+            max_context.append(row)
+            row = np.full([L], -1, np.int16)
+            row[offset:used - 1] = doc.piece[start:stop]
+            piece.append(row)
+            example_index[f] = e
+            if is_training:
+                if examples[e].is_impossible or not start <= tok_start <= tok_end < stop:
+                    is_impossible[f] = 1
+                else:
+                    start_positions[f] = tok_start - start + offset
+                    end_positions[f] = tok_end - start + offset
+            f += 1
+    return SquadFeatures(input_ids, input_mask, segment_ids, start_positions,
+                         end_positions, is_impossible, example_index, to_orig, max_context,
+                         piece, len(examples))
+
+
+# ---------------------------------------------------------------------------------------
+# Postprocessing
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return float(1.0 / (1.0 + np.exp(-x)))
+    z = np.exp(x)
+    return float(z / (1.0 + z))
+
+
+def _span_text(words: Sequence[str], first_word: int, first_piece: int, last_word: int,
+               last_piece: int, do_lower_case: bool) -> str:
+    """The answer text for tokens running from piece `first_piece` of word `first_word` to
+    piece `last_piece` of `last_word` (-1: the word's edge)."""
+    orig_text = " ".join(words[first_word:last_word + 1])
+    lowered = [basic_tokenize(w, do_lower_case) for w in words[first_word:last_word + 1]]
+    cased_counts = [len(_split_cased(w)) for w in words[first_word:last_word + 1]]
+    if [len(x) for x in lowered] != cased_counts:
+        first_piece = last_piece = -1  # normalisation changed the pieces: whole words
+    flat = [p for x in lowered for p in x]
+    lo = first_piece if first_piece >= 0 else 0
+    hi = (len(flat) - len(lowered[-1]) + last_piece if last_piece >= 0
+          else len(flat) - 1)
+    if not flat or lo > hi:
+        return orig_text
+    # Stands in for the official de-tokenized WordPiece text (which needs the vocab):
+    # the normalised basic pieces the predicted sub-tokens belong to.
+    pred_text = " ".join(flat[lo:hi + 1])
+    search_from = len(" ".join(flat[:lo])) + 1 if lo else 0
+    return get_final_text(pred_text, orig_text, do_lower_case, search_from)
+
+
+def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
+                outputs: Mapping[str, np.ndarray], n_best_size: int = 20,
+                max_answer_length: int = 30, do_lower_case: bool = True, v2: bool = False,
+                ) -> Tuple[Dict[str, str], Optional[Dict[str, float]], Dict[str, List[dict]]]:
+    """Answer texts from the joint head's top-k outputs stacked over features.
+
+    `outputs`: start_top_log_probs [N, k], start_top_index [N, k], end_top_log_probs
+    [N, k, k'], end_top_index [N, k, k'] and, for v2, null_logit [N]. Returns
+    (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None, nbest {qid:
+    [{text, probability, start_log_prob, end_log_prob}]}). Spans are scored by the sum of
+    log-probs; texts repeated by a better span are skipped, as officially; an example
+    without a valid span predicts "".
+    """
+    if features.num_examples != len(examples):
+        raise ValueError(f"features were made from {features.num_examples} examples, "
+                         f"got {len(examples)}")
+    n = len(features)
+    s_lp = np.asarray(outputs["start_top_log_probs"], np.float64)
+    s_idx = np.asarray(outputs["start_top_index"]).astype(np.int64)
+    e_lp = np.asarray(outputs["end_top_log_probs"], np.float64)
+    e_idx = np.asarray(outputs["end_top_index"]).astype(np.int64)
+    null = np.asarray(outputs["null_logit"], np.float64).reshape(-1) if v2 else None
+    if s_lp.shape[0] != n or s_idx.shape != s_lp.shape or e_lp.shape[:2] != s_lp.shape \
+            or e_idx.shape != e_lp.shape or (v2 and null.shape[0] != n):
+        raise ValueError(f"outputs do not match {n} features: " + ", ".join(
+            f"{k} {tuple(np.shape(v))}" for k, v in outputs.items()))
+    L = features.input_ids.shape[1]
+    by_example = collections.defaultdict(list)
+    for f, e in enumerate(features.example_index.tolist()):
+        by_example[e].append(f)
+
+    predictions, na_probs, nbest_out = {}, ({} if v2 else None), {}
+    for e, ex in enumerate(examples):
+        candidates = []  # (score, start log-prob, end log-prob, feature, start, end)
+        for f in by_example.get(e, []):
+            orig, maxc = features.token_to_orig_map[f], features.token_is_max_context[f]
+            for i in range(s_idx.shape[1]):
+                start = int(s_idx[f, i])
+                if not 0 <= start < L or orig[start] < 0 or not maxc[start]:
+                    continue
+                for j in range(e_idx.shape[2]):
+                    end = int(e_idx[f, i, j])
+                    if not start <= end < L or orig[end] < 0 \
+                            or end - start + 1 > max_answer_length:
+                        continue
+                    candidates.append((s_lp[f, i] + e_lp[f, i, j], s_lp[f, i],
+                                       e_lp[f, i, j], f, start, end))
+        candidates.sort(key=lambda c: -c[0])
+        kept, seen = [], set()
+        for score, slp, elp, f, start, end in candidates:
+            if len(kept) >= n_best_size:
+                break
+            orig, pieces = features.token_to_orig_map[f], features.token_piece[f]
+            text = _span_text(ex.doc_words, int(orig[start]), int(pieces[start]),
+                              int(orig[end]), int(pieces[end]), do_lower_case)
+            if text in seen:
+                continue
+            seen.add(text)
+            kept.append((score, slp, elp, text))
+        if kept:
+            scores = np.array([k[0] for k in kept])
+            probs = np.exp(scores - scores.max())
+            probs /= probs.sum()
+            nbest_out[ex.qid] = [
+                {"text": text, "probability": float(p), "start_log_prob": float(slp),
+                 "end_log_prob": float(elp)}
+                for (_, slp, elp, text), p in zip(kept, probs)]
+            predictions[ex.qid] = kept[0][3]
+        else:
+            nbest_out[ex.qid] = [{"text": "", "probability": 1.0, "start_log_prob": 0.0,
+                                  "end_log_prob": 0.0}]
+            predictions[ex.qid] = ""
+        if v2:
+            feats = by_example.get(e, [])
+            # No window at all (empty context): certainly unanswerable from the model.
+            na_probs[ex.qid] = _sigmoid(float(null[feats].min())) if feats else 1.0
+    return predictions, na_probs, nbest_out

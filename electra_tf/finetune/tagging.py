@@ -1,0 +1,347 @@
+"""Token-tagging data: CoNLL-format reading, IOB1/BIO -> BIOES conversion, the label map,
+word -> sub-token features for the tagging head and sub-token predictions -> word tags."""
+
+import dataclasses
+import json
+import os
+import re
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from electra_tf.finetune import DataError, where
+
+SCHEMES = ("bioes", "bio", "raw")
+OUTSIDE = "O"
+DOCSTART = "-DOCSTART-"
+
+# CoNLL columns are separated by ASCII blanks; str.split() would also split on
+# U+00A0 and friends, which do occur inside words of web-derived NER data.
+_FIELD_SEP = re.compile(r"[ \t\f\v]+")
+_BLANKS = " \t\f\v\r"
+_PREFIXES = {"bioes": ("B", "I", "E", "S"), "bio": ("B", "I")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    """One CoNLL sentence; token i sits on line `line + i` of `path`."""
+    words: Tuple[str, ...]
+    labels: Tuple[str, ...]
+    line: int
+    path: str = ""
+
+    def where(self, index: int = 0) -> str:
+        """'path:line' of token `index`, for error messages."""
+        return where(self.path, self.line + index)
+
+
+def read_conll(path, label_column: int = -1) -> List[Sentence]:
+    """Sentences of a CoNLL file (word in column 0, the label in `label_column`).
+
+    Blank lines separate sentences; `-DOCSTART-` lines are skipped. Every token line
+    must have as many columns as the first one. Raises DataError (one line, naming
+    path:line) for a wrong column count, bad UTF-8, an out-of-range label column or a
+    file without sentences.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        raw_lines = f.read().split(b"\n")
+    sentences: List[Sentence] = []
+    words: List[str] = []
+    labels: List[str] = []
+    first_line = 0
+    n_columns = None
+    label_index = None
+
+    def flush():
+        nonlocal words, labels
+        if words:
+            sentences.append(Sentence(tuple(words), tuple(labels), first_line, path))
+        words, labels = [], []
+
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where(path, number)}: not valid UTF-8 "
+                            f"(byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+        if number == 1:
+            text = text.lstrip("\ufeff")
+        text = text.strip(_BLANKS)
+        if not text:
+            flush()
+            continue
+        fields = _FIELD_SEP.split(text)
+        if fields[0] == DOCSTART:
+            flush()
+            continue
+        if n_columns is None:
+            n_columns = len(fields)
+            # The word is column 0, so the label must be another column.
+            label_index = label_column + n_columns if label_column < 0 else label_column
+            if not 1 <= label_index < n_columns:
+                raise DataError(f"{path}: label column {label_column} is out of range for "
+                                f"{n_columns} columns (the word is column 0)")
+        elif len(fields) != n_columns:
+            raise DataError(f"{where(path, number)}: expected {n_columns} columns, "
+                            f"found {len(fields)}")
+        if not words:
+            first_line = number
+        words.append(fields[0])
+        labels.append(fields[label_index])
+    flush()
+    if not sentences:
+        raise DataError(f"{path}: no sentences (empty file or only -DOCSTART-/blank lines)")
+    return sentences
+
+
+class _BadTag(ValueError):
+    """A tag that is neither O nor PREFIX-TYPE; `index` is its position in the sequence."""
+
+    def __init__(self, index: int, tag: str):
+        super().__init__(f"tag {tag!r} at position {index} is not 'O' or B-/I-/E-/S-TYPE")
+        self.index = index
+
+
+def _split_tag(index: int, tag: str) -> Tuple[str, str]:
+    if tag == OUTSIDE:
+        return OUTSIDE, ""
+    prefix, dash, kind = tag.partition("-")
+    if not dash or prefix not in ("B", "I", "E", "S") or not kind:
+        raise _BadTag(index, tag)
+    return prefix, kind
+
+
+def to_bioes(labels: Sequence[str]) -> List[str]:
+    """IOB1, IOB2 (BIO) or BIOES tags -> BIOES tags (idempotent on BIOES).
+
+    A chunk starts at B-/S-, and at I-/E- when the previous token is O, another type,
+    or already closed a chunk (E-/S-) -- this covers IOB1, where I- opens chunks and B-
+    only separates adjacent chunks of one type. Raises ValueError for other tags.
+    """
+    parts = [_split_tag(i, t) for i, t in enumerate(labels)]
+    starts = []
+    for i, (prefix, kind) in enumerate(parts):
+        if prefix == OUTSIDE:
+            starts.append(False)
+            continue
+        prev_prefix, prev_kind = parts[i - 1] if i else (OUTSIDE, "")
+        starts.append(prefix in ("B", "S") or prev_prefix in (OUTSIDE, "E", "S")
+                      or prev_kind != kind)
+    out = []
+    for i, (prefix, kind) in enumerate(parts):
+        if prefix == OUTSIDE:
+            out.append(OUTSIDE)
+            continue
+        last = i + 1 == len(parts)
+        ends = prefix in ("E", "S") or last or parts[i + 1][0] == OUTSIDE or starts[i + 1]
+        out.append(("S" if ends else "B") if starts[i] else ("E" if ends else "I"))
+        out[-1] += "-" + kind
+    return out
+
+
+def _to_bio(labels: Sequence[str]) -> List[str]:
+    return [t if t == OUTSIDE else {"S": "B", "E": "I"}.get(t[0], t[0]) + t[1:]
+            for t in to_bioes(labels)]
+
+
+def convert_labels(labels: Sequence[str], scheme: str = "bioes") -> List[str]:
+    """`labels` in `scheme`: 'bioes', 'bio' (IOB2) or 'raw' (as read)."""
+    if scheme == "bioes":
+        return to_bioes(labels)
+    if scheme == "bio":
+        return _to_bio(labels)
+    if scheme == "raw":
+        return list(labels)
+    raise ValueError(f"unknown tagging scheme {scheme!r}; expected one of {SCHEMES}")
+
+
+def _sentence_labels(sentence: Sentence, scheme: str) -> List[str]:
+    try:
+        return convert_labels(sentence.labels, scheme)
+    except _BadTag as e:
+        raise DataError(f"{sentence.where(e.index)}: label {sentence.labels[e.index]!r} is "
+                        f"not 'O' or B-/I-/E-/S-TYPE (needed for scheme {scheme!r})") from None
+
+
+class LabelMap:
+    """Tag name <-> class id. 'O' is id 0 (so padding/unweighted positions read as O),
+    the other names follow in sorted order."""
+
+    def __init__(self, labels: Iterable[str], scheme: str = "bioes"):
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown tagging scheme {scheme!r}; expected one of {SCHEMES}")
+        rest = sorted(set(labels) - {OUTSIDE})
+        self.labels: Tuple[str, ...] = (OUTSIDE,) + tuple(rest)
+        self.scheme = scheme
+        self._ids = {name: i for i, name in enumerate(self.labels)}
+
+    @classmethod
+    def from_sentences(cls, sentences: Iterable[Sentence], scheme: str = "bioes") -> "LabelMap":
+        """The map for training `sentences` after conversion to `scheme`.
+
+        For 'bioes'/'bio' every chunk type seen gets all its prefixes, so a dev/test tag
+        of a known type in a position training never showed (e.g. S-X when training had
+        only multi-token X chunks) still maps; an unseen type does not.
+        """
+        seen = set()
+        for sentence in sentences:
+            seen.update(_sentence_labels(sentence, scheme))
+        if scheme in _PREFIXES:
+            kinds = {t[2:] for t in seen if t != OUTSIDE}
+            seen = {f"{p}-{k}" for k in kinds for p in _PREFIXES[scheme]}
+        return cls(seen, scheme)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, LabelMap) and self.labels == other.labels
+                and self.scheme == other.scheme)
+
+    def __repr__(self) -> str:
+        return f"LabelMap({list(self.labels)!r}, scheme={self.scheme!r})"
+
+    def get(self, label: str) -> Optional[int]:
+        return self._ids.get(label)
+
+    def ids(self, labels: Iterable[str]) -> List[int]:
+        """Class ids of `labels`; DataError for a label not in the map."""
+        out = []
+        for label in labels:
+            i = self._ids.get(label)
+            if i is None:
+                raise DataError(f"label {label!r} is not in the label map")
+            out.append(i)
+        return out
+
+    def names(self, ids: Iterable[int]) -> List[str]:
+        """Tag names of class `ids`; ValueError for an id outside [0, len)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.labels):
+                raise ValueError(f"label id {i} is outside [0, {len(self.labels)})")
+            out.append(self.labels[i])
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"scheme": self.scheme, "labels": list(self.labels)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "LabelMap":
+        data = json.loads(text)
+        labels = data["labels"]
+        if not labels or labels[0] != OUTSIDE or len(set(labels)) != len(labels):
+            raise ValueError("label map JSON: 'labels' must be unique and start with 'O'")
+        made = cls(labels, data.get("scheme", "bioes"))
+        if made.labels != tuple(labels):
+            raise ValueError("label map JSON: 'labels' after 'O' are not sorted")
+        return made
+
+
+@dataclasses.dataclass
+class TaggingFeatures:
+    """Model inputs for N sentences padded to L tokens, plus the word -> token alignment.
+
+    word_positions[n][w]: token index of word w's first sub-token in row n, -1 when the
+    word has no tokens (untokenizable) or was truncated away; such words read as 'O'.
+    """
+    input_ids: np.ndarray       # int32 [N, L]
+    input_mask: np.ndarray      # int32 [N, L]
+    segment_ids: np.ndarray     # int32 [N, L]
+    label_ids: np.ndarray       # int32 [N, L]
+    label_weights: np.ndarray   # float32 [N, L]
+    word_positions: List[np.ndarray]  # N x int32 [num words]
+    num_truncated_words: int
+    num_untokenized_words: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def arrays(self) -> Dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids, "input_mask": self.input_mask,
+                "segment_ids": self.segment_ids, "label_ids": self.label_ids,
+                "label_weights": self.label_weights}
+
+
+def convert_sentences(sentences: Sequence[Sentence],
+                      tokenize: Callable[[List[str]], Sequence[Sequence[int]]],
+                      special_ids: Mapping[str, int], label_map: LabelMap,
+                      max_seq_length: int, scheme: str = "bioes") -> TaggingFeatures:
+    """[CLS] sub-tokens [SEP] [PAD]... rows; each word's label on its first sub-token.
+
+    `tokenize` is called once with every word of every sentence and must return one
+    id list per word. Sentences over max_seq_length - 2 sub-tokens are cut: a word whose
+    first sub-token does not fit is dropped (counted in num_truncated_words), a word
+    cut after its first sub-token keeps its label. DataError (path:line of the token)
+    for a label the map cannot hold.
+    """
+    if scheme != label_map.scheme:
+        raise ValueError(f"scheme {scheme!r} differs from the label map's {label_map.scheme!r}")
+    if max_seq_length < 2:
+        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and [SEP]")
+    cls_id, sep_id, pad_id = (int(special_ids[k]) for k in ("[CLS]", "[SEP]", "[PAD]"))
+    all_words = [w for s in sentences for w in s.words]
+    pieces = tokenize(all_words)
+    if len(pieces) != len(all_words):
+        raise ValueError(f"tokenize returned {len(pieces)} token lists for {len(all_words)} words")
+
+    n, length = len(sentences), max_seq_length
+    input_ids = np.full((n, length), pad_id, np.int32)
+    input_mask = np.zeros((n, length), np.int32)
+    label_ids = np.zeros((n, length), np.int32)
+    label_weights = np.zeros((n, length), np.float32)
+    word_positions = []
+    truncated = untokenized = 0
+    budget = length - 2
+    offset = 0
+    for row, sentence in enumerate(sentences):
+        tags = _sentence_labels(sentence, scheme)
+        tokens = [cls_id]
+        positions = np.full(len(sentence.words), -1, np.int32)
+        for w, tag in enumerate(tags):
+            word_pieces = pieces[offset + w]
+            # Checked for every word, kept or not: a bad label must not hide behind truncation.
+            tag_id = label_map.get(tag)
+            if tag_id is None:
+                raw = sentence.labels[w]
+                shown = repr(raw) if tag == raw else f"{raw!r} ({tag!r} in {scheme})"
+                raise DataError(f"{sentence.where(w)}: label {shown} is not in the label map "
+                                f"built from the training data")
+            if len(word_pieces) == 0:
+                untokenized += 1
+                continue
+            if len(tokens) - 1 >= budget:
+                truncated += 1
+                continue
+            positions[w] = len(tokens)
+            label_ids[row, len(tokens)] = tag_id
+            label_weights[row, len(tokens)] = 1.0
+            tokens.extend(int(t) for t in word_pieces[:budget - (len(tokens) - 1)])
+        offset += len(sentence.words)
+        tokens.append(sep_id)
+        input_ids[row, :len(tokens)] = tokens
+        input_mask[row, :len(tokens)] = 1
+        word_positions.append(positions)
+    return TaggingFeatures(input_ids, input_mask, np.zeros((n, length), np.int32), label_ids,
+                           label_weights, word_positions, truncated, untokenized)
+
+
+def predictions_to_tags(features: TaggingFeatures, predicted_ids,
+                        label_map: LabelMap) -> List[List[str]]:
+    """Word tags per sentence from [N, L] per-token class ids (first sub-token of each
+    word; 'O' for words without a token)."""
+    predicted = np.asarray(predicted_ids)
+    if predicted.shape != features.input_ids.shape:
+        raise ValueError(f"predicted_ids has shape {predicted.shape}, "
+                         f"features have {features.input_ids.shape}")
+    out = []
+    for row, positions in enumerate(features.word_positions):
+        kept = positions >= 0
+        tags = [OUTSIDE] * len(positions)
+        for w, name in zip(np.flatnonzero(kept),
+                           label_map.names(predicted[row, positions[kept]])):
+            tags[w] = name
+        out.append(tags)
+    return out

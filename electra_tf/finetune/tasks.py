@@ -1,0 +1,339 @@
+"""Fine-tuning tasks: each says how to read its data, which head it needs, its loss, its
+metrics and what its SavedModel answers. GLUE, the bundled polarity set, user TSV tasks.
+
+A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`); SQuAD and
+tagging live in `qa_task.py` / `tagging_task.py` on the same interface.
+"""
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from electra_tf.finetune import DataError, metrics, where
+from electra_tf.finetune.text import TextEncoder
+
+Column = Union[str, int]  # a header name, or an index for header-less files
+
+
+@dataclasses.dataclass
+class TaskData:
+    """One split, ready for the model: `arrays` (model inputs, labels and a `weight` that
+    is 0 on padding rows) of `num_examples` rows, and whatever the metrics need."""
+    arrays: Dict[str, np.ndarray]
+    num_examples: int
+    meta: Any = None
+    name: str = ""
+
+
+class Task:
+    """The interface every task implements (all tensors float32 outputs of the head).
+    Subclasses have a `name` (directory and export name)."""
+    kind: str = "classification"  # classification | regression | tagging | qa
+    primary_metric: str = "accuracy"
+    num_train_epochs: float = 3.0
+
+    def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
+        raise NotImplementedError
+
+    def eval_splits(self, data_dir: str, encoder: TextEncoder,
+                    max_seq_length: int) -> List[TaskData]:
+        """The dev sets, the first one being the one whose metric is reported."""
+        raise NotImplementedError
+
+    def num_outputs(self) -> int:
+        raise NotImplementedError
+
+    def head_options(self) -> Dict[str, Any]:
+        return {}
+
+    def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:
+        """Per-example losses [B] (the train step weights and averages them)."""
+        raise NotImplementedError
+
+    def fetches(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        """What evaluation brings back to the host, per example."""
+        return outputs
+
+    def metrics(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> Dict[str, float]:
+        raise NotImplementedError
+
+    # --- serving -----------------------------------------------------------------
+    def text_fields(self) -> Tuple[str, ...]:
+        """Names of the raw-string inputs of the serving signature."""
+        raise NotImplementedError
+
+    def serving_outputs(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        raise NotImplementedError
+
+    def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
+                   texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        """Raw strings (one [N] tensor per `text_fields()` name) -> answers, in-graph,
+        truncated exactly as the training data."""
+        fields = [texts[name] for name in self.text_fields()]
+        batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
+                               max_seq_length)
+        return self.serve_ids(model, batch)
+
+    def serve_ids(self, model, batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        return self.serving_outputs(model(batch, training=False))
+
+    def assets(self) -> Dict[str, str]:
+        """Extra files written beside an export (e.g. the label list), name -> text."""
+        return {}
+
+
+# --------------------------------------------------------------------------- TSV reading
+
+def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
+    """(1-based line number, fields) for each non-empty line of a tab-separated file.
+
+    Quotes are data (GLUE's files are not CSV-quoted). Bad UTF-8 is an error naming the
+    line."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    rows = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        line = line.rstrip(b"\r")
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where(path, number)}: not valid UTF-8 (byte "
+                            f"0x{line[e.start]:02x} at column {e.start + 1})") from None
+        rows.append((number, text.split("\t")))
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class TsvTask(Task):
+    """A sentence or sentence-pair classification (or regression) task read from
+    `<data_dir>/<dir_name>/<file>.tsv`.
+
+    text_columns: one or two columns (header names, or 0-based indices when
+      `header=False`); label_column likewise. labels: the label strings in id order;
+      None for regression (`regression_scale` divides the target, as STS-B's 0-5 -> 0-1).
+    metric: accuracy | accuracy_f1 | mcc | pearson_spearman (see `metrics`).
+    both_orders: also train on (b, a) for symmetric pair tasks (MRPC, STS-B).
+    """
+    name: str
+    text_columns: Tuple[Column, ...]
+    label_column: Column
+    labels: Optional[Tuple[str, ...]] = None
+    header: bool = True
+    metric: str = "accuracy"
+    dir_name: Optional[str] = None
+    train_file: str = "train.tsv"
+    dev_files: Tuple[str, ...] = ("dev.tsv",)
+    both_orders: bool = False
+    regression_scale: float = 1.0
+    num_train_epochs: float = 3.0
+
+    @property
+    def kind(self) -> str:
+        return "regression" if self.labels is None else "classification"
+
+    @property
+    def primary_metric(self) -> str:
+        return {"accuracy": "accuracy", "accuracy_f1": "accuracy", "mcc": "mcc",
+                "pearson_spearman": "spearman"}[self.metric]
+
+    def num_outputs(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+    def text_fields(self) -> Tuple[str, ...]:
+        return ("sentence",) if len(self.text_columns) == 1 else ("sentence1", "sentence2")
+
+    # --- data --------------------------------------------------------------------
+    def _path(self, data_dir: str, file: str) -> str:
+        return os.path.join(data_dir, self.dir_name or self.name, file)
+
+    def _indices(self, path: str, rows) -> Tuple[List[int], int, List[Tuple[int, List[str]]]]:
+        if not rows:
+            raise DataError(f"{path}: no rows")
+        wanted = list(self.text_columns) + [self.label_column]
+        if not self.header:
+            return [int(c) for c in wanted], max(int(c) for c in wanted) + 1, rows
+        number, head = rows[0]
+        indices = []
+        for c in wanted:
+            if isinstance(c, int):
+                indices.append(c)
+            elif c in head:
+                indices.append(head.index(c))
+            else:
+                raise DataError(f"{where(path, number)}: header has no column {c!r} "
+                                f"(columns: {', '.join(head)})")
+        return indices, max(indices) + 1, rows[1:]
+
+    def read(self, path: str) -> Tuple[List[List[str]], List[Any], List[int]]:
+        """Texts per column, labels (ids or floats) and line numbers of `path`."""
+        indices, width, rows = self._indices(path, read_tsv(path))
+        *text_idx, label_idx = indices
+        texts: List[List[str]] = [[] for _ in text_idx]
+        labels, lines = [], []
+        lookup = {l: i for i, l in enumerate(self.labels)} if self.labels else None
+        for number, fields in rows:
+            if len(fields) < width:
+                raise DataError(f"{where(path, number)}: expected at least {width} "
+                                f"tab-separated columns, found {len(fields)}")
+            raw = fields[label_idx].strip()
+            if lookup is not None:
+                if raw not in lookup:
+                    raise DataError(f"{where(path, number)}: label {raw!r} is not one of "
+                                    f"{', '.join(self.labels)}")
+                labels.append(lookup[raw])
+            else:
+                try:
+                    labels.append(float(raw) / self.regression_scale)
+                except ValueError:
+                    raise DataError(f"{where(path, number)}: label {raw!r} is not a "
+                                    "number") from None
+            for column, i in zip(texts, text_idx):
+                column.append(fields[i])
+            lines.append(number)
+        if not labels:
+            raise DataError(f"{path}: no examples")
+        return texts, labels, lines
+
+    def _data(self, path: str, encoder: TextEncoder, max_seq_length: int,
+              both_orders: bool) -> TaskData:
+        texts, labels, _ = self.read(path)
+        if both_orders and len(texts) == 2:
+            texts = [texts[0] + texts[1], texts[1] + texts[0]]
+            labels = labels + labels
+        arrays = encoder.encode_numpy(texts[0], texts[1] if len(texts) == 2 else None,
+                                      max_seq_length)
+        dtype = np.int32 if self.labels is not None else np.float32
+        arrays["label"] = np.asarray(labels, dtype)
+        arrays["weight"] = np.ones([len(labels)], np.float32)
+        return TaskData(arrays, len(labels), name=os.path.basename(path))
+
+    def train_split(self, data_dir, encoder, max_seq_length):
+        return self._data(self._path(data_dir, self.train_file), encoder, max_seq_length,
+                          self.both_orders)
+
+    def eval_splits(self, data_dir, encoder, max_seq_length):
+        return [self._data(self._path(data_dir, f), encoder, max_seq_length, False)
+                for f in self.dev_files]
+
+    # --- model -------------------------------------------------------------------
+    def loss(self, outputs, batch):
+        logits = outputs["logits"]
+        if self.labels is None:
+            return tf.square(logits[:, 0] - tf.cast(batch["label"], tf.float32))
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.cast(batch["label"], tf.int32), logits=logits)
+
+    def fetches(self, outputs):
+        return {"logits": outputs["logits"]}
+
+    def metrics(self, data, fetched):
+        n = data.num_examples
+        labels = data.arrays["label"][:n]
+        logits = fetched["logits"][:n]
+        if self.labels is None:
+            preds = logits[:, 0] * self.regression_scale
+            labels = labels * self.regression_scale
+        else:
+            preds = np.argmax(logits, axis=-1)
+        return metrics.classification_metrics(self.metric, labels, preds)
+
+    def serving_outputs(self, outputs):
+        logits = outputs["logits"]
+        if self.labels is None:
+            return {"score": logits[:, 0] * self.regression_scale}
+        probs = tf.nn.softmax(logits)
+        ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {"label": tf.gather(tf.constant(list(self.labels)), ids), "label_id": ids,
+                "probabilities": probs}
+
+    def assets(self):
+        return {"labels.txt": "".join(f"{l}\n" for l in self.labels)} if self.labels else {}
+
+
+# --------------------------------------------------------------------------- registry
+
+BINARY = ("0", "1")
+GLUE: Dict[str, TsvTask] = {t.name: t for t in [
+    TsvTask("cola", text_columns=(3,), label_column=1, labels=BINARY, header=False,
+            metric="mcc", dir_name="CoLA"),
+    TsvTask("sst2", text_columns=("sentence",), label_column="label", labels=BINARY,
+            dir_name="SST-2"),
+    TsvTask("mrpc", text_columns=("#1 String", "#2 String"), label_column="Quality",
+            labels=BINARY, metric="accuracy_f1", dir_name="MRPC", both_orders=True),
+    TsvTask("stsb", text_columns=("sentence1", "sentence2"), label_column="score",
+            metric="pearson_spearman", dir_name="STS-B", both_orders=True,
+            regression_scale=5.0, num_train_epochs=10.0),
+    TsvTask("qqp", text_columns=("question1", "question2"), label_column="is_duplicate",
+            labels=BINARY, metric="accuracy_f1", dir_name="QQP"),
+    TsvTask("mnli", text_columns=("sentence1", "sentence2"), label_column="gold_label",
+            labels=("contradiction", "entailment", "neutral"), dir_name="MNLI",
+            dev_files=("dev_matched.tsv", "dev_mismatched.tsv")),
+    TsvTask("qnli", text_columns=("question", "sentence"), label_column="label",
+            labels=("entailment", "not_entailment"), dir_name="QNLI"),
+    TsvTask("rte", text_columns=("sentence1", "sentence2"), label_column="label",
+            labels=("entailment", "not_entailment"), dir_name="RTE", num_train_epochs=10.0),
+]}
+
+# The bundled demo set: SST-2's layout (sentence<TAB>label), in data/polarity.
+POLARITY = TsvTask("polarity", text_columns=("sentence",), label_column="label",
+                   labels=BINARY, dir_name="polarity")
+
+
+def find_dir(data_dir: str, task: TsvTask) -> TsvTask:
+    """GLUE's download script names folders `SST-2`, many users `sst2` or `sst-2`: take
+    whichever exists."""
+    for name in (task.dir_name, task.name, (task.dir_name or "").lower()):
+        if name and os.path.isdir(os.path.join(data_dir, name)):
+            return dataclasses.replace(task, dir_name=name)
+    return task
+
+
+def tsv_task(name: str, text_columns: Sequence[str], label_column: str,
+             labels: Optional[Sequence[str]], metric: str = "accuracy",
+             data_dir: Optional[str] = None) -> TsvTask:
+    """A user TSV task (header names for the columns). labels None: read the label set
+    from the training file (sorted); labels () : regression."""
+    if labels is None:
+        if data_dir is None:
+            raise DataError(f"task {name}: give its labels or a data_dir to read them from")
+        probe = TsvTask(name, tuple(text_columns), label_column, labels=None)
+        path = probe._path(data_dir, probe.train_file)
+        indices, _, rows = probe._indices(path, read_tsv(path))
+        labels = sorted({f[indices[-1]].strip() for _, f in rows if len(f) > indices[-1]})
+    return TsvTask(name, tuple(text_columns), label_column,
+                   labels=tuple(labels) if labels else None, metric=metric)
+
+
+def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[str] = (),
+             label_column: Optional[str] = None, labels: Optional[Sequence[str]] = None,
+             metric: str = "accuracy") -> Task:
+    """A task by name: the GLUE eight (`sst2` or `sst-2`), `polarity`, `squad_v1`,
+    `squad_v2`, `chunk`, `ner`; any other name is a user TSV task and needs its
+    `text_columns` and `label_column`."""
+    key = name.lower().replace("-", "")
+    if key in GLUE:
+        return find_dir(data_dir, GLUE[key]) if data_dir else GLUE[key]
+    if key == "polarity":
+        return POLARITY
+    if key in ("squad", "squad_v1", "squad1", "squad_v2", "squad2"):
+        from electra_tf.finetune.qa_task import SquadTask
+        return SquadTask(v2=key in ("squad_v2", "squad2"))
+    if key in ("chunk", "chunking", "ner"):
+        from electra_tf.finetune.tagging_task import TaggingTask
+        return TaggingTask(name=key if key != "chunking" else "chunk",
+                           label_column=-1 if label_column is None else int(label_column))
+    if not text_columns or label_column is None:
+        raise DataError(f"--task={name} is not a known task ({', '.join(sorted(GLUE))}, "
+                        "polarity, squad_v1, squad_v2, chunk, ner); a TSV task of your own "
+                        "needs --text_columns and --label_column")
+    return tsv_task(name, text_columns, label_column, labels, metric, data_dir)

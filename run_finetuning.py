@@ -1,0 +1,85 @@
+"""Fine-tunes a pre-trained ELECTRA discriminator: flags -> task and config ->
+`electra_tf.finetune.trainer.run`.
+
+With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` on the
+bundled polarity set, prints dev accuracy, exports a SavedModel and answers one raw-text
+request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
+by SIGTERM after saving a checkpoint (rerun the same command to resume).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli, rte, "
+                    "squad_v1, squad_v2, chunk, ner, polarity (the bundled set), or the name "
+                    "of a TSV task of your own (with --text_columns and --label_column).")
+flags.DEFINE_string("data_dir", None, "Holds <task>/{train,dev}.tsv (GLUE folder names "
+                    "such as SST-2 work too), squad/{train,dev}-v*.json or "
+                    "chunk/{train,dev}.txt. Default: the bundled data/.")
+flags.DEFINE_string("init_checkpoint", None, "Pre-trained discriminator: a pre-training "
+                    "model_dir, its discriminator/ export, a ckpt-N prefix or a released "
+                    "TF1 checkpoint. Default: runs/pretrain_tiny.")
+flags.DEFINE_string("config", None, "Model preset or JSON (default: the config.json of the "
+                    "pre-training run that wrote --init_checkpoint).")
+flags.DEFINE_string("model_dir", None, "Trial checkpoints, TensorBoard logs and "
+                    "results.json (default runs/finetune_<task>). A rerun resumes here.")
+flags.DEFINE_string("export_dir", None, "Write SavedModels (task + encoder) here; default "
+                    "<model_dir>/export for the bundled demo, none otherwise.")
+flags.DEFINE_integer("num_trials", 1, "Fine-tuning seeds; results.json has every score "
+                     "and the median.")
+flags.DEFINE_float("learning_rate", None, "Default: 3e-4 small, 1e-4 base, 5e-5 large.")
+flags.DEFINE_float("layerwise_lr_decay", None, "Default: 0.8 (0.9 large).")
+flags.DEFINE_bool("official_lr_bug", False, "Reproduce the official code's layer-wise "
+                  "decay, which gives the top encoder layer decay^2 instead of decay^1.")
+flags.DEFINE_float("num_train_epochs", None, "Default: the task's (3; 10 for RTE and "
+                   "STS-B; 2 for SQuAD).")
+flags.DEFINE_integer("train_batch_size", 32, "Global batch.")
+flags.DEFINE_integer("eval_batch_size", 32, "Global eval batch.")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per example (SQuAD: 512).")
+flags.DEFINE_float("warmup_proportion", 0.1, "Linear warmup share of the steps.")
+flags.DEFINE_integer("seed", 1, "Seed of the first trial (trial i uses seed + i).")
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval within a trial.")
+flags.DEFINE_list("text_columns", [], "User TSV task: header names of one or two text "
+                  "columns.")
+flags.DEFINE_string("label_column", None, "User TSV task: header name of the label column "
+                    "(tagging: the CoNLL column index of the label).")
+flags.DEFINE_list("labels", None, "User TSV task: the labels (default: read from "
+                  "train.tsv; an empty value makes it a regression).")
+flags.DEFINE_enum("metric", "accuracy", ["accuracy", "accuracy_f1", "mcc",
+                                         "pearson_spearman"], "User TSV task metric.")
+flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (default: the bundled BERT "
+                    "uncased one, that of the pre-training demo).")
+flags.DEFINE_string("spm_model", None, "SentencePiece model instead of --vocab_file.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
+flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
+                  "tf.distribute strategy.")
+flags.DEFINE_string("tpu", None, "TPU name or grpc address (Cloud TPU).")
+flags.DEFINE_enum("precision", "auto", ["auto", "float32", "bfloat16", "float16"],
+                  "Compute precision (auto: bfloat16 on TPU, float32 elsewhere).")
+flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.INFO)
+    from electra_tf.finetune import cli
+    try:
+        cli.main(FLAGS, REPO)
+    except cli.Preempted as e:
+        print(f"run_finetuning: {e}", file=sys.stderr)
+        sys.exit(cli.PREEMPTED_EXIT_CODE)
+    except cli.USER_ERRORS as e:
+        print(f"run_finetuning: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)
