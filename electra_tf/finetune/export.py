@@ -34,13 +34,25 @@ def _check_rows(texts: Dict[str, tf.Tensor]):
             f"{names[0]} and {name} must have the same number of rows"))
 
 
+def _hold(module: tf.Module, name: str, layer):
+    """Keeps a Keras layer on `module` untracked and tracks its plain tf.Variables instead.
+
+    Keras 3 saves each of its variables as a second tf.Variable copied from the one the
+    functions read; TF2 loading copes, but the session-based loader of TensorFlow Serving
+    and `saved_model_cli run` restores only the copy and fails on the other.
+    """
+    module.__dict__[name] = layer
+    setattr(module, f"{name}_variables", [v.value for v in layer.variables])
+
+
 class TaskServer(tf.Module):
     """The task model with its tokenizer; `serve_text` and `serve_ids` are the signatures."""
 
     def __init__(self, task: Task, model: FinetuningModel, encoder: TextEncoder,
                  max_seq_length: int):
         super().__init__(name="task_server")
-        self.task, self.model, self.encoder = task, model, encoder
+        _hold(self, "model", model)
+        self.task, self.encoder = task, encoder
         self.max_seq_length = max_seq_length
 
     def serve_text(self, **texts) -> Dict[str, tf.Tensor]:
@@ -65,7 +77,8 @@ class EncoderServer(tf.Module):
 
     def __init__(self, model: FinetuningModel, encoder: TextEncoder, max_seq_length: int):
         super().__init__(name="encoder_server")
-        self.electra, self.encoder = model.electra, encoder
+        _hold(self, "electra", model.electra)
+        self.encoder = encoder
         self.max_seq_length = max_seq_length
 
     def _outputs(self, batch):

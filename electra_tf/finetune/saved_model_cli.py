@@ -1,0 +1,20 @@
+"""`saved_model_cli` with the tensorflow-text ops registered, which our exports' in-graph
+tokenizer needs: `python -m electra_tf.finetune.saved_model_cli run --dir ... ...`.
+
+(TensorFlow Serving links the tensorflow-text ops in already; in Python, `import
+tensorflow_text` before `tf.saved_model.load` is all a client needs.)
+"""
+
+import sys
+
+import tensorflow_text  # noqa: F401  (registers NormalizeUTF8, FastWordpieceTokenize, ...)
+from tensorflow.python.tools import saved_model_cli
+
+
+def main():
+    sys.argv[0] = "saved_model_cli"
+    saved_model_cli.main()
+
+
+if __name__ == "__main__":
+    main()

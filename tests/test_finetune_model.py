@@ -1,0 +1,125 @@
+"""Fine-tuning model: heads, encoder initialisation, layer-wise learning rates."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf.configs import ModelConfig
+from electra_tf.finetune import model as ft_model
+from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder, layer_depth,
+                                       layerwise_lr_multipliers, make_head)
+from electra_tf.finetune.tasks import TsvTask, TaskData
+from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
+from electra_tf.modeling import (ElectraPretrainingModel, discriminator_variables,
+                                 save_tf1_checkpoint)
+
+CFG = ModelConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
+
+
+def test_layer_depths_and_multipliers_follow_the_formula():
+    model = FinetuningModel(CFG, make_head("classification", CFG, 2))
+    d = 0.8
+    for official_bug, top in ((False, 4), (True, 5)):
+        mults = layerwise_lr_multipliers(model, d, official_bug)
+        assert len(mults) == len(model.trainable_variables)
+        for path, m in mults.items():
+            if path.startswith("electra/embeddings"):  # embeddings and their projection
+                depth = 0
+            elif path.startswith("electra/encoder/layer_"):
+                depth = int(path.split("/")[2].split("_")[1]) + 1
+            else:
+                assert path.startswith("task_specific/"), path
+                depth = top
+            assert m == pytest.approx(d ** (top - depth)), path
+        top_layer = mults["electra/encoder/layer_2/output/dense/kernel"]
+        # Correct: the top encoder layer gets decay^1; the official code's gap gives decay^2.
+        assert top_layer == pytest.approx(d ** 2 if official_bug else d)
+        assert mults["electra/embeddings/word_embeddings"] == pytest.approx(d ** top)
+    assert layer_depth("electra/encoder/layer_11/output/dense/kernel", 12) == 12
+    with pytest.raises(ValueError, match="no layer depth"):
+        layer_depth("somewhere/else", 12)
+
+
+def test_optimizer_applies_the_layerwise_rates():
+    # One AdamW step without bias correction moves each weight by about
+    # lr * mult * 0.1 / sqrt(0.001) = 3.162 * lr * mult (|grad| >> epsilon, here 1e-12).
+    task = TsvTask("t", ("sentence",), "label", labels=("0", "1"))
+    cfg = FinetuneConfig(learning_rate=1e-3, layerwise_lr_decay=0.5, num_train_epochs=1,
+                         train_batch_size=4, warmup_proportion=0.0, clip_norm=1e9,
+                         adam_epsilon=1e-12)
+    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 1000, None, 3)
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": rng.integers(5, 120, (4, 8)).astype(np.int32),
+             "input_mask": np.ones((4, 8), np.int32), "segment_ids": np.zeros((4, 8), np.int32),
+             "label": np.array([0, 1, 1, 0], np.int32), "weight": np.ones(4, np.float32)}
+    before = {v.path: v.numpy().copy() for v in ft.variables}
+    iterator = iter(ft.train_dataset(TaskData(batch, 4), seed=1))
+    ft.make_train_loop()(iterator, tf.constant(1))
+    mults = dict((v.path, m) for v, m in ft.lr_multipliers)
+    checked = 0
+    for v in ft.variables:
+        if v.path.endswith("key/bias"):
+            continue  # softmax ignores it: its gradient is rounding noise
+        step = np.abs(v.numpy() - before[v.path]).ravel()
+        moved = step[step > 0]
+        if moved.size < 4:
+            continue
+        assert np.median(moved) == pytest.approx(3.1623e-3 * mults[v.path], rel=0.01), v.path
+        checked += 1
+    assert checked >= 20
+    assert int(ft.global_step.numpy()) == 1
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A pre-training model saved as an object checkpoint and as a TF1-named export."""
+    tf.keras.utils.set_random_seed(5)
+    model = ElectraPretrainingModel(CFG)
+    d = tmp_path_factory.mktemp("pre")
+    obj = tf.train.Checkpoint(model=model).write(str(d / "ckpt-7"))
+    tf1 = save_tf1_checkpoint(model, str(d / "discriminator" / "model.ckpt"),
+                              discriminator_variables(model))
+    return model, obj, tf1
+
+
+@pytest.mark.parametrize("which", ["obj", "tf1"])
+def test_encoder_initialised_from_pretraining_checkpoints(pretrained, which):
+    model, obj, tf1 = pretrained
+    ft = FinetuningModel(CFG, make_head("classification", CFG, 3))
+    init_encoder(ft.electra, obj if which == "obj" else tf1)
+    source = {v.path: v.numpy() for v in model.electra.trainable_variables}
+    assert len(ft.electra.trainable_variables) == len(source) == 7 + 3 * 16
+    for v in ft.electra.trainable_variables:
+        np.testing.assert_array_equal(v.numpy(), source[v.path])
+
+
+def test_init_errors_name_the_checkpoint(tmp_path, pretrained):
+    ft = FinetuningModel(CFG, make_head("classification", CFG, 2))
+    with pytest.raises(InitError, match="no checkpoint in directory"):
+        init_encoder(ft.electra, str(tmp_path))
+    with pytest.raises(InitError, match="is not a checkpoint"):
+        init_encoder(ft.electra, str(tmp_path / "nope"))
+    wider = ModelConfig(**{**CFG.__dict__, "hidden_size": 64, "intermediate_size": 128})
+    other = FinetuningModel(wider, make_head("classification", wider, 2))
+    with pytest.raises(InitError, match=r"electra/embeddings_project/kernel.*\[16, 32\]"):
+        init_encoder(other.electra, pretrained[2])
+
+
+def test_qa_answer_mask_and_head_shapes():
+    batch = {"input_ids": tf.ones([2, 8], tf.int32),
+             "input_mask": tf.constant([[1] * 8, [1] * 6 + [0] * 2]),
+             "segment_ids": tf.constant([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]])}
+    mask = ft_model.answer_mask(batch).numpy()
+    # [CLS] allowed, question and final [SEP] and padding not.
+    assert mask.tolist() == [[1, 0, 0, 1, 1, 1, 1, 0], [1, 0, 1, 1, 1, 0, 0, 0]]
+    model = FinetuningModel(CFG, make_head("qa", CFG, beam=3, answerable=True))
+    out = model(batch, training=False)
+    assert out["start_top_index"].shape == (2, 3)
+    assert out["end_top_log_probs"].shape == (2, 3, 3)
+    assert out["null_logit"].shape == (2,)
+    allowed = {0, 3, 4, 5, 6}
+    assert set(out["start_top_index"].numpy()[0]) <= allowed
+    assert set(out["end_top_index"].numpy()[0].ravel()) <= allowed
+    # log-probabilities over the allowed positions only
+    assert np.all(out["start_top_log_probs"].numpy() <= 0)
