@@ -71,11 +71,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
     from electra_tf.finetune import cli
+    from electra_tf.train import PREEMPTED_EXIT_CODE, Preempted
     try:
         cli.main(FLAGS, REPO)
-    except cli.Preempted as e:
+    except Preempted as e:
         print(f"run_finetuning: {e}", file=sys.stderr)
-        sys.exit(cli.PREEMPTED_EXIT_CODE)
+        sys.exit(PREEMPTED_EXIT_CODE)
     except cli.USER_ERRORS as e:
         print(f"run_finetuning: error: {e}", file=sys.stderr)
         sys.exit(1)

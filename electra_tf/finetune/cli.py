@@ -13,7 +13,6 @@ from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
-from electra_tf.train import PREEMPTED_EXIT_CODE, Preempted  # noqa: F401 (re-exported)
 from tfrecord_builder import BuildError
 
 USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError)

@@ -7,8 +7,10 @@ tensorflow_text` before `tf.saved_model.load` is all a client needs.)
 
 import sys
 
-import tensorflow_text  # noqa: F401  (registers NormalizeUTF8, FastWordpieceTokenize, ...)
+import tensorflow_text
 from tensorflow.python.tools import saved_model_cli
+
+_OPS = tensorflow_text  # imported for its side effect: NormalizeUTF8, FastWordpieceTokenize...
 
 
 def main():

@@ -1,0 +1,343 @@
+"""The SQuAD 1.1 / 2.0 fine-tuning task: data, loss and metrics of the joint start/end head,
+and its in-graph serving (raw question and context in, answer spans over all windows out)."""
+
+import dataclasses
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from electra_tf.configs import ConfigError
+from electra_tf.finetune import DataError
+from electra_tf.finetune.metrics import squad_scores
+from electra_tf.finetune.squad import (SquadExample, SquadFeatures,
+                                       convert_examples_to_features, postprocess, read_squad,
+                                       to_dataset_answers)
+from electra_tf.finetune.tasks import Task, TaskData
+from electra_tf.finetune.text import TextEncoder
+
+# The complement of squad._WORD: serving must cut the context into the very words the
+# training features were made from.
+_DELIMITERS = "[ \t\r\n\u202f]+"
+
+_TOP_K = ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index")
+
+
+@dataclasses.dataclass
+class SquadSplit:
+    """What the metrics of one dev file need beside the model outputs."""
+    examples: List[SquadExample]
+    features: SquadFeatures
+    do_lower_case: bool
+
+
+def _column(value, n, dtype=tf.int32) -> tf.RaggedTensor:
+    """A ragged [n, 1] column of `value`, to concatenate with ragged token rows."""
+    return tf.RaggedTensor.from_row_lengths(tf.fill([n], tf.cast(value, dtype)),
+                                            tf.ones([n], tf.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadTask(Task):
+    """SQuAD 1.1 (v2=False) or 2.0 (v2=True, with the answerability classifier).
+
+    Data: `<data_dir>/squad/train.json` and `dev.json`, or the official names
+    (`train-v1.1.json` / `dev-v1.1.json`, `train-v2.0.json` / `dev-v2.0.json`).
+    do_lower_case: how postprocessing maps answers back to the original text; None follows
+    the TextEncoder the data was tokenized with.
+    serve_windows_per_call: serving runs the model over at most this many windows at once,
+    so that a very long context costs time, not memory.
+    """
+    v2: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    beam: int = 20
+    answerable_weight: float = 0.5
+    do_lower_case: Optional[bool] = None
+    serve_windows_per_call: int = 64
+
+    kind = "qa"
+    primary_metric = "f1"
+    num_train_epochs = 2.0  # the paper's SQuAD setting
+
+    @property
+    def name(self) -> str:
+        return "squad_v2" if self.v2 else "squad_v1"
+
+    def num_outputs(self) -> int:
+        return 1  # unused by the QA head, whose outputs are fixed
+
+    def head_options(self):
+        return {"beam": self.beam, "answerable": self.v2}
+
+    def text_fields(self):
+        return ("question", "context")
+
+    # --- data --------------------------------------------------------------------
+    def _check(self, max_seq_length: int):
+        if self.max_query_length + 3 >= max_seq_length:
+            raise ConfigError(f"{self.name}: --max_seq_length={max_seq_length} leaves no "
+                              f"room for the context after a question of up to "
+                              f"{self.max_query_length} tokens (max_query_length)")
+        if self.doc_stride < 1:
+            raise ConfigError(f"{self.name}: doc_stride must be positive, got "
+                              f"{self.doc_stride}")
+
+    def data_file(self, data_dir: str, split: str) -> str:
+        """`<data_dir>/squad/<split>.json`, else the official versioned name."""
+        folder = os.path.join(data_dir, "squad")
+        names = [f"{split}.json", f"{split}-v{'2.0' if self.v2 else '1.1'}.json"]
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                return path
+        raise DataError(f"{self.name}: no {split} file in {folder} (looked for "
+                        f"{' and '.join(names)})")
+
+    def _features(self, examples, encoder: TextEncoder, max_seq_length: int,
+                  is_training: bool) -> SquadFeatures:
+        self._check(max_seq_length)
+        return convert_examples_to_features(
+            examples, encoder.tokenize_lists, encoder.special_ids, max_seq_length,
+            self.doc_stride, self.max_query_length, is_training=is_training)
+
+    def train_split(self, data_dir, encoder, max_seq_length):
+        path = self.data_file(data_dir, "train")
+        examples = read_squad(path, is_training=True, v2=self.v2)
+        features = self._features(examples, encoder, max_seq_length, True)
+        if not len(features):
+            raise DataError(f"{path}: no usable training questions")
+        arrays = features.arrays()
+        arrays["weight"] = np.ones([len(features)], np.float32)
+        return TaskData(arrays, len(features), name=os.path.basename(path))
+
+    def eval_splits(self, data_dir, encoder, max_seq_length):
+        path = self.data_file(data_dir, "dev")
+        examples = read_squad(path, is_training=False, v2=self.v2)
+        if not examples:
+            raise DataError(f"{path}: no questions")
+        features = self._features(examples, encoder, max_seq_length, False)
+        # No gold positions: dev questions have several answers and unanswerable windows
+        # are not labelled, so the trainer computes no (meaningless) dev loss.
+        arrays = {k: features.arrays()[k] for k in ("input_ids", "input_mask", "segment_ids")}
+        arrays["weight"] = np.ones([len(features)], np.float32)
+        lower = encoder.do_lower_case if self.do_lower_case is None else self.do_lower_case
+        # Rows are windows: the trainer's padding and truncation work on features, and the
+        # metrics map them back to questions through features.example_index.
+        return [TaskData(arrays, len(features), SquadSplit(list(examples), features, lower),
+                         name=os.path.basename(path))]
+
+    # --- model -------------------------------------------------------------------
+    def loss(self, outputs, batch):
+        def ce(logits, positions):
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.cast(positions, tf.int32), logits=logits)
+
+        losses = (ce(outputs["start_logits"], batch["start_positions"])
+                  + ce(outputs["end_logits"], batch["end_positions"])) / 2.0
+        if self.v2:
+            losses += self.answerable_weight * tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.cast(batch["is_impossible"], tf.float32),
+                logits=outputs["null_logit"])
+        return losses
+
+    def fetches(self, outputs):
+        keys = _TOP_K + (("null_logit",) if self.v2 else ())
+        return {k: outputs[k] for k in keys}
+
+    def predictions(self, data: TaskData, fetched: Dict[str, np.ndarray]):
+        """(answers {qid: text}, na_probs {qid: p} or None) of a dev split."""
+        split: SquadSplit = data.meta
+        n = len(split.features)
+        outputs = {k: np.asarray(v)[:n] for k, v in fetched.items() if not k.startswith("_")}
+        preds, na_probs, _ = postprocess(split.examples, split.features, outputs,
+                                         self.n_best_size, self.max_answer_length,
+                                         split.do_lower_case, self.v2)
+        return preds, na_probs
+
+    def metrics(self, data, fetched):
+        preds, na_probs = self.predictions(data, fetched)
+        # v2: abstain above 0.5, as the served model does; best_f1 etc. sweep the threshold.
+        scores = squad_scores(to_dataset_answers(data.meta.examples), preds, na_probs,
+                              na_prob_thresh=0.5 if self.v2 else 1.0)
+        return {k: float(v) for k, v in scores.items()}
+
+    # --- serving -----------------------------------------------------------------
+    def serving_outputs(self, outputs):
+        return self.fetches(outputs)
+
+    def windows(self, encoder: TextEncoder, max_seq_length: int, question, context):
+        """The training windows of every (question, context) row, in-graph.
+
+        Returns a dict: `batch` (input_ids / input_mask / segment_ids [W, L]),
+        `request` [W] (the row each window belongs to), `token_word` [W, L] (context word of
+        each token, -1 outside the context), `max_context` [W, L], `window_splits` [N + 1],
+        the context `words` with their byte `begins` / `ends` ([N, (words)]) and
+        `num_tokens` [N]. A context without tokens still gets one (context-less) window.
+        """
+        self._check(max_seq_length)
+        L = max_seq_length
+        specials = encoder.special_ids
+        question = tf.convert_to_tensor(question, tf.string)
+        context = tf.convert_to_tensor(context, tf.string)
+        query = encoder.tokenize(question)[:, :self.max_query_length]
+        query = tf.cast(query, tf.int32).with_row_splits_dtype(tf.int64)
+        words, begins, ends = tf_text.regex_split_with_offsets(context, _DELIMITERS)
+        # Word by word, as training tokenizes each distinct context word on its own.
+        pieces = tf.cast(encoder.tokenize(words.flat_values), tf.int32)
+        pieces = pieces.with_row_splits_dtype(tf.int64)
+        n = words.nrows(out_type=tf.int64)
+        doc_splits = tf.gather(pieces.row_splits, words.row_splits)
+        num_tokens = doc_splits[1:] - doc_splits[:-1]
+        word_of_token = tf.repeat(tf.range(tf.size(words.flat_values, tf.int64)),
+                                  pieces.row_lengths())
+        word_of_token -= tf.gather(words.row_splits,
+                                   tf.gather(words.value_rowids(), word_of_token))
+
+        # squad._doc_windows: full windows of `room` tokens, `step` apart, the last one
+        # ending at the context's end.
+        room = L - 3 - query.row_lengths()
+        step = tf.minimum(room, self.doc_stride)
+        count = tf.where(num_tokens <= room, tf.ones_like(room),
+                         (num_tokens - room + step - 1) // step + 1)
+        request = tf.repeat(tf.range(n), count)
+        window_splits = tf.concat([[0], tf.cumsum(count)], 0)
+        total = window_splits[-1]
+        local = tf.range(total) - tf.gather(window_splits, request)
+        start = local * tf.gather(step, request)
+        length = tf.minimum(tf.gather(num_tokens, request) - start, tf.gather(room, request))
+        first = tf.gather(doc_splits, request) + start
+        index = tf.ragged.range(first, first + length)  # into the flat context tokens
+        doc = index.with_flat_values(tf.gather(pieces.flat_values, index.flat_values))
+        word = index.with_flat_values(
+            tf.gather(word_of_token, index.flat_values)).with_row_splits_dtype(tf.int64)
+
+        # squad._max_context_owner: a token belongs to the first window where
+        # min(left, right) context + 0.01 * length is largest (float64 as numpy).
+        k = tf.ragged.range(length).flat_values
+        span = tf.repeat(length, length)
+        score = (tf.cast(tf.minimum(k, span - 1 - k), tf.float64)
+                 + 0.01 * tf.cast(span, tf.float64))
+        key = index.flat_values
+        num_doc = tf.size(pieces.flat_values, tf.int64)
+        best = tf.gather(tf.math.unsorted_segment_max(score, key, num_doc), key)
+        window_of = tf.repeat(tf.range(total), length)
+        owner = tf.math.unsorted_segment_min(
+            tf.where(score == best, window_of, total), key, num_doc)
+        max_context = index.with_flat_values(tf.gather(owner, key) == window_of)
+
+        w = tf.cast(total, tf.int32)
+        q = tf.gather(query, request)
+
+        def row(cls, q_fill, sep, body, last, default, dtype):
+            """[CLS] query [SEP] window [SEP] of one per-token quantity, padded to L."""
+            parts = [_column(cls, w, dtype), tf.cast(q_fill, dtype), _column(sep, w, dtype),
+                     tf.cast(body, dtype), _column(last, w, dtype)]
+            return tf.concat(parts, axis=1).to_tensor(default_value=tf.cast(default, dtype),
+                                                      shape=[None, L])
+
+        ones_q, ones_d = tf.ones_like(q), tf.ones_like(doc)
+        batch = {
+            "input_ids": row(specials["[CLS]"], q, specials["[SEP]"], doc,
+                             specials["[SEP]"], specials["[PAD]"], tf.int32),
+            "input_mask": row(1, ones_q, 1, ones_d, 1, 0, tf.int32),
+            "segment_ids": row(0, 0 * ones_q, 0, ones_d, 1, 0, tf.int32),
+        }
+        token_word = row(-1, -1 * tf.cast(ones_q, tf.int64), -1, word, -1, -1, tf.int64)
+        flags = row(0, 0 * ones_q, 0, tf.cast(max_context, tf.int32), 0, 0, tf.int32)
+        return {"batch": batch, "request": request, "token_word": token_word,
+                "max_context": flags > 0, "window_splits": window_splits,
+                "words": words, "begins": begins, "ends": ends, "num_tokens": num_tokens,
+                "query_length": query.row_lengths()}
+
+    def _run(self, model, batch, specials, L: int) -> Dict[str, tf.Tensor]:
+        """The head's top-k outputs for every window, `serve_windows_per_call` at a time
+        (equal chunks, padded with empty windows)."""
+        n = tf.shape(batch["input_ids"])[0]
+        per = self.serve_windows_per_call
+        chunks = tf.maximum(1, (n + per - 1) // per)
+        size = tf.maximum(1, (n + chunks - 1) // chunks)
+        pad = chunks * size - n
+        pad_row = {
+            "input_ids": [specials["[CLS]"], specials["[SEP]"], specials["[SEP]"]]
+            + [specials["[PAD]"]] * (L - 3),
+            "input_mask": [1, 1, 1] + [0] * (L - 3),
+            "segment_ids": [0, 0, 1] + [0] * (L - 3)}
+        elems = {}
+        for name, value in batch.items():
+            filler = tf.tile(tf.constant([pad_row[name]], tf.int32), [pad, 1])
+            elems[name] = tf.reshape(tf.concat([value, filler], 0), [chunks, size, L])
+        keys = _TOP_K + (("null_logit",) if self.v2 else ())
+        signature = {k: tf.int32 if k.endswith("index") else tf.float32 for k in keys}
+        out = tf.map_fn(lambda b: self.fetches(model(b, training=False)), elems,
+                        fn_output_signature=signature)
+        return {k: tf.reshape(v, tf.concat([[chunks * size], tf.shape(v)[2:]], 0))[:n]
+                for k, v in out.items()}
+
+    def serve_text(self, model, encoder, max_seq_length, texts):
+        """Answers [N] from raw `question` and `context` strings: the best valid span
+        (start log-prob + end log-prob, both in the context, end >= start, at most
+        max_answer_length tokens, start in its max-context window) over all windows of a
+        row, as whole whitespace-separated words cut from the original context bytes.
+
+        Outputs: answer (string; "" when no valid span, and for v2 when
+        no_answer_probability > 0.5), start_word / end_word (the best span's word
+        indices, -1 when none; kept for v2 even when the answer is withheld), score
+        (-inf when none) and, for v2, no_answer_probability (sigmoid of the smallest
+        null logit over the windows; 1 for a context without tokens).
+        """
+        context = tf.convert_to_tensor(texts["context"], tf.string)
+        win = self.windows(encoder, max_seq_length, texts["question"], context)
+        out = self._run(model, win["batch"], encoder.special_ids, max_seq_length)
+        s_lp, s_idx = out["start_top_log_probs"], out["start_top_index"]
+        e_lp, e_idx = out["end_top_log_probs"], out["end_top_index"]
+        token_word = win["token_word"]
+        start_word = tf.gather(token_word, s_idx, batch_dims=1)  # [W, K]
+        start_ok = (start_word >= 0) & tf.gather(win["max_context"], s_idx, batch_dims=1)
+        end_word = tf.gather(token_word, e_idx, batch_dims=1)  # [W, K, K]
+        width = e_idx - s_idx[:, :, None]
+        valid = (start_ok[:, :, None] & (end_word >= 0) & (width >= 0)
+                 & (width < self.max_answer_length))
+        # float64 sums, as postprocess ranks them; invalid spans never win.
+        score = tf.cast(s_lp, tf.float64)[:, :, None] + tf.cast(e_lp, tf.float64)
+        score = tf.where(valid, score, tf.constant(-np.inf, tf.float64))
+        k2 = tf.cast(tf.shape(s_idx)[1] ** 2, tf.int64)
+        splits = win["window_splits"]
+        # Row-major over (window, start, end): argmax's first maximum is postprocess's
+        # first candidate after its stable sort.
+        per_row = tf.RaggedTensor.from_row_splits(tf.reshape(score, [-1]), splits * k2)
+        dense = tf.concat([per_row.to_tensor(default_value=-np.inf),
+                           tf.fill([per_row.nrows(), 1], tf.constant(-np.inf, tf.float64))],
+                          axis=1)
+        best = tf.argmax(dense, axis=1)
+        best_score = tf.reduce_max(dense, axis=1)
+        found = best_score > -np.inf
+        flat = splits[:-1] * k2 + best
+        pair_start = tf.broadcast_to(start_word[:, :, None], tf.shape(end_word))
+        first_word = tf.where(found, tf.gather(tf.reshape(pair_start, [-1]), flat), -1)
+        last_word = tf.where(found, tf.gather(tf.reshape(end_word, [-1]), flat), -1)
+
+        word_starts = win["words"].row_splits[:-1]
+        begins = tf.concat([win["begins"].flat_values, [0]], 0)
+        ends = tf.concat([win["ends"].flat_values, [0]], 0)
+        pad_word = tf.size(win["begins"].flat_values, tf.int64)
+        begin = tf.gather(begins, tf.where(found, word_starts + first_word, pad_word))
+        end = tf.gather(ends, tf.where(found, word_starts + last_word, pad_word))
+        answer = tf.where(found, tf.strings.substr(context, begin, end - begin), "")
+        result = {"start_word": tf.cast(first_word, tf.int32),
+                  "end_word": tf.cast(last_word, tf.int32),
+                  "score": tf.cast(best_score, tf.float32)}
+        if self.v2:
+            null = tf.math.unsorted_segment_min(out["null_logit"], win["request"],
+                                                tf.size(win["num_tokens"]))
+            # As postprocess: a context without tokens has no window to answer from.
+            no_answer = tf.where(win["num_tokens"] > 0, tf.sigmoid(null), 1.0)
+            answer = tf.where(no_answer > 0.5, "", answer)
+            result["no_answer_probability"] = no_answer
+        result["answer"] = answer
+        return result
+

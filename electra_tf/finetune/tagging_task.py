@@ -1,0 +1,198 @@
+"""The token-tagging fine-tuning task (CoNLL-2000 chunking, CoNLL NER): data splits, the
+per-sentence loss, entity-F1 metrics and the raw-sentence serving signature."""
+
+import dataclasses
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from electra_tf.finetune import DataError, metrics
+from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
+                                         TaggingFeatures, convert_labels, convert_sentences,
+                                         predictions_to_tags, read_conll)
+from electra_tf.finetune.tasks import Task, TaskData
+from electra_tf.finetune.text import TextEncoder
+
+# What a raw request is split on besides ASCII whitespace (tf.strings.split's set): BERT
+# also treats the Unicode space separators as blanks, and tf_text.WhitespaceTokenizer
+# cuts multi-byte spaces in the middle of their UTF-8 bytes.
+_UNICODE_SPACES = r"[\p{Zs}\x{85}\x{2028}\x{2029}]"
+
+
+@dataclasses.dataclass
+class TaggingSplit:
+    """What the metrics of one split need: its sentences, their features and the gold
+    word tags in the task's scheme (every word, truncated ones included)."""
+    sentences: List[Sentence]
+    features: TaggingFeatures
+    label_map: LabelMap
+    gold: List[List[str]]
+
+
+@dataclasses.dataclass
+class TaggingTask(Task):
+    """Word tagging from CoNLL files `<data_dir>/<name>/{train,dev}.txt`.
+
+    label_column: the tag's column (0 is the word; -1 the last column, CoNLL-2000's chunk
+      and CoNLL-2003's NER tag). scheme: 'bioes' (default), 'bio' or 'raw'; tags are
+      converted before training and the model predicts tags in that scheme.
+    label_map: filled from the training file by `train_split` (it fixes the head's size,
+      so the trainer reads train before building the model); give one to serve or
+      evaluate without reading train.
+
+    Mutable rather than frozen because the label map is learnt from the data.
+    """
+    name: str = "chunk"
+    label_column: int = -1
+    scheme: str = "bioes"
+    num_train_epochs: float = 3.0
+    train_file: str = "train.txt"
+    dev_files: Tuple[str, ...] = ("dev.txt",)
+    label_map: Optional[LabelMap] = None
+
+    # Unannotated so that the dataclass keeps them out of the constructor.
+    kind = "tagging"
+    primary_metric = "f1"
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown tagging scheme {self.scheme!r}; expected one of "
+                             f"{SCHEMES}")
+        if self.label_map is not None and self.label_map.scheme != self.scheme:
+            raise ValueError(f"label map scheme {self.label_map.scheme!r} differs from the "
+                             f"task's {self.scheme!r}")
+
+    def _labels(self) -> LabelMap:
+        if self.label_map is None:
+            raise ValueError(f"task {self.name}: the label map is unknown until train_split "
+                             "has read the training file (or pass label_map=)")
+        return self.label_map
+
+    def num_outputs(self) -> int:
+        return len(self._labels())
+
+    # --- data --------------------------------------------------------------------
+    def _read(self, data_dir: str, file: str) -> List[Sentence]:
+        path = os.path.join(data_dir, self.name, file)
+        if not os.path.isfile(path):
+            hint = (" (CoNLL-2000 ships train.txt and test.txt: use test.txt as dev.txt)"
+                    if file == "dev.txt" else "")
+            raise DataError(f"{path}: no such file{hint}")
+        return read_conll(path, self.label_column)
+
+    def features(self, sentences: Sequence[Sentence], encoder: TextEncoder,
+                 max_seq_length: int, what: str = "") -> TaggingFeatures:
+        """Model inputs of `sentences` (labels must be in the label map; unlabelled text
+        can carry 'O' tags); warns when words are cut by max_seq_length."""
+        feats = convert_sentences(sentences, encoder.tokenize_lists, encoder.special_ids,
+                                  self._labels(), max_seq_length, self.scheme)
+        if feats.num_truncated_words:
+            logging.warning("%s: %d word(s) beyond max_seq_length=%d tokens are not tagged "
+                            "(they count as 'O')", what or self.name,
+                            feats.num_truncated_words, max_seq_length)
+        return feats
+
+    def _data(self, sentences: List[Sentence], encoder: TextEncoder, max_seq_length: int,
+              file: str) -> TaskData:
+        feats = self.features(sentences, encoder, max_seq_length, f"{self.name}/{file}")
+        arrays = feats.arrays()
+        arrays["weight"] = np.ones([len(feats)], np.float32)
+        gold = [convert_labels(s.labels, self.scheme) for s in sentences]
+        return TaskData(arrays, len(feats), TaggingSplit(list(sentences), feats,
+                                                         self._labels(), gold), name=file)
+
+    def train_split(self, data_dir, encoder, max_seq_length):
+        sentences = self._read(data_dir, self.train_file)
+        # Rebuilt on every call: the head's size follows the training data it is given.
+        self.label_map = LabelMap.from_sentences(sentences, self.scheme)
+        return self._data(sentences, encoder, max_seq_length, self.train_file)
+
+    def eval_splits(self, data_dir, encoder, max_seq_length):
+        return [self._data(self._read(data_dir, f), encoder, max_seq_length, f)
+                for f in self.dev_files]
+
+    # --- model -------------------------------------------------------------------
+    def loss(self, outputs, batch):
+        """Per-sentence loss: the mean token cross-entropy over the sentence's labelled
+        words (first sub-tokens). Averaging within the row makes every sentence count
+        once, whatever its length, and keeps the scale at ln(num_labels) at init; a row
+        without labelled words (all truncated or untokenizable) contributes 0."""
+        weights = tf.cast(batch["label_weights"], tf.float32)
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.cast(batch["label_ids"], tf.int32), logits=outputs["logits"])
+        return tf.reduce_sum(ce * weights, axis=1) / tf.maximum(
+            tf.reduce_sum(weights, axis=1), 1.0)
+
+    def fetches(self, outputs):
+        return {"predictions": tf.argmax(outputs["logits"], axis=-1, output_type=tf.int32)}
+
+    def metrics(self, data, fetched):
+        """conlleval entity precision/recall/F1 (percent) over every word of the split
+        (words cut by truncation are predicted 'O'), and `accuracy` (0-1) of the tag on
+        the labelled words' first sub-tokens."""
+        split: TaggingSplit = data.meta
+        n = data.num_examples
+        predicted = fetched["predictions"][:n]
+        result = metrics.entity_f1(split.gold,
+                                   predictions_to_tags(split.features, predicted,
+                                                       split.label_map))
+        labelled = split.features.label_weights[:n] > 0
+        gold_ids = split.features.label_ids[:n][labelled]
+        result["accuracy"] = (metrics.accuracy(gold_ids, predicted[labelled])
+                              if gold_ids.size else 0.0)
+        return result
+
+    # --- serving -----------------------------------------------------------------
+    def text_fields(self):
+        return ("text",)
+
+    def serving_outputs(self, outputs):
+        logits = outputs["logits"]
+        return {"tag_ids": tf.argmax(logits, axis=-1, output_type=tf.int32),
+                "probabilities": tf.nn.softmax(logits)}
+
+    def serve_text(self, model, encoder, max_seq_length, texts) -> Dict[str, tf.Tensor]:
+        """Raw sentences [N] -> per word: `words` [N, W] and `tags` [N, W] (padded with
+        ""), `tag_ids` [N, W] (padded with -1) and `num_words` [N].
+
+        Words are the whitespace-separated pieces of the text; each is WordPiece'd on its
+        own and tagged at its first sub-token, with the training truncation (words past
+        max_seq_length - 2 tokens, and words without tokens, are 'O')."""
+        labels = tf.constant(list(self._labels().labels))
+        text = tf.convert_to_tensor(texts[self.text_fields()[0]], tf.string)
+        # Bad bytes become U+FFFD (dropped by the encoder's normalisation) so the words
+        # handed back are valid UTF-8 and a word of only bad bytes stays a word.
+        text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                            replacement_char=0xFFFD)
+        text = tf.strings.regex_replace(text, _UNICODE_SPACES, " ")
+        words = tf.strings.split(text)                        # [N, (W)]
+        pieces = encoder.tokenize(words.flat_values)         # [total W, (P)]
+        tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)
+        batch = encoder.pack(tokens, None, max_seq_length)
+        predicted = self.serving_outputs(model(batch, training=False))["tag_ids"]
+
+        # A word's first sub-token sits after [CLS] and the tokens of the words before it
+        # in its sentence: pieces' row_splits are the running total over all words.
+        row = words.value_rowids()
+        starts = pieces.row_splits[:-1]
+        before = starts - tf.gather(pieces.row_splits, tf.gather(words.row_splits, row))
+        kept = (pieces.row_lengths() > 0) & (before < max_seq_length - 2)
+        index = tf.stack([row, tf.where(kept, before + 1, 0)], axis=1)
+        # Id 0 is 'O' (LabelMap's guarantee), as training reads unkept words.
+        tag_ids = tf.where(kept, tf.gather_nd(predicted, index), 0)
+        return {"words": words.to_tensor(default_value=""),
+                "tags": words.with_flat_values(tf.gather(labels, tag_ids)).to_tensor(
+                    default_value=""),
+                "tag_ids": words.with_flat_values(tag_ids).to_tensor(default_value=-1),
+                "num_words": tf.cast(words.row_lengths(), tf.int32)}
+
+    def assets(self):
+        return {"labels.json": self._labels().to_json()}
+
+
+def unlabelled(words: Sequence[Sequence[str]]) -> List[Sentence]:
+    """Sentences of `words` tagged all 'O', to run `TaggingTask.features` on new text."""
+    return [Sentence(tuple(w), (OUTSIDE,) * len(w), 0) for w in words]
