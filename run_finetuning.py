@@ -23,7 +23,8 @@ flags.DEFINE_string("data_dir", None, "Holds <task>/{train,dev}.tsv (GLUE folder
                     "chunk/{train,dev}.txt. Default: the bundled data/.")
 flags.DEFINE_string("init_checkpoint", None, "Pre-trained discriminator: a pre-training "
                     "model_dir, its discriminator/ export, a ckpt-N prefix or a released "
-                    "TF1 checkpoint. Default: runs/pretrain_tiny.")
+                    "TF1 checkpoint; `none` for a randomly initialised baseline. Default: "
+                    "runs/pretrain_tiny.")
 flags.DEFINE_string("config", None, "Model preset or JSON (default: the config.json of the "
                     "pre-training run that wrote --init_checkpoint).")
 flags.DEFINE_string("model_dir", None, "Trial checkpoints, TensorBoard logs and "

@@ -55,6 +55,10 @@ def main(flags, repo: str) -> dict:
         if not os.path.isdir(init):
             raise InitError(f"no --init_checkpoint and no {init}/ from the pre-training demo: "
                             "run `python run_pretraining.py` first, or pass --init_checkpoint")
+    if init.lower() == "none":  # a random-init baseline
+        init = None
+        if not flags.config:
+            raise configs.ConfigError("--init_checkpoint=none needs --config (the model size)")
     model_config = find_config(init, flags.config)
     labels = flags.labels
     if labels is not None and labels == [""]:

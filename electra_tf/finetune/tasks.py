@@ -325,9 +325,9 @@ def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[s
         return find_dir(data_dir, GLUE[key]) if data_dir else GLUE[key]
     if key == "polarity":
         return POLARITY
-    if key in ("squad", "squad_v1", "squad1", "squad_v2", "squad2"):
+    if key in ("squad", "squad_v1", "squadv1", "squad1", "squad_v2", "squadv2", "squad2"):
         from electra_tf.finetune.qa_task import SquadTask
-        return SquadTask(v2=key in ("squad_v2", "squad2"))
+        return SquadTask(v2=key in ("squad_v2", "squadv2", "squad2"))
     if key in ("chunk", "chunking", "ner"):
         from electra_tf.finetune.tagging_task import TaggingTask
         return TaggingTask(name=key if key != "chunking" else "chunk",

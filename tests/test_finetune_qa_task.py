@@ -1,0 +1,334 @@
+"""Tests of electra_tf.finetune.qa_task: SQuAD data, loss, training and metrics through the
+Finetuner, and the in-graph serving path checked against the Python postprocessing."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf.configs import ConfigError, ModelConfig
+from electra_tf.finetune import DataError, squad
+from electra_tf.finetune.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
+from electra_tf.finetune.model import FinetuningModel, answer_mask, make_head
+from electra_tf.finetune.qa_task import SquadTask
+from electra_tf.finetune.tasks import get_task
+from electra_tf.finetune.text import TextEncoder
+from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
+
+from conftest import VOCAB
+
+CFG = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+L = 64
+OPTIONS = dict(doc_stride=16, max_query_length=16, beam=5)
+# Long enough for several windows of L=64 (about 45 context tokens each).
+LONG = ("the museum opened its doors in the spring and visitors came from the north and "
+        "the south to see the paintings the sculptures and the old maps of the valley "
+        "every room was full of light and the gardens outside were green and quiet "
+        "children ran along the paths while their parents read the small signs beside "
+        "each tree the guides spoke about the history of the town and its founders who "
+        "had built the first bridge over the river long ago at the end of the tour the "
+        "curator margaret hill thanked everyone for coming")
+PARAGRAPHS = [
+    ("The quick brown fox jumps over the lazy dog near the old river bank.",
+     [("what jumps over the dog?", "quick brown fox"),
+      ("where is the dog?", "near the old river bank"),
+      ("who owns the fox?", None)]),
+    ("In 1990, Paris hosted a small science fair for young students.",
+     [("when did paris host the fair?", "1990"),
+      ("which city hosted the fair?", "Paris"),
+      ("how much did the fair cost?", None)]),
+    (LONG, [("who was the curator?", "margaret hill"),
+            ("what color was the roof?", None)]),
+]
+
+
+def squad_json(v2: bool, paragraphs=PARAGRAPHS) -> dict:
+    paras = []
+    for p, (context, questions) in enumerate(paragraphs):
+        qas = []
+        for q, (question, answer) in enumerate(questions):
+            if answer is None and not v2:
+                continue
+            qa = {"id": f"p{p}q{q}", "question": question, "answers": [] if answer is None
+                  else [{"text": answer, "answer_start": context.index(answer)}]}
+            if v2:
+                qa["is_impossible"] = answer is None
+            qas.append(qa)
+        paras.append({"context": context, "qas": qas})
+    return {"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs": paras}]}
+
+
+def write_squad(root, v2: bool, names=("train.json", "dev.json")):
+    folder = root / "squad"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text(json.dumps(squad_json(v2)))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return TextEncoder(VOCAB)
+
+
+@pytest.fixture(scope="module")
+def v2_data(tmp_path_factory, encoder):
+    task = SquadTask(v2=True, **OPTIONS)
+    root = write_squad(tmp_path_factory.mktemp("squad2"), v2=True)
+    return task, task.train_split(root, encoder, L), task.eval_splits(root, encoder, L)[0]
+
+
+def new_model(task, seed=1):
+    tf.keras.utils.set_random_seed(seed)
+    return FinetuningModel(CFG, make_head(task.kind, CFG, task.num_outputs(),
+                                          **task.head_options()))
+
+
+def tensors(arrays, keys=None):
+    return {k: tf.constant(v) for k, v in arrays.items() if keys is None or k in keys}
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def test_task_registry_and_files(tmp_path, encoder):
+    v1, v2 = get_task("squad_v1"), get_task("squad_v2")
+    assert (v1.name, v1.v2, v2.name, v2.v2) == ("squad_v1", False, "squad_v2", True)
+    assert (v2.kind, v2.primary_metric, v2.num_train_epochs) == ("qa", "f1", 2.0)
+    assert v2.text_fields() == ("question", "context")
+    with pytest.raises(DataError, match=r"squad_v2: no train file in .*squad \(looked for "
+                                        r"train.json and train-v2.0.json\)"):
+        v2.train_split(str(tmp_path), encoder, 128)
+    # The official file names are found when the plain ones are absent.
+    root = write_squad(tmp_path, v2=False, names=("train-v1.1.json", "dev-v1.1.json"))
+    assert SquadTask(v2=False).data_file(root, "dev").endswith("squad/dev-v1.1.json")
+    with pytest.raises(DataError, match="looked for dev.json and dev-v2.0.json"):
+        SquadTask(v2=True).data_file(root, "dev")
+    with pytest.raises(ConfigError, match="max_seq_length=64 leaves no room"):
+        SquadTask(v2=False, max_query_length=61).train_split(root, encoder, 64)
+
+
+def test_train_and_eval_arrays(v2_data):
+    task, train, dev = v2_data
+    n = train.num_examples
+    assert n == len(train.arrays["input_ids"]) > 8  # the long paragraph has several windows
+    assert set(train.arrays) == {"input_ids", "input_mask", "segment_ids", "start_positions",
+                                 "end_positions", "is_impossible", "weight"}
+    assert train.arrays["weight"].dtype == np.float32 and (train.arrays["weight"] == 1).all()
+    impossible = train.arrays["is_impossible"] == 1
+    # Unanswerable windows point at [CLS]; answerable ones inside the context segment.
+    assert (train.arrays["start_positions"][impossible] == 0).all()
+    ok = ~impossible
+    rows = np.arange(n)[ok]
+    assert (train.arrays["segment_ids"][rows, train.arrays["start_positions"][ok]] == 1).all()
+    assert 0 < ok.sum() < n
+    # Eval rows are features; the metrics map them to questions.
+    feats = dev.meta.features
+    assert dev.num_examples == len(feats) > len(dev.meta.examples) == 8
+    assert set(dev.arrays) == {"input_ids", "input_mask", "segment_ids", "weight"}
+    assert dev.meta.do_lower_case is True
+
+
+def test_initial_loss_is_log_of_allowed_positions(v2_data):
+    # Near-zero logits at initialisation: each cross-entropy is about the log of the number
+    # of positions the mask allows (context tokens and [CLS]), the BCE about log 2.
+    task, train, _ = v2_data
+    model = new_model(task)
+    batch = tensors(train.arrays)
+    losses = task.loss(model(batch, training=False), batch).numpy()
+    allowed = answer_mask(batch).numpy().sum(axis=1)
+    expected = np.log(allowed) + 0.5 * math.log(2.0)
+    assert losses.shape == (train.num_examples,)
+    assert allowed.min() > 10
+    np.testing.assert_allclose(losses, expected, atol=0.1)
+    # With the output layers zeroed the logits are exactly uniform over the allowed
+    # positions: the masking and the 0.5 weights are then checked to float precision.
+    for layer in (model.head.start_logits, model.head.end_logits, model.head.null_logit):
+        for v in layer.weights:
+            v.assign(tf.zeros_like(v))
+    losses = task.loss(model(batch, training=False), batch).numpy()
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def trained(task, data, tmp_path, steps, lr=2e-3, jit=True):
+    cfg = FinetuneConfig(learning_rate=lr, layerwise_lr_decay=1.0, num_train_epochs=1,
+                         train_batch_size=4, eval_batch_size=8, max_seq_length=L,
+                         warmup_proportion=0.0, steps_per_loop=steps,
+                         save_checkpoints_steps=10 ** 6).resolved(CFG, task)
+    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), steps, None,
+                   seed=3, jit_compile=jit)
+    batch = tensors(data.arrays)
+    before = float(np.mean(task.loss(ft.model(batch, training=False), batch)))
+    train_trial(ft, data, str(tmp_path / "trial"), seed=3)
+    after = float(np.mean(task.loss(ft.model(batch, training=False), batch)))
+    return ft, before, after
+
+
+def test_training_lowers_the_loss_and_evaluates(v2_data, tmp_path):
+    task, train, dev = v2_data
+    ft, before, after = trained(task, train, tmp_path, steps=30)
+    assert int(ft.global_step.numpy()) == 30
+    assert after < before - 0.5, (before, after)
+    result = ft.evaluate(dev)
+    for key in ("exact_match", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1",
+                "best_exact", "best_f1"):
+        assert 0.0 <= result[key] <= 100.0, (key, result)
+        assert isinstance(result[key], float)
+    assert result["total"] == 8.0 and result["HasAns_total"] == 5.0
+    assert result["best_f1"] >= result["f1"] - 1e-9
+    assert "loss" not in result  # dev features carry no gold positions
+    # The metric is the official one on postprocess's predictions of the same outputs.
+    fetched = ft.predict(dev)
+    assert set(fetched) == {"start_top_log_probs", "start_top_index", "end_top_log_probs",
+                            "end_top_index", "null_logit"}
+    assert fetched["start_top_index"].shape == (dev.num_examples, 5)
+    assert fetched["end_top_log_probs"].shape == (dev.num_examples, 5, 5)
+    preds, na = task.predictions(dev, fetched)
+    assert set(preds) == set(na) == {ex.qid for ex in dev.meta.examples}
+
+
+def test_squad_v1_file_trains_a_step(tmp_path, encoder):
+    task = SquadTask(v2=False, **OPTIONS)
+    root = write_squad(tmp_path, v2=False, names=("train-v1.1.json",))
+    train = task.train_split(root, encoder, L)
+    assert train.name == "train-v1.1.json"
+    assert "null_logit" not in task.fetches({k: None for k in (
+        "start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index",
+        "start_logits")})
+    ft, before, after = trained(task, train, tmp_path, steps=1, jit=False)
+    assert int(ft.global_step.numpy()) == 1 and math.isfinite(after) and after != before
+
+
+# ------------------------------------------------------------------------------ serving
+
+PLAIN = ("alpha", "bravo", "charlie", "delta", "unbelievably", "echo", "foxtrot",
+         "extraordinary", "golf", "hotel")
+
+
+def plain_text(rng, n):
+    return " ".join(rng.choice(PLAIN, n))
+
+
+def words_of(context: bytes):
+    return [w for w in re.split(rb"[ \t\r\n]+|\xe2\x80\xaf", context) if w]
+
+
+def test_windows_equal_the_training_features(encoder):
+    task = SquadTask(v2=True, **OPTIONS)
+    rng = np.random.default_rng(0)
+    questions = ["who was the curator?", "", "what " * 30, "why"]
+    contexts = [LONG, "The quick, brown fox.", plain_text(rng, 70), "a\u202fb  c\td\u00a0e"]
+    win = task.windows(encoder, L, questions, contexts)
+    examples = [squad.SquadExample(str(i), q, tuple(squad._WORD.findall(c)), ())
+                for i, (q, c) in enumerate(zip(questions, contexts))]
+    feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
+                                               encoder.special_ids, L, 16, 16)
+    assert len(feats) > len(contexts) + 4  # several windows for the long rows
+    for k in ("input_ids", "input_mask", "segment_ids"):
+        np.testing.assert_array_equal(win["batch"][k].numpy(), feats.arrays()[k], err_msg=k)
+    np.testing.assert_array_equal(win["request"].numpy(), feats.example_index)
+    np.testing.assert_array_equal(win["token_word"].numpy(), np.stack(feats.token_to_orig_map))
+    np.testing.assert_array_equal(win["max_context"].numpy(),
+                                  np.stack(feats.token_is_max_context))
+
+
+def test_served_span_equals_postprocess(encoder):
+    # Same weights, same windows: the in-graph choice over all windows (max-context rule
+    # included) must be postprocess's best span, and the no-answer probability its na_prob.
+    task = SquadTask(v2=True, serve_windows_per_call=3, **OPTIONS)
+    model = new_model(task, seed=7)
+    rng = np.random.default_rng(1)
+    questions = [plain_text(rng, int(n)) for n in rng.integers(1, 8, 10)]
+    contexts = [plain_text(rng, int(n)) for n in rng.integers(3, 120, 10)]
+    out = {k: v.numpy() for k, v in task.serve_text(
+        model, encoder, L, {"question": tf.constant(questions),
+                            "context": tf.constant(contexts)}).items()}
+    examples = [squad.SquadExample(str(i), q, tuple(c.split()), ())
+                for i, (q, c) in enumerate(zip(questions, contexts))]
+    feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
+                                               encoder.special_ids, L, 16, 16)
+    assert len(feats) > 20  # several windows per long context, more than one model call
+    fetched = task.fetches(model(tensors(feats.arrays(), ("input_ids", "input_mask",
+                                                          "segment_ids")), training=False))
+    preds, na, nbest = squad.postprocess(examples, feats, {k: v.numpy() for k, v in
+                                                           fetched.items()},
+                                         max_answer_length=task.max_answer_length, v2=True)
+    for i, ex in enumerate(examples):
+        s, e = out["start_word"][i], out["end_word"][i]
+        assert 0 <= s <= e < len(ex.doc_words)
+        assert " ".join(ex.doc_words[s:e + 1]) == preds[ex.qid], i
+        best = nbest[ex.qid][0]
+        assert out["score"][i] == pytest.approx(best["start_log_prob"] + best["end_log_prob"],
+                                                abs=1e-4)
+        assert out["no_answer_probability"][i] == pytest.approx(na[ex.qid], abs=1e-5)
+        expect = b"" if na[ex.qid] > 0.5 else preds[ex.qid].encode()
+        assert out["answer"][i] == expect
+
+
+@pytest.fixture(scope="module")
+def server(encoder):
+    task = SquadTask(v2=False, serve_windows_per_call=4, **OPTIONS)
+    srv = TaskServer(task, new_model(task, seed=2), encoder, L)
+    return srv, srv.signatures()
+
+
+def test_serving_signature_on_awkward_rows(server):
+    srv, signatures = server
+    rng = np.random.default_rng(2)
+    huge = plain_text(rng, 400)  # about 40 windows
+    contexts = [b"the quick brown fox jumps over the lazy dog", b"",
+                b"caf\xe9 au lait \xff\xfe is served hot at noon", huge.encode(),
+                b"   \t ", b"no question here at all", LONG.encode()]
+    questions = [b"what jumps?", b"anything?", b"what is served?", b"which word?",
+                 b"blank?", b"", b"who was the curator?"]
+    out = {k: v.numpy() for k, v in signatures[TEXT_SIGNATURE](
+        question=tf.constant(questions), context=tf.constant(contexts)).items()}
+    assert set(out) == {"answer", "start_word", "end_word", "score"}
+    for i, context in enumerate(contexts):
+        words, answer = words_of(context), out["answer"][i]
+        if not words:
+            assert (answer, out["start_word"][i], out["end_word"][i]) == (b"", -1, -1)
+            assert out["score"][i] == -np.inf
+            continue
+        s, e = out["start_word"][i], out["end_word"][i]
+        assert 0 <= s <= e < len(words) and answer in context and answer, i
+        # Whole words, cut from the original bytes (the bad bytes included).
+        assert words_of(answer) == words[s:e + 1], i
+        assert np.isfinite(out["score"][i]) and out["score"][i] <= 0
+    # The token-id signature gives the head's top-k outputs for packed windows.
+    win = srv.task.windows(srv.encoder, L, questions[:1], contexts[:1])
+    ids = signatures[IDS_SIGNATURE](**win["batch"])
+    assert set(ids) == {"start_top_log_probs", "start_top_index", "end_top_log_probs",
+                        "end_top_index"}
+    assert ids["end_top_index"].shape == (1, 5, 5)
+
+
+def test_serving_v2_withholds_answers_and_handles_empty_requests(encoder):
+    task = SquadTask(v2=True, **OPTIONS)
+    model = new_model(task, seed=4)
+    # A very negative null bias makes every window answerable, a positive one none.
+    bias = model.head.null_logit.bias
+    # Invalid bytes alone normalise to nothing: that context has words but no tokens.
+    contexts = [b"one two three", b"", b"x y", b"\xff \xfe", b"caf\xe9 \xff ok"]
+    has_tokens = np.array([True, False, True, False, True])
+    texts = {"question": tf.constant(["what?", "what?", "", "q", "which?"]),
+             "context": tf.constant(contexts)}
+    for value, answered in ((-50.0, True), (50.0, False)):
+        bias.assign([value])
+        out = {k: v.numpy() for k, v in task.serve_text(model, encoder, L, texts).items()}
+        np.testing.assert_allclose(out["no_answer_probability"],
+                                   np.where(has_tokens & answered, 0.0, 1.0), atol=1e-6)
+        np.testing.assert_array_equal(out["start_word"] >= 0, has_tokens)
+        np.testing.assert_array_equal(out["answer"] != b"", has_tokens & answered)
+        for answer, context in zip(out["answer"], contexts):
+            assert answer in context
+    empty = task.serve_text(model, encoder, L, {"question": tf.constant([], tf.string),
+                                                "context": tf.constant([], tf.string)})
+    assert all(v.shape == (0,) for v in empty.values())
