@@ -19,8 +19,23 @@ flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli
                     "squad_v1, squad_v2, chunk, ner, polarity (the bundled set), or the name "
                     "of a TSV task of your own (with --text_columns and --label_column).")
 flags.DEFINE_string("data_dir", None, "Holds <task>/{train,dev}.tsv (GLUE folder names "
-                    "such as SST-2 work too), squad/{train,dev}-v*.json or "
-                    "chunk/{train,dev}.txt. Default: the bundled data/.")
+                    "such as SST-2 work too; test.tsv for --do_predict), "
+                    "squad/{train,dev}-v*.json or chunk/{train,dev}.txt. Default: the "
+                    "bundled data/.")
+flags.DEFINE_enum("data_source", "auto", ["auto", "files", "tfds"], "files: the "
+                  "--data_dir files. tfds: GLUE and SQuAD as tensorflow-datasets has prepared "
+                  "them under --tfds_data_dir (glue/<task>, glue/ax, squad/v1.1, "
+                  "squad/v2.0; prepare with `tfds build glue/sst2 --data_dir DIR`; nothing "
+                  "is downloaded here). auto: tfds when --tfds_data_dir is given, else files.")
+flags.DEFINE_string("tfds_data_dir", None, "Where tensorflow-datasets prepared the data "
+                    "(implies --data_source=tfds); with --data_source=tfds and no value, "
+                    "TFDS's default ($TFDS_DATA_DIR or ~/tensorflow_datasets).")
+flags.DEFINE_bool("do_predict", False, "GLUE: after training, write the median trial's "
+                  "test-set predictions to <model_dir>/predictions/<TASK>.tsv in the "
+                  "leaderboard's format (CoLA, SST-2, MRPC, STS-B, QQP, MNLI-m, MNLI-mm, "
+                  "QNLI, RTE; AX with MNLI when diagnostic.tsv is in MNLI/ or diagnostic/, "
+                  "or glue/ax is prepared). Reads test.tsv (MNLI: test_matched.tsv, "
+                  "test_mismatched.tsv) or the tfds test splits.")
 flags.DEFINE_string("init_checkpoint", None, "Pre-trained discriminator: a pre-training "
                     "model_dir, its discriminator/ export, a ckpt-N prefix or a released "
                     "TF1 checkpoint; `none` for a randomly initialised baseline. Default: "

@@ -46,6 +46,9 @@ flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite lo
                   "gradient is never applied; skip it and go on (counted in the logs), or "
                   "stop with the last good checkpoint named. Default: the config's (skip).")
 flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
+flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
+                  "(paper and hardware conventions; see electra_tf/flops.py) and exit "
+                  "without training.")
 
 _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "train_batch_size": "train.train_batch_size",
@@ -72,6 +75,10 @@ def main(argv):
         overrides.update({key: str(getattr(FLAGS, name)) for name, key in _FLAG_TO_KEY.items()
                           if getattr(FLAGS, name) is not None})
         cfg = configs.load_config(FLAGS.config, overrides)
+        if FLAGS.count_flops:
+            from electra_tf import flops
+            print(flops.format_table(cfg, FLAGS.config))
+            return
         model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{FLAGS.config}")
         options = train.RunOptions(
             model_dir=model_dir, train_data=FLAGS.train_data, eval_data=FLAGS.eval_data,

@@ -46,6 +46,16 @@ def demo_request(export_path: str, text: str = DEMO_REQUEST) -> dict:
     return {k: [decode(x) for x in v.numpy().tolist()] for k, v in out.items()}
 
 
+def use_tfds(data_source: str, tfds_data_dir: Optional[str]) -> bool:
+    """--data_source: files | tfds | auto (tfds exactly when --tfds_data_dir is given)."""
+    if data_source == "files" and tfds_data_dir:
+        raise configs.ConfigError("--tfds_data_dir reads tensorflow-datasets data: it "
+                                  "contradicts --data_source=files")
+    if data_source not in ("auto", "files", "tfds"):
+        raise configs.ConfigError(f"--data_source={data_source} is not auto, files or tfds")
+    return data_source == "tfds" or (data_source == "auto" and bool(tfds_data_dir))
+
+
 def main(flags, repo: str) -> dict:
     demo = flags.task == "polarity" and flags.data_dir is None
     data_dir = flags.data_dir or os.path.join(repo, "data")
@@ -65,6 +75,9 @@ def main(flags, repo: str) -> dict:
         labels = []
     task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
                     flags.metric)
+    if use_tfds(flags.data_source, flags.tfds_data_dir):
+        from electra_tf.finetune.tfds_data import from_tfds
+        task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
     cfg = FinetuneConfig(
@@ -80,12 +93,15 @@ def main(flags, repo: str) -> dict:
     options = RunOptions(data_dir=data_dir, model_dir=model_dir, init_checkpoint=init,
                          export_dir=export_dir, vocab_file=vocab, spm_model=flags.spm_model,
                          do_lower_case=flags.do_lower_case, strategy=flags.strategy,
-                         tpu=flags.tpu, jit_compile=flags.jit_compile)
+                         tpu=flags.tpu, jit_compile=flags.jit_compile,
+                         do_predict=flags.do_predict)
     results = run(task, model_config, cfg, options)
     print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
           f"{len(results['scores'])} trial(s) "
           f"({', '.join(f'{s:.4f}' for s in results['scores'])}); "
           f"results in {os.path.join(model_dir, 'results.json')}")
+    for path in results.get("predictions", {}).values():
+        print(f"test predictions: {path}")
     if demo and "export" in results:
         answer = demo_request(results["export"]["task"])
         logging.info("Served by %s", results["export"]["task"])

@@ -105,21 +105,26 @@ class SquadTask(Task):
             examples, encoder.tokenize_lists, encoder.special_ids, max_seq_length,
             self.doc_stride, self.max_query_length, is_training=is_training)
 
+    def read_examples(self, data_dir: str, split: str, is_training: bool):
+        """(questions of `split` ("train" or "dev"), their source for messages, a short
+        name for the split)."""
+        path = self.data_file(data_dir, split)
+        return read_squad(path, is_training=is_training, v2=self.v2), path, \
+            os.path.basename(path)
+
     def train_split(self, data_dir, encoder, max_seq_length):
-        path = self.data_file(data_dir, "train")
-        examples = read_squad(path, is_training=True, v2=self.v2)
+        examples, source, name = self.read_examples(data_dir, "train", is_training=True)
         features = self._features(examples, encoder, max_seq_length, True)
         if not len(features):
-            raise DataError(f"{path}: no usable training questions")
+            raise DataError(f"{source}: no usable training questions")
         arrays = features.arrays()
         arrays["weight"] = np.ones([len(features)], np.float32)
-        return TaskData(arrays, len(features), name=os.path.basename(path))
+        return TaskData(arrays, len(features), name=name)
 
     def eval_splits(self, data_dir, encoder, max_seq_length):
-        path = self.data_file(data_dir, "dev")
-        examples = read_squad(path, is_training=False, v2=self.v2)
+        examples, source, name = self.read_examples(data_dir, "dev", is_training=False)
         if not examples:
-            raise DataError(f"{path}: no questions")
+            raise DataError(f"{source}: no questions")
         features = self._features(examples, encoder, max_seq_length, False)
         # No gold positions: dev questions have several answers and unanswerable windows
         # are not labelled, so the trainer computes no (meaningless) dev loss.
@@ -129,7 +134,7 @@ class SquadTask(Task):
         # Rows are windows: the trainer's padding and truncation work on features, and the
         # metrics map them back to questions through features.example_index.
         return [TaskData(arrays, len(features), SquadSplit(list(examples), features, lower),
-                         name=os.path.basename(path))]
+                         name=name)]
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):

@@ -191,6 +191,15 @@ def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
                         text)
 
 
+def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[SquadExample]:
+    """Questions of an already-parsed SQuAD JSON tree (e.g. regrouped from another
+    source), checked as `read_squad` checks a file; DataError names `source`."""
+    try:
+        return _parse(tree, is_training, v2, warn=True)
+    except _Problem as p:
+        raise DataError(f"{source}: {' '.join(str(p).split())}") from None
+
+
 def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
     """Questions of an official SQuAD JSON file, in file order.
 

@@ -1,5 +1,6 @@
 """Fine-tuning tasks: each says how to read its data, which head it needs, its loss, its
-metrics and what its SavedModel answers. GLUE, the bundled polarity set, user TSV tasks.
+metrics, what its SavedModel answers and how its test-set predictions are submitted.
+GLUE, the bundled polarity set, user TSV tasks.
 
 A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`); SQuAD and
 tagging live in `qa_task.py` / `tagging_task.py` on the same interface.
@@ -7,7 +8,7 @@ tagging live in `qa_task.py` / `tagging_task.py` on the same interface.
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -84,6 +85,19 @@ class Task:
         """Extra files written beside an export (e.g. the label list), name -> text."""
         return {}
 
+    # --- test-set predictions ----------------------------------------------------
+    def test_splits(self, data_dir: str, encoder: TextEncoder,
+                    max_seq_length: int) -> List[TaskData]:
+        """The unlabelled test sets that `--do_predict` writes predictions for: `name` is
+        the submission file's stem (GLUE: `SST-2`, `MNLI-m`, `AX`), `meta` the test
+        file's index column."""
+        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
+                        "this task has no test sets")
+
+    def predicted_labels(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> List[str]:
+        """One prediction string per example of a test split, as submitted."""
+        raise NotImplementedError
+
 
 # --------------------------------------------------------------------------- TSV reading
 
@@ -113,6 +127,27 @@ def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
     return rows
 
 
+@dataclasses.dataclass
+class Rows:
+    """One split as a source reads it, before tokenization: `texts` per text column,
+    `labels` (label ids, or targets already divided by `regression_scale`; None for a test
+    split), `ids` (a test split's index column) and `name` (its file, or dataset:split).
+
+    Every source of a TsvTask (TSV files, tensorflow-datasets) yields these, so that
+    packing, sentence-order doubling, metrics and predictions are shared."""
+    texts: List[List[str]]
+    labels: Optional[List[Any]]
+    ids: Optional[List[str]] = None
+    name: str = ""
+
+
+class SubmissionFile(NamedTuple):
+    """A GLUE test file of a task and the leaderboard's name for its predictions."""
+    file: str  # in the task's folder (diagnostic.tsv also in <data_dir>/diagnostic/)
+    submission: str  # <submission>.tsv in <model_dir>/predictions
+    required: bool = True
+
+
 @dataclasses.dataclass(frozen=True)
 class TsvTask(Task):
     """A sentence or sentence-pair classification (or regression) task read from
@@ -123,6 +158,9 @@ class TsvTask(Task):
       None for regression (`regression_scale` divides the target, as STS-B's 0-5 -> 0-1).
     metric: accuracy | accuracy_f1 | mcc | pearson_spearman (see `metrics`).
     both_orders: also train on (b, a) for symmetric pair tasks (MRPC, STS-B).
+    test_files: the unlabelled test sets (GLUE's). They always have a header with an
+      index column (`test_index_column`) and the text columns under the names of
+      `test_text_columns` (default: `text_columns`), and no label.
     """
     name: str
     text_columns: Tuple[Column, ...]
@@ -136,6 +174,9 @@ class TsvTask(Task):
     both_orders: bool = False
     regression_scale: float = 1.0
     num_train_epochs: float = 3.0
+    test_files: Tuple[SubmissionFile, ...] = ()
+    test_text_columns: Tuple[str, ...] = ()
+    test_index_column: str = "index"
 
     @property
     def kind(self) -> str:
@@ -156,11 +197,13 @@ class TsvTask(Task):
     def _path(self, data_dir: str, file: str) -> str:
         return os.path.join(data_dir, self.dir_name or self.name, file)
 
-    def _indices(self, path: str, rows) -> Tuple[List[int], int, List[Tuple[int, List[str]]]]:
+    def _indices(self, path: str, rows, wanted=None, header=None
+                 ) -> Tuple[List[int], int, List[Tuple[int, List[str]]]]:
         if not rows:
             raise DataError(f"{path}: no rows")
-        wanted = list(self.text_columns) + [self.label_column]
-        if not self.header:
+        if wanted is None:
+            wanted = list(self.text_columns) + [self.label_column]
+        if not (self.header if header is None else header):
             return [int(c) for c in wanted], max(int(c) for c in wanted) + 1, rows
         number, head = rows[0]
         indices = []
@@ -204,26 +247,87 @@ class TsvTask(Task):
             raise DataError(f"{path}: no examples")
         return texts, labels, lines
 
-    def _data(self, path: str, encoder: TextEncoder, max_seq_length: int,
-              both_orders: bool) -> TaskData:
+    def read_test(self, path: str) -> Rows:
+        """A GLUE test file: header, index column, text columns, no label."""
+        columns = list(self.test_text_columns or self.text_columns)
+        indices, width, rows = self._indices(path, read_tsv(path),
+                                             [self.test_index_column] + columns, header=True)
+        id_idx, *text_idx = indices
+        texts: List[List[str]] = [[] for _ in text_idx]
+        ids = []
+        for number, fields in rows:
+            if len(fields) < width:
+                raise DataError(f"{where(path, number)}: expected at least {width} "
+                                f"tab-separated columns, found {len(fields)}")
+            ids.append(fields[id_idx].strip())
+            for column, i in zip(texts, text_idx):
+                column.append(fields[i])
+        if not ids:
+            raise DataError(f"{path}: no examples")
+        return Rows(texts, None, ids, os.path.basename(path))
+
+    def rows(self, data_dir: str, file: str) -> Rows:
+        """A labelled split (`train_file` or one of `dev_files`) from its TSV file.
+        Other sources (tfds_data.py) override this and `test_rows`."""
+        path = self._path(data_dir, file)
         texts, labels, _ = self.read(path)
+        return Rows(texts, labels, name=os.path.basename(path))
+
+    def test_rows(self, data_dir: str, test: SubmissionFile) -> Optional[Rows]:
+        """A test split from its TSV file; None when an optional one is absent."""
+        candidates = [self._path(data_dir, test.file)]
+        if test.file == "diagnostic.tsv":  # where GLUE's download script puts AX
+            candidates.append(os.path.join(data_dir, "diagnostic", test.file))
+        for path in candidates:
+            if os.path.isfile(path):
+                return self.read_test(path)
+        if not test.required:
+            return None
+        raise DataError(f"{candidates[0]}: no such file (the test set that --do_predict "
+                        f"predicts for {test.submission}.tsv)")
+
+    def encode(self, rows: Rows, encoder: TextEncoder, max_seq_length: int,
+               both_orders: bool = False) -> TaskData:
+        """Packs rows into model inputs; a labelled split gets `label`, a test split keeps
+        its ids in `meta`."""
+        texts, labels = rows.texts, rows.labels
         if both_orders and len(texts) == 2:
             texts = [texts[0] + texts[1], texts[1] + texts[0]]
             labels = labels + labels
         arrays = encoder.encode_numpy(texts[0], texts[1] if len(texts) == 2 else None,
                                       max_seq_length)
-        dtype = np.int32 if self.labels is not None else np.float32
-        arrays["label"] = np.asarray(labels, dtype)
-        arrays["weight"] = np.ones([len(labels)], np.float32)
-        return TaskData(arrays, len(labels), name=os.path.basename(path))
+        n = len(texts[0])
+        if labels is not None:
+            dtype = np.int32 if self.labels is not None else np.float32
+            arrays["label"] = np.asarray(labels, dtype)
+        arrays["weight"] = np.ones([n], np.float32)
+        return TaskData(arrays, n, meta=rows.ids, name=rows.name)
 
     def train_split(self, data_dir, encoder, max_seq_length):
-        return self._data(self._path(data_dir, self.train_file), encoder, max_seq_length,
-                          self.both_orders)
+        return self.encode(self.rows(data_dir, self.train_file), encoder, max_seq_length,
+                           self.both_orders)
 
     def eval_splits(self, data_dir, encoder, max_seq_length):
-        return [self._data(self._path(data_dir, f), encoder, max_seq_length, False)
+        return [self.encode(self.rows(data_dir, f), encoder, max_seq_length)
                 for f in self.dev_files]
+
+    def test_splits(self, data_dir, encoder, max_seq_length):
+        if not self.test_files:
+            return super().test_splits(data_dir, encoder, max_seq_length)
+        out = []
+        for test in self.test_files:
+            rows = self.test_rows(data_dir, test)
+            if rows is not None:
+                data = self.encode(rows, encoder, max_seq_length)
+                out.append(dataclasses.replace(data, name=test.submission))
+        return out
+
+    def predicted_labels(self, data, fetched):
+        logits = fetched["logits"][:data.num_examples]
+        if self.labels is None:  # STS-B: a score on the task's own scale
+            scores = np.clip(logits[:, 0] * self.regression_scale, 0.0, self.regression_scale)
+            return [f"{x:.3f}" for x in scores.tolist()]
+        return [self.labels[i] for i in np.argmax(logits, axis=-1).tolist()]
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):
@@ -263,25 +367,35 @@ class TsvTask(Task):
 # --------------------------------------------------------------------------- registry
 
 BINARY = ("0", "1")
+NLI = ("entailment", "not_entailment")
 GLUE: Dict[str, TsvTask] = {t.name: t for t in [
     TsvTask("cola", text_columns=(3,), label_column=1, labels=BINARY, header=False,
-            metric="mcc", dir_name="CoLA"),
+            metric="mcc", dir_name="CoLA", test_files=(SubmissionFile("test.tsv", "CoLA"),),
+            test_text_columns=("sentence",)),
     TsvTask("sst2", text_columns=("sentence",), label_column="label", labels=BINARY,
-            dir_name="SST-2"),
+            dir_name="SST-2", test_files=(SubmissionFile("test.tsv", "SST-2"),)),
     TsvTask("mrpc", text_columns=("#1 String", "#2 String"), label_column="Quality",
-            labels=BINARY, metric="accuracy_f1", dir_name="MRPC", both_orders=True),
+            labels=BINARY, metric="accuracy_f1", dir_name="MRPC", both_orders=True,
+            test_files=(SubmissionFile("test.tsv", "MRPC"),)),
     TsvTask("stsb", text_columns=("sentence1", "sentence2"), label_column="score",
             metric="pearson_spearman", dir_name="STS-B", both_orders=True,
-            regression_scale=5.0, num_train_epochs=10.0),
+            regression_scale=5.0, num_train_epochs=10.0,
+            test_files=(SubmissionFile("test.tsv", "STS-B"),)),
     TsvTask("qqp", text_columns=("question1", "question2"), label_column="is_duplicate",
-            labels=BINARY, metric="accuracy_f1", dir_name="QQP"),
+            labels=BINARY, metric="accuracy_f1", dir_name="QQP",
+            test_files=(SubmissionFile("test.tsv", "QQP"),), test_index_column="id"),
     TsvTask("mnli", text_columns=("sentence1", "sentence2"), label_column="gold_label",
             labels=("contradiction", "entailment", "neutral"), dir_name="MNLI",
-            dev_files=("dev_matched.tsv", "dev_mismatched.tsv")),
+            dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+            # AX, GLUE's diagnostic set, is predicted with the MNLI model.
+            test_files=(SubmissionFile("test_matched.tsv", "MNLI-m"),
+                        SubmissionFile("test_mismatched.tsv", "MNLI-mm"),
+                        SubmissionFile("diagnostic.tsv", "AX", required=False))),
     TsvTask("qnli", text_columns=("question", "sentence"), label_column="label",
-            labels=("entailment", "not_entailment"), dir_name="QNLI"),
+            labels=NLI, dir_name="QNLI", test_files=(SubmissionFile("test.tsv", "QNLI"),)),
     TsvTask("rte", text_columns=("sentence1", "sentence2"), label_column="label",
-            labels=("entailment", "not_entailment"), dir_name="RTE", num_train_epochs=10.0),
+            labels=NLI, dir_name="RTE", num_train_epochs=10.0,
+            test_files=(SubmissionFile("test.tsv", "RTE"),)),
 ]}
 
 # The bundled demo set: SST-2's layout (sentence<TAB>label), in data/polarity.

@@ -210,6 +210,29 @@ def _write_json(path: str, data: Any):
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
+def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
+                      out_dir: str, chief: bool = True) -> Dict[str, str]:
+    """`<out_dir>/<name>.tsv` for each test split, in the GLUE leaderboard's format
+    (`index<TAB>prediction`, the test file's index column, label strings or STS-B scores);
+    each written to a temporary file, then renamed. Every worker must call it (prediction
+    is collective); only the chief writes. Returns {name: path}."""
+    paths = {}
+    for data in tests:
+        labels = task.predicted_labels(data, finetuner.predict(data))
+        if not chief:
+            continue
+        tf.io.gfile.makedirs(out_dir)
+        lines = ["index\tprediction"] + [f"{i}\t{p}" for i, p in zip(data.meta, labels)]
+        path = os.path.join(out_dir, f"{data.name}.tsv")
+        tmp = path + ".tmp"
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+        paths[data.name] = path
+        logging.info("Wrote %d test predictions to %s", len(labels), path)
+    return paths
+
+
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
                 writer=None) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
@@ -271,23 +294,27 @@ class RunOptions:
     strategy: str = "auto"
     tpu: Optional[str] = None
     jit_compile: Optional[bool] = None
+    do_predict: bool = False  # test-set predictions of the median trial
 
 
 def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, float]:
     """Metrics of every dev split; the first split's names are plain, the others are
-    prefixed by their file name (MNLI mismatched: `dev_mismatched/accuracy`)."""
+    prefixed by their file name (MNLI mismatched: `dev_mismatched/accuracy`) or tfds split
+    (`validation_mismatched/accuracy` from `glue/mnli:validation_mismatched`)."""
     result: Dict[str, float] = {}
     for i, data in enumerate(evals):
+        prefix = os.path.splitext(data.name.rsplit(":", 1)[-1])[0]
         for k, v in finetuner.evaluate(data).items():
-            result[k if i == 0 else f"{os.path.splitext(data.name)[0]}/{k}"] = v
+            result[k if i == 0 else f"{prefix}/{k}"] = v
     return result
 
 
 def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         options: RunOptions) -> Dict[str, Any]:
     """Fine-tunes `num_trials` seeds, writes `results.json` (every trial's metrics, the
-    median of the task's primary metric) and, with an export_dir, exports the median
-    trial. Returns the results dict."""
+    median of the task's primary metric), with an export_dir exports the median trial and
+    with do_predict writes its test-set predictions to `<model_dir>/predictions/`
+    (`write_predictions`). Returns the results dict."""
     from electra_tf.finetune import export as export_lib
     from electra_tf.finetune.text import TextEncoder
 
@@ -304,6 +331,9 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                          f"tokens but the model has vocab_size={model_config.vocab_size}")
     train = task.train_split(options.data_dir, encoder, cfg.max_seq_length)
     evals = task.eval_splits(options.data_dir, encoder, cfg.max_seq_length)
+    # Read before training, so that a missing or bad test file fails fast.
+    tests = (task.test_splits(options.data_dir, encoder, cfg.max_seq_length)
+             if options.do_predict else [])
     steps = num_train_steps(train.num_examples, cfg)
     logging.info("Task %s: %d training examples (%s), %s; %d steps of %d (%.3g epochs), "
                  "lr %.3g, layer-wise decay %.3g", task.name, train.num_examples,
@@ -344,15 +374,21 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     logging.info("%s %s over %d trial(s): median %.4f (all: %s)", task.name,
                  task.primary_metric, len(scores), results["median"],
                  ", ".join(f"{s:.4f}" for s in scores))
-    if options.export_dir and chief:
+    if tests or (options.export_dir and chief):
         finetuner = Finetuner(task, model_config, cfg, strategy, steps, None, cfg.seed + best,
                               options.jit_compile)
-        ckpt_dir = os.path.join(options.model_dir, f"trial_{best}")
+        # Each worker restores its own copy: predicting runs on all of them.
+        ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
+                                         strategy)
         finetuner.checkpoint().restore(
             tf.train.latest_checkpoint(ckpt_dir)).assert_existing_objects_matched()
-        results["export"] = export_lib.export(task, finetuner.model, encoder,
-                                              cfg.max_seq_length, options.export_dir)
-        logging.info("Exported %s", results["export"])
+        if tests:
+            results["predictions"] = write_predictions(
+                task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
+        if options.export_dir and chief:
+            results["export"] = export_lib.export(task, finetuner.model, encoder,
+                                                  cfg.max_seq_length, options.export_dir)
+            logging.info("Exported %s", results["export"])
     if chief:
         _write_json(os.path.join(options.model_dir, "results.json"), results)
     return results
