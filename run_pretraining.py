@@ -49,6 +49,18 @@ flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supp
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
                   "(paper and hardware conventions; see electra_tf/flops.py) and exit "
                   "without training.")
+flags.DEFINE_string("profile_steps", None, "START,END: trace global steps START+1..END "
+                    "with the TensorFlow profiler (0 <= START < END; host loops end at both) "
+                    "into MODEL_DIR/train/plugins/profile, TensorBoard's Profile tab. Traces "
+                    "this process's host and devices (CPU, GPU, a TPU VM's TPUs); for a "
+                    "remote Cloud TPU node use tf.profiler.experimental.client.trace, or "
+                    "TensorBoard's Capture Profile, against the TPU's address instead.")
+flags.DEFINE_string("peak_flops", None, "Peak FLOP/s of ONE device, for the MFU in the logs "
+                    "(e.g. 312e12 or 312T): one GPU, one TPU device as TensorFlow lists them "
+                    "(a TensorCore on v2/v3, a chip from v4 on) or one CPU host; it is "
+                    "multiplied by the number of devices. Default: the published dense peak "
+                    "of a known GPU/TPU for the run's precision (electra_tf/hardware.py), or "
+                    "on CPU a timed matmul.")
 
 _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "train_batch_size": "train.train_batch_size",
@@ -84,7 +96,8 @@ def main(argv):
             model_dir=model_dir, train_data=FLAGS.train_data, eval_data=FLAGS.eval_data,
             do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, strategy=FLAGS.strategy,
             tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, gcp_project=FLAGS.gcp_project,
-            jit_compile=FLAGS.jit_compile)
+            jit_compile=FLAGS.jit_compile, profile_steps=FLAGS.profile_steps,
+            peak_flops=FLAGS.peak_flops)
         train.run(cfg, options)
     except train.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)

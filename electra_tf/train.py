@@ -2,8 +2,9 @@
 
 `run(options)` is everything `run_pretraining.py` does after parsing flags: it resumes
 from the newest checkpoint in `model_dir`, trains to `num_train_steps` in host loops of
-`steps_per_loop` compiled steps, logs and writes TensorBoard scalars, and leaves a
-discriminator-only checkpoint in the released TF1 layout for fine-tuning.
+`steps_per_loop` compiled steps, logs and writes TensorBoard scalars (throughput and MFU
+included), profiles the steps asked for, and leaves a discriminator-only checkpoint in the
+released TF1 layout for fine-tuning.
 """
 
 import contextlib
@@ -13,13 +14,13 @@ import os
 import signal
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, input_pipeline
+from electra_tf import distribute, flops, hardware, input_pipeline
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
 from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
@@ -56,6 +57,25 @@ class RunOptions:
     tpu_zone: Optional[str] = None
     gcp_project: Optional[str] = None
     jit_compile: Optional[bool] = None
+    # "START,END" or (START, END): trace global steps START+1..END with the profiler.
+    profile_steps: Union[None, str, Tuple[int, int]] = None
+    # Peak FLOP/s of one device for MFU (`hardware.peak_flops`); None: table or measured.
+    peak_flops: Union[None, str, float] = None
+
+
+def parse_profile_steps(value) -> Optional[Tuple[int, int]]:
+    """--profile_steps "START,END" (or a pair) -> (START, END), 0 <= START < END."""
+    if value is None or value == "":
+        return None
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        start, end = (int(str(p).strip()) for p in parts)
+    except ValueError:
+        start = end = -1
+    if not 0 <= start < end:
+        raise RunError(f"--profile_steps={value if isinstance(value, str) else parts}: "
+                       "expected START,END global steps with 0 <= START < END, e.g. 100,110")
+    return start, end
 
 
 # ----------------------------------------------------------------------------- data
@@ -147,7 +167,8 @@ def _format_time(seconds: float) -> str:
 
 
 def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
-                    eta_s: float) -> str:
+                    eta_s: float, flops_per_s: Optional[float] = None,
+                    mfu: Optional[float] = None) -> str:
     m = out.metrics
     parts = [f"step {step}/{total}", f"loss {out.loss:.4f}"]
     if "masked_lm_loss" in m:
@@ -156,6 +177,9 @@ def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
                  f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
     parts.append(f"lr {lr:.3g}")
     parts.append(f"{seqs_per_s:.1f} seq/s")
+    if flops_per_s is not None:
+        parts.append(hardware.format_flops(flops_per_s) +
+                     ("" if mfu is None else f" MFU {100 * mfu:.1f}%"))
     parts.append(f"ETA {_format_time(eta_s)}")
     if out.skipped_steps:
         parts.append(f"skipped {out.skipped_steps} non-finite step(s)")
@@ -189,6 +213,12 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     Every process of a multi-worker job calls this; only the chief writes the run's
     outputs (config, summaries, checkpoints in `model_dir`, the discriminator export).
     """
+    profile_steps = parse_profile_steps(options.profile_steps)
+    if options.peak_flops is not None:
+        try:
+            hardware.parse_flops(options.peak_flops)
+        except ValueError as e:
+            raise RunError(f"--peak_flops={options.peak_flops}: {e}") from None
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
     cfg = resolve_precision(cfg, strategy)
@@ -222,7 +252,8 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
         # by passing over the batches its checkpoint has already consumed.
         train_ds = _dataset(strategy, input_config(
             files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())))
-        result = _train(cfg, trainer, iter(train_ds), manager, options.model_dir, chief)
+        result = _train(cfg, trainer, iter(train_ds), manager, options.model_dir, chief,
+                        Perf.of(cfg, strategy, options.peak_flops), profile_steps)
         if chief:
             export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
@@ -292,8 +323,81 @@ class _Progress:
         return seqs_per_s, (self.total - step) / rate if rate > 0 else float("nan")
 
 
-def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
-           chief: bool = True) -> Dict[str, float]:
+@dataclasses.dataclass(frozen=True)
+class Perf:
+    """What a log line's FLOP/s and MFU need: the hardware-convention train FLOPs of one
+    step (`flops.HARDWARE`: the matmuls the step executes, backward = 2 x forward) and the
+    peak FLOP/s of all devices (None: unknown, FLOP/s without MFU)."""
+    flops_per_step: float
+    peak: Optional[float]
+
+    @classmethod
+    def of(cls, cfg: PretrainingConfig, strategy, peak_override=None) -> "Perf":
+        per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
+        peak, where = hardware.peak_flops(strategy, cfg.train.precision, peak_override)
+        logging.info("Train step: %.4g FLOPs (hardware convention); peak %s (%s)", per_step,
+                     "unknown" if peak is None else hardware.format_flops(peak), where)
+        return cls(per_step, peak)
+
+    def rates(self, seqs_per_s: float, batch_size: int) -> Dict[str, float]:
+        achieved = seqs_per_s / batch_size * self.flops_per_step
+        out = {"perf/flops_per_second": achieved}
+        if self.peak:
+            out["perf/mfu"] = achieved / self.peak
+        return out
+
+
+class _ProfileWindow:
+    """Traces global steps START+1..END with the TensorFlow profiler into
+    <model_dir>/train/plugins/profile/<run>/ (TensorBoard's Profile tab reads it).
+
+    `n_until_boundary` ends host loops at START and END, so a trace holds exactly those
+    steps; every worker of a job ends its loops there (the loops are collective), only
+    the chief traces."""
+
+    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, enabled: bool):
+        self.steps, self.logdir, self.enabled = steps, logdir, enabled and steps is not None
+        self.active = False
+
+    def n_until_boundary(self, step: int, n: int) -> int:
+        for boundary in self.steps or ():
+            if boundary > step:
+                n = min(n, boundary - step)
+        return n
+
+    def before_loop(self, step: int):
+        if not self.enabled or self.active or not self.steps[0] <= step < self.steps[1]:
+            return
+        try:
+            tf.profiler.experimental.start(self.logdir)
+        except tf.errors.AlreadyExistsError:  # another trace is under way in this process
+            logging.warning("--profile_steps: a profiler is already running; no trace")
+            self.enabled = False
+            return
+        self.active = True
+        logging.info("Profiling global steps %d..%d", step + 1, self.steps[1])
+
+    def after_loop(self, step: int):
+        if self.active and step >= self.steps[1]:
+            self.stop()
+            logging.info("Profiler trace up to step %d in %s", step,
+                         os.path.join(self.logdir, "plugins", "profile"))
+
+    def stop(self):
+        if self.active:
+            tf.profiler.experimental.stop()
+            self.active, self.enabled = False, False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):  # training ended before END, or failed: keep what ran
+        self.stop()
+
+
+def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool = True,
+           perf: Optional[Perf] = None,
+           profile_steps: Optional[Tuple[int, int]] = None) -> Dict[str, float]:
     tc = cfg.train
     total = tc.num_train_steps
     writer = _summary_writer(model_dir, "train", chief)
@@ -309,16 +413,20 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
     # Preemption: SIGTERM stops the run at the end of the current host loop, after a
     # checkpoint (not in a multi-worker job, where a save needs every worker).
     handle_sigterm = distribute.task(trainer.strategy)[0] is None
-    with _sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm:
+    with (_sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm,
+          _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
         while step < total:
-            # Stop each host loop at the next log or checkpoint boundary.
-            n = min(tc.steps_per_loop, total - step,
-                    tc.log_every_steps - step % tc.log_every_steps,
-                    tc.save_checkpoints_steps - step % tc.save_checkpoints_steps)
+            # Stop each host loop at the next log, checkpoint or profile boundary.
+            n = profile.n_until_boundary(step, min(
+                tc.steps_per_loop, total - step,
+                tc.log_every_steps - step % tc.log_every_steps,
+                tc.save_checkpoints_steps - step % tc.save_checkpoints_steps))
+            profile.before_loop(step)
             loop_sums = loop(iterator, tf.constant(n))
             trainer.data_batches.assign_add(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
-            step = int(trainer.global_step.numpy())
+            step = int(trainer.global_step.numpy())  # waits for the loop's steps
+            profile.after_loop(step)
             skipped = int(round(float(loop_sums["skipped"])))
             bad_run = bad_run + skipped if skipped == n else 0
             if skipped and (tc.on_nan == "stop" or bad_run >= MAX_CONSECUTIVE_SKIPS):
@@ -331,11 +439,15 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir,
                 out, sums = summarize(sums), None
                 seqs_per_s, eta = progress.rates(step)
                 lr = float(trainer.optimizer.learning_rate(step))
-                logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta))
+                rates = perf.rates(seqs_per_s, tc.train_batch_size) if perf else {}
+                logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
+                                             rates.get("perf/flops_per_second"),
+                                             rates.get("perf/mfu")))
                 _write_scalars(writer, step, out, {"learning_rate": lr,
                                                    "grad_norm": out.grad_norm,
-                                                   "sequences_per_second": seqs_per_s})
-                out_metrics = dict(out.metrics, loss=out.loss)
+                                                   "sequences_per_second": seqs_per_s,
+                                                   **rates})
+                out_metrics = dict(out.metrics, loss=out.loss, **rates)
             saved = step % tc.save_checkpoints_steps == 0 or step >= total
             if saved:
                 logging.info("Saved checkpoint %s", manager.save(checkpoint_number=step))

@@ -1,0 +1,141 @@
+"""Train-step throughput and MFU of the compiled pre-training step.
+
+For a preset, a batch and a sequence length, times `steps` train steps (one host visit,
+as `steps_per_loop` does in training) after a warm-up call, for each precision and XLA
+setting asked for, each in a fresh subprocess. Achieved FLOP/s use the hardware
+convention of `electra_tf.flops` (train = 3 x forward matmul FLOPs, gathered
+embeddings); the peak is measured in the same run (a large matmul per dtype on CPU) or
+taken from `electra_tf.hardware`'s table on a GPU/TPU, or given with --peak_flops.
+
+    python bench/bench_train_step.py --config small --batch_size 32 --max_seq_length 128 \\
+        --precisions float32,bfloat16 --jit on,off --steps 10
+
+Prints one row per setting and, with --json, writes them to a file.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="small", help="a preset or a config JSON")
+    p.add_argument("--params_override", default="", help="key=value,... config overrides")
+    p.add_argument("--batch_size", type=int, default=32, help="global batch")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--precisions", default="float32,bfloat16")
+    p.add_argument("--jit", default="on", help="on, off or on,off")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per repetition")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
+    p.add_argument("--peak_flops", type=float, default=None,
+                   help="peak FLOP/s of the whole machine for the MFU (default: measured "
+                   "on CPU, the accelerator table otherwise)")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # "precision:jit" child
+    return p.parse_args(argv)
+
+
+def _batch(batch_size: int, length: int, vocab_size: int, seed: int = 0):
+    """A fixed batch of realistic shape: random ids, full rows, [CLS] ... [SEP]."""
+    import numpy as np
+    import tensorflow as tf
+    r = np.random.RandomState(seed)
+    ids = r.randint(1000, vocab_size, size=(batch_size, length)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": tf.constant(ids),
+            "input_mask": tf.ones([batch_size, length], tf.int32),
+            "segment_ids": tf.zeros([batch_size, length], tf.int32)}
+
+
+def measure_one(args, precision: str, jit: bool) -> dict:
+    """Runs in a child process: builds the trainer, warms up, times the best repetition."""
+    import tensorflow as tf
+
+    from electra_tf import distribute, flops, hardware
+    from electra_tf.configs import load_config
+    from electra_tf.pretraining import Pretrainer
+
+    overrides = {"train.train_batch_size": str(args.batch_size),
+                 "train.max_seq_length": str(args.max_seq_length),
+                 "train.precision": precision}
+    if args.params_override:
+        for item in args.params_override.split(","):
+            k, v = item.split("=", 1)
+            overrides[k.strip()] = v.strip()
+    cfg = load_config(args.config, overrides)
+    distribute.set_precision(precision)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_physical_devices(
+        "GPU") else "/gpu:0")
+    trainer = Pretrainer(cfg, strategy, jit_compile=jit)
+    batch = _batch(args.batch_size, args.max_seq_length, cfg.model.vocab_size)
+    ds = strategy.distribute_datasets_from_function(
+        lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
+    it = iter(ds)
+    loop = trainer.make_train_loop()
+    t0 = time.perf_counter()
+    float(loop(it, tf.constant(1))["loss_sum"])  # trace + compile + 1 step
+    compile_s = time.perf_counter() - t0
+    float(loop(it, tf.constant(args.steps))["loss_sum"])  # warm
+    best = float("inf")
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        float(loop(it, tf.constant(args.steps))["loss_sum"])  # the float() waits
+        best = min(best, (time.perf_counter() - t0) / args.steps)
+    train_flops = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
+    if args.peak_flops:
+        peak, source = args.peak_flops, "--peak_flops"
+    else:
+        peak, source = hardware.peak_flops(strategy, precision)
+    achieved = train_flops / best
+    return {"config": args.config, "batch_size": args.batch_size,
+            "max_seq_length": args.max_seq_length, "precision": precision, "xla": jit,
+            "step_ms": best * 1e3, "seqs_per_s": args.batch_size / best,
+            "train_flops_per_step": train_flops, "achieved_flops": achieved,
+            "peak_flops": peak, "peak_source": source, "mfu": achieved / peak,
+            "compile_s": compile_s, "traces": trainer.trace_count}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.one:
+        precision, jit = args.one.split(":")
+        print("RESULT " + json.dumps(measure_one(args, precision, jit == "on")))
+        return
+    rows = []
+    print(f"{args.config}: batch {args.batch_size} x length {args.max_seq_length}, best of "
+          f"{args.repeats} x {args.steps} steps")
+    print(f"{'precision':<10} {'XLA':<4} {'step ms':>9} {'seq/s':>8} {'TFLOP/s':>8} "
+          f"{'peak':>8} {'MFU':>6} {'compile s':>9}  peak from")
+    for precision in args.precisions.split(","):
+        for jit in args.jit.split(","):
+            child = [a for a in (argv if argv is not None else sys.argv[1:])]
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), *child,
+                                   f"--one={precision}:{jit}"], capture_output=True,
+                                  text=True, cwd=REPO)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+            if done.returncode or not lines:
+                print(f"{precision:<10} {jit:<4} failed: "
+                      f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+                continue
+            r = json.loads(lines[-1][len("RESULT "):])
+            rows.append(r)
+            print(f"{precision:<10} {jit:<4} {r['step_ms']:9.1f} {r['seqs_per_s']:8.1f} "
+                  f"{r['achieved_flops'] / 1e12:8.3f} {r['peak_flops'] / 1e12:8.3f} "
+                  f"{100 * r['mfu']:5.1f}% {r['compile_s']:9.1f}  {r['peak_source']}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Peak FLOP/s of the devices a run trains on: what model-FLOPs utilisation divides by.
+
+Owns the table of accelerators' published dense peaks, detecting the device kind of a
+strategy, and timing a matmul where no table applies (CPU).
+
+Which column a run divides by (`Chip.peak`):
+
+* ``bfloat16`` / ``float16`` -- the chip's dense 16-bit tensor-core / MXU peak. V100 has
+  no bf16 tensor cores; its column holds the fp16 tensor-core figure (125 TFLOP/s), the
+  peak a mixed-precision run can reach there.
+* ``float32`` -- TensorFlow runs float32 matmuls in TensorFloat-32 by default
+  (`tf.config.experimental.tensor_float_32_execution_enabled`), so on A100 / H100 / H200
+  the TF32 tensor-core peak; with TF32 disabled, and on V100, the plain FP32 peak. On TPU
+  the MXU multiplies bf16 only: with TF32 execution enabled XLA uses DEFAULT precision
+  (one bf16 pass, the bf16 peak), with it disabled HIGHEST (fp32 as six bf16 passes,
+  so bf16 peak / 6).
+
+NVIDIA data sheets quote 16-bit and TF32 tensor peaks "with sparsity"; the table holds
+the dense figures (half of those). TPU v2 and v3 chips show TensorFlow two devices (one
+per TensorCore), v4 and later one (megacore), so a device's peak is the chip's divided
+by `devices_per_chip`.
+"""
+
+import dataclasses
+import os
+import re
+import time
+import urllib.request
+from typing import Dict, Optional, Tuple, Union
+
+import tensorflow as tf
+from absl import logging
+
+T = 1e12
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Published dense peak FLOP/s of one chip."""
+    name: str
+    pattern: str  # regex searched in the normalised device name (`normalise`)
+    bf16: float  # 16-bit tensor-core / MXU peak (V100: fp16)
+    fp32: float  # full-precision float32 (TPU: six bf16 passes)
+    tf32: Optional[float]  # TensorFloat-32 (TPU: one bf16 pass); None: no such mode
+    source: str
+    devices_per_chip: int = 1  # TensorFlow devices per chip
+
+    def peak(self, precision: str, tf32_enabled: bool = True) -> Tuple[float, str]:
+        """(peak FLOP/s of one chip, the column used) for a run's compute precision."""
+        if precision in ("bfloat16", "float16"):
+            return self.bf16, "fp16 tensor" if self.name.startswith("V100") else "bf16"
+        if precision != "float32":
+            raise ValueError(f"precision {precision!r}: expected float32, bfloat16 or float16")
+        if tf32_enabled and self.tf32 is not None:
+            return self.tf32, "fp32 as 1 bf16 pass" if self.name.startswith("TPU") else "tf32"
+        return self.fp32, "fp32 as 6 bf16 passes" if self.name.startswith("TPU") else "fp32"
+
+
+def _tpu(name, pattern, bf16, url, devices_per_chip=1):
+    return Chip(name, pattern, bf16, bf16 / 6, bf16, f"Cloud TPU docs, {url}",
+                devices_per_chip)
+
+
+_NV = "NVIDIA data sheet"
+# Most specific patterns first: the first match wins.
+CHIPS = (
+    _tpu("TPU v2", r"^(tpu )?v2\b", 45 * T, "cloud.google.com/tpu/docs/v2", 2),
+    _tpu("TPU v3", r"^(tpu )?v3\b", 123 * T, "cloud.google.com/tpu/docs/v3", 2),
+    _tpu("TPU v4", r"^(tpu )?v4\b", 275 * T, "cloud.google.com/tpu/docs/v4"),
+    _tpu("TPU v5e", r"^(tpu )?v5 ?(e|lite|litepod)\b", 197 * T,
+         "cloud.google.com/tpu/docs/v5e"),
+    _tpu("TPU v5p", r"^(tpu )?v5 ?p?\b", 459 * T, "cloud.google.com/tpu/docs/v5p"),
+    _tpu("TPU v6e", r"^(tpu )?v6 ?(e|lite)\b", 918 * T, "cloud.google.com/tpu/docs/v6e"),
+    Chip("V100S PCIe", r"\bv100s\b", 130 * T, 16.4 * T, None, f"{_NV} (V100S)"),
+    Chip("V100 PCIe", r"\bv100\b.*\bpcie\b", 112 * T, 14 * T, None, f"{_NV} (V100)"),
+    Chip("V100 SXM2", r"\bv100\b", 125 * T, 15.7 * T, None, f"{_NV} (V100)"),
+    Chip("A100", r"\ba100\b", 312 * T, 19.5 * T, 156 * T, f"{_NV} (A100, SXM and PCIe)"),
+    Chip("H100 PCIe", r"\bh100\b.*\bpcie\b", 756.5 * T, 51.2 * T, 378 * T,
+         "NVIDIA H100 whitepaper (H100 PCIe)"),
+    Chip("H100 NVL", r"\bh100\b.*\bnvl\b", 835.5 * T, 60 * T, 417.5 * T, f"{_NV} (H100 NVL)"),
+    Chip("H100 SXM", r"\bh100\b", 989.4 * T, 66.9 * T, 494.7 * T,
+         "NVIDIA H100 whitepaper (H100 SXM5)"),
+    Chip("H200 NVL", r"\bh200\b.*\bnvl\b", 835.5 * T, 60 * T, 417.5 * T, f"{_NV} (H200 NVL)"),
+    Chip("H200 SXM", r"\bh200\b", 989.4 * T, 66.9 * T, 494.7 * T,
+         f"{_NV} (H200 SXM: the H100 SXM's compute)"),
+)
+
+
+def normalise(device_name: str) -> str:
+    """'NVIDIA A100-SXM4-40GB' -> 'nvidia a100 sxm4 40gb'; 'v5litepod-16' -> 'v5litepod 16'."""
+    return " ".join(re.sub(r"[-_/,]", " ", device_name.lower()).split())
+
+
+def lookup(device_name: str) -> Optional[Chip]:
+    """The table's chip for a device name (a GPU's CUDA name, or a TPU's kind or
+    accelerator type: 'TPU v4', 'v3-8', 'v5litepod-16'), or None."""
+    name = normalise(device_name)
+    return next((c for c in CHIPS if re.search(c.pattern, name)), None)
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def device_type(strategy) -> str:
+    """'TPU', 'GPU' or 'CPU': what the strategy's replicas run on."""
+    devices = " ".join(strategy.extended.worker_devices).upper()
+    return next((t for t in ("TPU", "GPU") if f"{t}:" in devices), "CPU")
+
+
+def _tpu_name(strategy) -> Optional[str]:
+    """The accelerator type of a TPU ('v4-8'): the TPU VM's environment, the Cloud TPU
+    API of the strategy's resolver, or the GCE metadata server."""
+    for var in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    client = getattr(getattr(strategy, "cluster_resolver", None), "_cloud_tpu_client", None)
+    try:
+        if client is not None and client.api_available():
+            return client.accelerator_type()
+    except Exception as e:  # noqa: BLE001 - no API access: try the next source
+        logging.info("Cloud TPU API gave no accelerator type: %s", e)
+    request = urllib.request.Request(
+        "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+        "accelerator-type", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def device_name(strategy) -> Optional[str]:
+    """The accelerator's name as the table knows it (GPU: the CUDA device name from
+    `tf.config.experimental.get_device_details`; TPU: its accelerator type); None on CPU
+    or when it cannot be found."""
+    kind = device_type(strategy)
+    if kind == "GPU":
+        gpus = tf.config.list_physical_devices("GPU")
+        return tf.config.experimental.get_device_details(gpus[0]).get("device_name") \
+            if gpus else None
+    if kind == "TPU":
+        return _tpu_name(strategy)
+    return None
+
+
+def _hosts(strategy) -> int:
+    """Processes of the job (each worker's `worker_devices` are its own)."""
+    return max(1, strategy.num_replicas_in_sync // max(1, len(strategy.extended.worker_devices)))
+
+
+def num_devices(strategy) -> Tuple[int, str]:
+    """(devices a peak is multiplied by, their name): replicas on accelerators, hosts on
+    CPU (logical CPU devices of one host share its cores)."""
+    if device_type(strategy) == "CPU":
+        n = _hosts(strategy)
+        return n, "CPU host" + ("s" if n > 1 else "")
+    n = strategy.num_replicas_in_sync
+    return n, f"{device_type(strategy)} device" + ("s" if n > 1 else "")
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+_MEASURED: Dict[Tuple[int, str, str], float] = {}
+
+# The default of the run's measurement: on the 2-core AMD EPYC (AVX-512) this was
+# written on, 2048^2 float32 reached 211-217 GFLOP/s and 4096^2 219-221 (1-4% more) in
+# 0.4 s instead of 2.5 s; bfloat16 408-412 against 402-407.
+RUN_MATMUL_SIZE = 2048
+
+
+def measure_matmul_flops(size: int = 4096, dtype: str = "float32", repeats: int = 3,
+                         device: str = "/cpu:0") -> float:
+    """FLOP/s of a size x size x size `tf.linalg.matmul` on `device`: the best of
+    `repeats` timed runs after one warm-up, measured once per process per
+    (size, dtype, device) and cached. TensorFlow's own kernel (oneDNN on CPU), not XLA:
+    XLA's CPU matmul is no faster in float32 and far slower in bfloat16. Whatever else
+    loads the host lowers the figure."""
+    key = (size, dtype, device)
+    if key not in _MEASURED:
+        with tf.device(device):
+            a = tf.cast(tf.random.stateless_normal([size, size], [1, 2]), dtype)
+            b = tf.cast(tf.random.stateless_normal([size, size], [3, 4]), dtype)
+            # One element back to the host: forces the matmul, transfers nothing.
+            f = tf.function(lambda x, y: tf.linalg.matmul(x, y)[0, 0], jit_compile=False)
+            f(a, b).numpy()
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                f(a, b).numpy()
+                best = min(best, time.perf_counter() - start)
+        _MEASURED[key] = 2.0 * size ** 3 / best
+    return _MEASURED[key]
+
+
+# ----------------------------------------------------------------------------- peak
+
+
+_SUFFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15, "e": 1e18}
+
+
+def parse_flops(value: Union[str, float]) -> float:
+    """'312e12', '312T', '312 TFLOP/s', '1.2P' or a number -> FLOP/s (> 0); ValueError
+    (the message says what is expected, not the value) otherwise."""
+    number = float("nan")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        match = re.fullmatch(r"\s*([-+]?[0-9.]+(?:e[-+]?\d+)?)\s*([kmgtpe]?)\s*(flop/?s)?\s*",
+                             value.lower())
+        if match:
+            try:
+                number = float(match.group(1)) * _SUFFIXES[match.group(2)]
+            except ValueError:  # '1.2.3'
+                pass
+    if not 0 < number < float("inf"):
+        raise ValueError("expected a positive number of FLOP/s, optionally with a "
+                         "k/M/G/T/P/E prefix (312e12, 312T)")
+    return number
+
+
+def format_flops(x: float) -> str:
+    """3.12e14 -> '312 TFLOP/s'."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.3g} {prefix}FLOP/s"
+    return f"{x:.3g} FLOP/s"
+
+
+def peak_flops(strategy, precision: str, override: Union[None, str, float] = None,
+               cpu_matmul_size: int = RUN_MATMUL_SIZE) -> Tuple[Optional[float], str]:
+    """(peak FLOP/s of all the strategy's devices together, where the figure comes from).
+
+    `override`: FLOP/s of one device (`num_devices`: a GPU, a TPU device -- a TensorCore
+    on v2/v3, a chip from v4 on --, or a CPU host), multiplied by the devices. Otherwise a
+    known accelerator's table entry, or on CPU a timed matmul in the compute dtype. An
+    accelerator the table does not know gives None (no MFU; pass an override).
+    """
+    count, unit = num_devices(strategy)
+    if override is not None:
+        per_device = parse_flops(override)
+        return per_device * count, (f"--peak_flops {format_flops(per_device)} x {count} "
+                                    f"{unit}")
+    kind = device_type(strategy)
+    if kind == "CPU":
+        per_host = measure_matmul_flops(cpu_matmul_size, precision)  # the compute dtype
+        return per_host * count, (f"measured: {cpu_matmul_size}^2 {precision} matmul "
+                                  f"{format_flops(per_host)} x {count} {unit}")
+    name = device_name(strategy)
+    chip = lookup(name) if name else None
+    if chip is None:
+        return None, (f"unknown {kind} {name or '(no device name)'}: pass --peak_flops "
+                      "for MFU")
+    per_chip, column = chip.peak(precision, tf.config.experimental.
+                                 tensor_float_32_execution_enabled())
+    per_device = per_chip / chip.devices_per_chip
+    return per_device * count, (f"{name}: {chip.name} {column} {format_flops(per_chip)}/chip "
+                                f"({chip.source}) x {count / chip.devices_per_chip:g} chip(s)")
