@@ -89,19 +89,20 @@ def _learn(tmp_path, data, steps, **overrides):
 
 
 def test_learning_on_the_bundled_sample(tmp_path, sample_build):
-    """ELECTRA on the tiny preset: the generator's MLM loss falls by several nats and the
-    discriminator's loss far below its initial ln 2 region within 200 steps."""
-    before, after = _learn(tmp_path, sample_build[0], 200, warmup_steps=20,
-                           learning_rate=1e-3)
+    """ELECTRA on the tiny preset: within 100 steps the generator's MLM loss falls by
+    several nats, it starts sampling the original token, and the discriminator's loss
+    falls far below its initial ln 2 region."""
+    before, after = _learn(tmp_path, sample_build[0], 100, warmup_steps=10,
+                           learning_rate=2e-3)
     assert before["masked_lm_loss"] > 10.0
     assert after["masked_lm_loss"] < before["masked_lm_loss"] - 2.5
     assert after["masked_lm_accuracy"] > 0.03
     assert before["disc_loss"] > 0.6
     assert after["disc_loss"] < 0.65 * before["disc_loss"]
-    # A generator that learns samples the original more often, so fewer tokens end up
-    # replaced than under the near-uniform generator at initialisation.
+    # A generator that learns samples the original more often (such a sample counts as
+    # "real"), where the near-uniform generator at initialisation almost never does.
+    assert before["sampled_masked_lm_accuracy"] < 0.002
     assert after["sampled_masked_lm_accuracy"] > 0.005
-    assert after["replaced_fraction"] < before["replaced_fraction"]
 
 
 def test_discriminator_learns_to_detect_replacements(tmp_path, sample_build):
