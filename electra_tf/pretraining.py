@@ -79,7 +79,7 @@ class ElectraObjective(Objective):
             vocab_size=self.cfg.model.vocab_size, mask_token_prob=self.oc.mask_token_prob,
             random_token_prob=self.oc.random_token_prob, **self._mask_args())
         mlm_logits = self.generator_logits(model, masked, batch, seeds[2], training)
-        sampled = obj.gumbel_sample(
+        sampled = obj.categorical_sample(
             mlm_logits, seeds[1], self.oc.temperature,
             disallow_ids=masked["masked_ids"] if self.oc.disallow_correct else None)
         fake_ids, labels = obj.corrupt(batch["input_ids"], masked["masked_positions"],

@@ -168,11 +168,11 @@ def _freqs(ids, vocab):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_gumbel_matches_softmax(temperature):
+def test_sampling_matches_softmax(temperature):
     rows = np.array([[1.0, 0.0, -1.0, 2.0, 0.5], [-2.0, 3.0, 0.0, 0.0, 1.0]], np.float32)
     n = 50_000
     logits = np.broadcast_to(rows[:, None, :], (2, n, 5))
-    ids = jit(obj.gumbel_sample)(logits, tf.constant([7, 8]), tf.constant(temperature)).numpy()
+    ids = jit(obj.categorical_sample)(logits, tf.constant([7, 8]), tf.constant(temperature)).numpy()
     assert ids.shape == (2, n) and ids.dtype == np.int32
     for r in range(2):
         p = _softmax(rows[r] / temperature)
@@ -182,11 +182,11 @@ def test_gumbel_matches_softmax(temperature):
         assert np.max(np.abs(f - p)) < 0.01
 
 
-def test_gumbel_disallow_correct_and_helpers():
+def test_sampling_disallow_correct_and_helpers():
     vocab = 8
     originals = np.random.default_rng(1).integers(0, vocab, (64, 100)).astype(np.int32)
     logits = 10.0 * np.eye(vocab, dtype=np.float32)[originals]      # peaked at the original
-    sample = jit(obj.gumbel_sample)
+    sample = jit(obj.categorical_sample)
     free = sample(logits, tf.constant([1, 1]), tf.constant(1.0)).numpy()
     assert np.mean(free == originals) > 0.99
     banned = sample(logits, tf.constant([1, 1]), tf.constant(1.0), originals).numpy()
@@ -201,6 +201,40 @@ def test_gumbel_disallow_correct_and_helpers():
     f = _freqs(gram, 4)
     assert f[0] == 0
     np.testing.assert_allclose(f, counts / counts.sum(), atol=0.015)
+
+
+def test_two_level_sampling_over_many_blocks():
+    """V = 1000: four blocks of 256, the last one padded; heavy tokens in every block and
+    at the last id. Frequencies follow the softmax (chi-square over the 20 likeliest
+    tokens + the rest), and a disallowed token is never drawn."""
+    vocab = 1000
+    row = np.random.default_rng(0).normal(0.0, 2.0, vocab).astype(np.float32)
+    row[[3, 300, 700, 999]] += 6.0
+    n = 40_000
+    logits = np.broadcast_to(row, (n, vocab))
+    sample = jit(obj.categorical_sample)
+    ids = sample(logits, tf.constant([5, 6]), tf.constant(1.0)).numpy()
+    assert ids.shape == (n,) and 0 <= ids.min() and ids.max() < vocab
+    p = _softmax(row)
+    top = np.argsort(-p)[:20]
+    assert {3, 300, 700, 999} <= set(top.tolist())
+    f = _freqs(ids, vocab)
+    observed, expected = np.append(f[top], 1 - f[top].sum()), np.append(p[top], 1 - p[top].sum())
+    chi2 = n * np.sum((observed - expected) ** 2 / expected)
+    assert chi2 < 45.31, (chi2, observed, expected)     # df=20, p=0.001
+    best = int(np.argmax(p))
+    banned = sample(logits, tf.constant([5, 6]), tf.constant(1.0),
+                    np.full([n], best, np.int32)).numpy()
+    assert not np.any(banned == best)
+    q = np.delete(p, best) / (1 - p[best])
+    g = np.delete(_freqs(banned, vocab), best)
+    assert np.max(np.abs(g - q)) < 0.01
+
+
+def test_inclusive_cumsum():
+    x = np.random.default_rng(0).random((3, 257)).astype(np.float32)
+    np.testing.assert_allclose(jit(obj.inclusive_cumsum)(x).numpy(), np.cumsum(x, -1),
+                               rtol=1e-5)
 
 
 def test_corrupt_hand_made():
@@ -366,7 +400,7 @@ def test_full_step_under_xla_matches_eager():
         mask_seed, sample_seed = tf.unstack(obj.split_seed(seed, 2))
         m = obj.mask_tokens(ids, mask, mask_seed, **KW)
         logits = obj.uniform_logits(m["masked_ids"], VOCAB)
-        sampled = obj.gumbel_sample(logits, sample_seed, 1.0, m["masked_ids"])
+        sampled = obj.categorical_sample(logits, sample_seed, 1.0, m["masked_ids"])
         fake, labels = obj.corrupt(ids, m["masked_positions"], sampled, m["masked_weights"])
         disc_logits = tf.cast(fake % 7, tf.float32) - 3.0
         mlm, _ = obj.mlm_loss(logits, m["masked_ids"], m["masked_weights"])
