@@ -109,3 +109,13 @@ def set_precision(precision: str):
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16",
               "float16": "mixed_float16"}[precision]
     keras.mixed_precision.set_dtype_policy(policy)
+
+
+def is_cpu_only(strategy: tf.distribute.Strategy) -> bool:
+    """Whether every replica of `strategy` runs on a CPU device."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: wherever TensorFlow places ops
+        return not tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
+    return all("CPU" in d.upper() for d in devices)
+

@@ -13,10 +13,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from electra_tf import distribute
 from electra_tf import objective as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
-from electra_tf.modeling import ElectraPretrainingModel
+from electra_tf.modeling import ElectraPretrainingModel, use_matvec_means
 from electra_tf.optimization import all_reduce_gradients, clip_by_global_norm, make_optimizer
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
@@ -152,6 +153,8 @@ class Pretrainer:
             self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                             name="data_batches", aggregation=agg)
         self.base_seed = tf.constant([tc.seed, 0x5EED], tf.int32)
+        # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
+        use_matvec_means(distribute.is_cpu_only(strategy))
         if jit_compile is None:
             jit_compile = default_jit(strategy)
         self.jit_compile = jit_compile
@@ -306,6 +309,5 @@ def default_jit(strategy: tf.distribute.Strategy) -> bool:
     cannot place the per-replica variables (and on TPU the strategy compiles anyway)."""
     if isinstance(strategy, (tf.distribute.MirroredStrategy,
                              tf.distribute.MultiWorkerMirroredStrategy)):
-        devices = strategy.extended.worker_devices
-        return not all("CPU" in d.upper() for d in devices)
+        return not distribute.is_cpu_only(strategy)
     return True

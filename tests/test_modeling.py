@@ -378,3 +378,22 @@ def test_tf1_checkpoint_round_trip(tiny, tmp_path):
     tf.train.Checkpoint(electra=other).read(path).expect_partial()
     np.testing.assert_array_equal(other(ids, mask, seg).numpy(),
                                   tiny.discriminator_hidden(ids, mask, seg).numpy())
+
+
+def test_layer_norm_matvec_means_equal_reductions():
+    """The CPU path (means as float32 matvecs) gives the reduction path's output."""
+    from electra_tf import modeling
+    ln = modeling.LayerNorm(64)
+    ln.build()
+    x = tf.constant(np.random.default_rng(0).normal(3.0, 2.0, (4, 5, 64)).astype(np.float32))
+    r = tf.constant(np.random.default_rng(1).normal(0.0, 1.0, (4, 5, 64)).astype(np.float32))
+    try:
+        modeling.use_matvec_means(False)
+        plain = ln(x, residual=r).numpy()
+        modeling.use_matvec_means(True)
+        matvec = ln(x, residual=r).numpy()
+    finally:
+        modeling.use_matvec_means(False)
+    np.testing.assert_allclose(matvec, plain, atol=2e-5)
+    np.testing.assert_allclose(plain.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(plain.std(-1), 1.0, atol=1e-3)
