@@ -37,3 +37,22 @@ def read_examples(directory, manifest):
                 for name in ("input_ids", "input_mask", "segment_ids"))
     assert sorted(rows) == list(range(len(rows)))
     return [rows[i] for i in range(len(rows))]
+
+
+def sigterm_after(proc, needle: str, timeout: float = 120):
+    """Reads `proc`'s stderr until a line containing `needle` (training under way), sends
+    SIGTERM and waits; returns (the lines read before, the rest of stderr). Kills the
+    process if it outlives `timeout`."""
+    import signal
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if needle in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return "".join(seen), rest

@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import tensorflow as tf
 from electra_tf import train
 from electra_tf.configs import load_config
 
-from conftest import REPO
+from conftest import REPO, sigterm_after
 
 
 def _options(model_dir, data, **kw):
@@ -257,15 +256,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build
             "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2"]
     proc = subprocess.Popen([sys.executable, "run_pretraining.py", *args], cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:  # wait until training is under way
-            if " step 4/400 " in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=120)[1]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    _, rest = sigterm_after(proc, " step 4/400 ")
     assert proc.returncode == train.PREEMPTED_EXIT_CODE, rest[-2000:]
     last = rest.strip().splitlines()[-1]
     assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last

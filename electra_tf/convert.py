@@ -1,0 +1,584 @@
+"""Checkpoint conversion: released TF1 checkpoints <-> our pre-training model_dir, and our
+discriminator / generator <-> Hugging Face `transformers` directories (safetensors, no torch).
+
+Every format goes through one flat dict {TF1 name: numpy array}; our Keras variable paths
+are the TF1 names (modeling.py), so each conversion is a name map plus kernel transposes.
+CLI: `python -m electra_tf.convert {inspect,import-tf1,export-tf1,export-hf,import-hf} ...`.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
+                                apply_overrides, load_config, parse_overrides)
+from electra_tf.modeling import tf1_checkpoint_names, tf1_name  # noqa: E402
+
+SLOT_SUFFIXES = ("/adam_m", "/adam_v")
+_LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
+
+
+class ConvertError(ValueError):
+    """A checkpoint that cannot be converted; the message is one line."""
+
+
+# --- expected names and shapes --------------------------------------------------------
+
+def _embedding_shapes(scope: str, c: ModelConfig) -> Dict[str, tuple]:
+    e = c.embedding_size
+    return {f"{scope}/embeddings/word_embeddings": (c.vocab_size, e),
+            f"{scope}/embeddings/position_embeddings": (c.max_position_embeddings, e),
+            f"{scope}/embeddings/token_type_embeddings": (c.type_vocab_size, e),
+            f"{scope}/embeddings/LayerNorm/gamma": (e,),
+            f"{scope}/embeddings/LayerNorm/beta": (e,)}
+
+
+def _encoder_shapes(scope: str, c: ModelConfig, hidden: int, layers: int,
+                    intermediate: int) -> Dict[str, tuple]:
+    out = {}
+    if c.embedding_size != hidden:
+        out[f"{scope}/embeddings_project/kernel"] = (c.embedding_size, hidden)
+        out[f"{scope}/embeddings_project/bias"] = (hidden,)
+    for i in range(layers):
+        p = f"{scope}/encoder/layer_{i}"
+        for d in ("attention/self/query", "attention/self/key", "attention/self/value",
+                  "attention/output/dense"):
+            out[f"{p}/{d}/kernel"] = (hidden, hidden)
+            out[f"{p}/{d}/bias"] = (hidden,)
+        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
+            out[f"{p}/{ln}/gamma"] = (hidden,)
+            out[f"{p}/{ln}/beta"] = (hidden,)
+        out[f"{p}/intermediate/dense/kernel"] = (hidden, intermediate)
+        out[f"{p}/intermediate/dense/bias"] = (intermediate,)
+        out[f"{p}/output/dense/kernel"] = (intermediate, hidden)
+        out[f"{p}/output/dense/bias"] = (hidden,)
+    return out
+
+
+def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
+    """{TF1 name: shape} of every trainable variable of `ElectraPretrainingModel(c)`
+    (without the generator and its head when `generator` is False)."""
+    h = c.hidden_size
+    out = _embedding_shapes("electra", c)
+    out.update(_encoder_shapes("electra", c, h, c.num_hidden_layers, c.intermediate_size))
+    out.update({"discriminator_predictions/dense/kernel": (h, h),
+                "discriminator_predictions/dense/bias": (h,),
+                "discriminator_predictions/dense_1/kernel": (h, 1),
+                "discriminator_predictions/dense_1/bias": (1,)})
+    if not generator:
+        return out
+    gh = h if c.tie_all_weights else c.generator_hidden
+    if not c.tie_all_weights:
+        if not c.tie_embeddings:
+            out.update(_embedding_shapes("generator", c))
+        out.update(_encoder_shapes("generator", c, gh, c.generator_num_layers,
+                                   c.generator_intermediate))
+    e = c.embedding_size
+    out.update({"generator_predictions/dense/kernel": (gh, e),
+                "generator_predictions/dense/bias": (e,),
+                "generator_predictions/LayerNorm/gamma": (e,),
+                "generator_predictions/LayerNorm/beta": (e,),
+                "generator_predictions/output_bias": (c.vocab_size,)})
+    return out
+
+
+# --- inspecting a TF1 checkpoint ------------------------------------------------------
+
+def _num_layers(shapes, scope: str) -> int:
+    ids = [int(m.group(2)) for m in map(_LAYER_RE.match, shapes) if m and m.group(1) == scope]
+    return max(ids) + 1 if ids else 0
+
+
+def _need(shapes, name: str) -> List[int]:
+    if name not in shapes:
+        raise ConvertError(f"cannot infer the model: {name} is not in the checkpoint")
+    return list(shapes[name])
+
+
+def infer_model_config(shapes: Dict[str, List[int]],
+                       num_heads: Optional[int] = None) -> Tuple[ModelConfig, bool]:
+    """(ModelConfig, has_generator) from {TF1 name: shape}. Heads are hidden // 64 as in
+    the official code unless `num_heads` is given (the generator's always follow
+    ModelConfig.generator_heads)."""
+    vocab, emb = _need(shapes, "electra/embeddings/word_embeddings")
+    layers = _num_layers(shapes, "electra")
+    if not layers:
+        raise ConvertError("cannot infer the model: no electra/encoder/layer_N variables")
+    hidden = _need(shapes, "electra/encoder/layer_0/attention/self/query/kernel")[1]
+    fields = dict(
+        vocab_size=vocab, embedding_size=emb, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=num_heads or max(1, hidden // 64),
+        intermediate_size=_need(shapes, "electra/encoder/layer_0/intermediate/dense/kernel")[1],
+        max_position_embeddings=_need(shapes, "electra/embeddings/position_embeddings")[0],
+        type_vocab_size=_need(shapes, "electra/embeddings/token_type_embeddings")[0])
+    has_encoder = any(n.startswith("generator/") for n in shapes)
+    has_head = any(n.startswith("generator_predictions/") for n in shapes)
+    if has_encoder:
+        gl = _num_layers(shapes, "generator")
+        gh = _need(shapes, "generator/encoder/layer_0/attention/self/query/kernel")[1]
+        gi = _need(shapes, "generator/encoder/layer_0/intermediate/dense/kernel")[1]
+        mult = gh / hidden
+        if int(round(fields["intermediate_size"] * mult)) != gi:
+            raise ConvertError(f"generator FFN size {gi} is not {gh}/{hidden} of the "
+                               f"discriminator's {fields['intermediate_size']}")
+        fields.update(generator_hidden_size=mult, generator_layers=gl / layers,
+                      tie_embeddings="generator/embeddings/word_embeddings" not in shapes)
+    elif has_head:  # one encoder for both (tie_all_weights)
+        fields.update(generator_hidden_size=1.0, generator_layers=1.0, tie_all_weights=True)
+    config = ModelConfig(**fields)
+    try:
+        config.check()
+    except ConfigError as e:
+        raise ConvertError(f"inferred config is invalid: {e}") from None
+    return config, has_encoder or has_head
+
+
+@dataclasses.dataclass
+class Report:
+    """What a TF1 checkpoint holds relative to the model its shapes describe."""
+    config: ModelConfig
+    has_generator: bool
+    mapped: List[str]
+    missing: List[str]
+    unmapped: List[str]
+    slots: List[str]
+    global_step: Optional[int]
+
+    def lines(self) -> List[str]:
+        out = ["model config (inferred):"]
+        out += [f"  {k}: {v}" for k, v in dataclasses.asdict(self.config).items()]
+        out.append(f"generator: {'present' if self.has_generator else 'absent'}")
+        out.append(f"mapped variables: {len(self.mapped)}")
+        out.append(f"optimizer slots (ignored unless imported): {len(self.slots)}")
+        out.append(f"global_step: {self.global_step if self.global_step is not None else 'absent'}")
+        out.append(f"missing ({len(self.missing)}): {', '.join(self.missing) or '-'}")
+        out.append(f"unmapped ({len(self.unmapped)}): {', '.join(self.unmapped) or '-'}")
+        return out
+
+
+def classify(shapes: Dict[str, List[int]], config: ModelConfig,
+             generator: bool = True) -> Tuple[List[str], List[str], List[str], List[str]]:
+    """-> (mapped, missing, unmapped, slots); raises on a shape mismatch."""
+    expected = expected_shapes(config, generator)
+    mapped, unmapped, slots = [], [], []
+    for name in sorted(shapes):
+        if name == "global_step":
+            continue
+        if name.endswith(SLOT_SUFFIXES):
+            slots.append(name)
+        elif name in expected:
+            if tuple(shapes[name]) != tuple(expected[name]):
+                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != expected "
+                                   f"{list(expected[name])}")
+            mapped.append(name)
+        else:
+            unmapped.append(name)
+    missing = sorted(set(expected) - set(mapped))
+    return mapped, missing, unmapped, slots
+
+
+def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> Report:
+    """Reads a TF1 (name-based) checkpoint prefix or directory; raises ConvertError."""
+    reader = _reader(ckpt_path)
+    shapes = reader.get_variable_to_shape_map()
+    config, has_generator = infer_model_config(shapes, num_heads)
+    mapped, missing, unmapped, slots = classify(shapes, config, has_generator)
+    step = int(reader.get_tensor("global_step")) if "global_step" in shapes else None
+    return Report(config, has_generator, mapped, missing, unmapped, slots, step)
+
+
+def _resolve(path: str) -> str:
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise ConvertError(f"no checkpoint in directory {path}")
+        return latest
+    return path
+
+
+def _reader(path: str):
+    path = _resolve(path)
+    try:
+        return tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConvertError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+
+
+def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
+    """Every tensor of a name-based checkpoint (slots and global_step included)."""
+    reader = _reader(ckpt_path)
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
+
+
+def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
+    """Writes {name: array} as a name-based checkpoint (what a TF1 Saver writes, readable by
+    tf.train.load_checkpoint) plus a `checkpoint` state file. Returns `prefix`."""
+    names = sorted(arrays)
+    directory = os.path.dirname(prefix) or "."
+    tf.io.gfile.makedirs(directory)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
+    base = os.path.basename(prefix)
+    with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n')
+    return prefix
+
+
+# --- TF1 <-> our pre-training model_dir -----------------------------------------------
+
+def _trainer(cfg: PretrainingConfig):
+    from electra_tf.pretraining import Pretrainer  # heavy; only the model_dir paths need it
+    return Pretrainer(cfg, tf.distribute.get_strategy())
+
+
+def _training_checkpoint(trainer) -> tf.train.Checkpoint:
+    # The object graph electra_tf.train.run saves and restores (keep the keys in sync).
+    return tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
+                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
+                               loss_scale_good_steps=trainer.good_steps,
+                               data_batches=trainer.data_batches)
+
+
+def _named_variables(trainer) -> Dict[str, object]:
+    """{TF1 name: variable} for the weights, their Adam slots and global_step."""
+    names = tf1_checkpoint_names(trainer.model)
+    out = {names[v.path]: v for v in trainer.model.trainable_variables}
+    for key, slot in trainer.optimizer.slot_variables().items():
+        base, suffix = key.rsplit("/", 1)
+        out[f"{tf1_name(base)}/{suffix}"] = slot
+    out["global_step"] = trainer.global_step
+    return out
+
+
+def pretraining_config(model: ModelConfig, base: Optional[str] = None,
+                       overrides: Optional[str] = None) -> PretrainingConfig:
+    """`model` with the other sections from preset/JSON `base` (default: the defaults);
+    max_seq_length is capped at the model's positions."""
+    cfg = load_config(base, None) if base else PretrainingConfig()
+    cfg = dataclasses.replace(cfg, model=model)
+    if cfg.train.max_seq_length > model.max_position_embeddings:
+        cfg = apply_overrides(cfg, {"train.max_seq_length": model.max_position_embeddings})
+    if overrides:
+        cfg = apply_overrides(cfg, parse_overrides(overrides))
+    try:
+        return cfg.check()
+    except ConfigError as e:
+        raise ConvertError(str(e)) from None
+
+
+def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
+                     overrides: Optional[str] = None, num_heads: Optional[int] = None,
+                     allow_missing: bool = False) -> Tuple[Report, str]:
+    """Writes `model_dir/config.json` and a training checkpoint (`ckpt-<step>`) from which
+    `run_pretraining.py --model_dir=model_dir --config=model_dir/config.json` continues:
+    weights, Adam slots when the checkpoint has them (else zeros), global_step when present
+    (else 0). Returns (report, checkpoint path)."""
+    if tf.train.latest_checkpoint(model_dir):
+        raise ConvertError(f"{model_dir} already holds a checkpoint; refusing to overwrite")
+    report = inspect_tf1(ckpt_path, num_heads)
+    if report.missing and not allow_missing:
+        raise ConvertError(f"{len(report.missing)} model variables are not in the checkpoint "
+                           f"(first: {report.missing[0]}); pass --allow_missing to keep their "
+                           "random init")
+    cfg = pretraining_config(report.config, base, overrides)
+    trainer = _trainer(cfg)
+    reader = _reader(ckpt_path)
+    shapes = reader.get_variable_to_shape_map()
+    for name, var in _named_variables(trainer).items():
+        if name in shapes:
+            if tuple(shapes[name]) != tuple(var.shape):
+                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != "
+                                   f"expected {list(var.shape)}")
+            var.assign(tf.cast(reader.get_tensor(name), var.dtype))
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg.to_json(), f, indent=2)
+    manager = tf.train.CheckpointManager(_training_checkpoint(trainer), model_dir,
+                                         max_to_keep=1, step_counter=trainer.global_step)
+    return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
+
+
+def load_model_dir(model_dir: str):
+    """-> a Pretrainer with the newest checkpoint of our `model_dir` restored."""
+    cfg = load_config(os.path.join(model_dir, "config.json"))
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None:
+        raise ConvertError(f"no checkpoint in {model_dir}")
+    trainer = _trainer(cfg)
+    _training_checkpoint(trainer).restore(latest).expect_partial()
+    return trainer
+
+
+def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = False) -> str:
+    """Our training checkpoint -> a name-based checkpoint with the released names
+    (weights and global_step; the `<var>/adam_m|v` slots too with `include_optimizer`)."""
+    trainer = load_model_dir(model_dir)
+    arrays = {n: v.numpy() for n, v in _named_variables(trainer).items()
+              if include_optimizer or not n.endswith(SLOT_SUFFIXES)}
+    return write_tf1(arrays, prefix)
+
+
+def model_arrays(model) -> Dict[str, np.ndarray]:
+    """{TF1 name: array} of a model's (or encoder's) trainable variables."""
+    names = tf1_checkpoint_names(model)
+    return {names[v.path]: np.asarray(v.numpy()) for v in model.trainable_variables}
+
+
+def assign_arrays(model, arrays: Dict[str, np.ndarray], allow_missing: bool = False) -> List[str]:
+    """Assigns {TF1 name: array} to `model`'s variables; returns the missing names."""
+    names = tf1_checkpoint_names(model)
+    missing = []
+    for v in model.trainable_variables:
+        name = names[v.path]
+        if name not in arrays:
+            missing.append(name)
+            continue
+        if tuple(arrays[name].shape) != tuple(v.shape):
+            raise ConvertError(f"{name}: shape {list(arrays[name].shape)} != variable shape "
+                               f"{list(v.shape)}")
+        v.assign(arrays[name])
+    if missing and not allow_missing:
+        raise ConvertError(f"{len(missing)} variables missing (first: {missing[0]})")
+    return missing
+
+
+# --- Hugging Face transformers (safetensors) ------------------------------------------
+
+_LEAF = {"kernel": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}
+
+
+def _hf_key(rest: str) -> Tuple[str, bool]:
+    """'encoder/layer_3/attention/self/query/kernel' -> ('encoder.layer.3.attention.self.
+    query.weight', transpose?)."""
+    parts = rest.split("/")
+    leaf = parts.pop()
+    parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", p) for p in parts]
+    if leaf.endswith("_embeddings"):
+        return ".".join(parts + [leaf, "weight"]), False
+    return ".".join(parts + [_LEAF[leaf]]), leaf == "kernel"
+
+
+def hf_name_map(config: ModelConfig, part: str) -> Dict[str, Tuple[str, bool]]:
+    """{TF1 name: (transformers parameter name, transpose)} for `part` 'discriminator'
+    (ElectraForPreTraining) or 'generator' (ElectraForMaskedLM; `generator_lm_head.weight`,
+    tied to the word embeddings, is added by the writer)."""
+    out = {}
+    if part == "discriminator":
+        for name in expected_shapes(config, generator=False):
+            scope, rest = name.split("/", 1)
+            if scope == "electra":
+                key, t = _hf_key(rest)
+                out[name] = ("electra." + key, t)
+            else:
+                key, t = _hf_key(rest.replace("dense_1/", "dense_prediction/"))
+                out[name] = ("discriminator_predictions." + key, t)
+        return out
+    enc = "electra" if config.tie_all_weights else "generator"
+    emb = "electra" if config.tie_embeddings or config.tie_all_weights else "generator"
+    for name in expected_shapes(config, generator=True):
+        scope, rest = name.split("/", 1)
+        if name == "generator_predictions/output_bias":
+            out[name] = ("generator_lm_head.bias", False)
+        elif scope == "generator_predictions":
+            key, t = _hf_key(rest)
+            out[name] = ("generator_predictions." + key, t)
+        elif scope == emb and rest.startswith("embeddings/"):
+            key, t = _hf_key(rest)
+            out[name] = ("electra." + key, t)
+        elif scope == enc and not rest.startswith("embeddings/"):
+            key, t = _hf_key(rest)
+            out[name] = ("electra." + key, t)
+    return out
+
+
+def hf_config(config: ModelConfig, part: str) -> Dict:
+    gen = part == "generator"
+    gh = config.hidden_size if config.tie_all_weights else config.generator_hidden
+    return {
+        "architectures": ["ElectraForMaskedLM" if gen else "ElectraForPreTraining"],
+        "model_type": "electra",
+        "vocab_size": config.vocab_size,
+        "embedding_size": config.embedding_size,
+        "hidden_size": gh if gen else config.hidden_size,
+        "num_hidden_layers": (config.num_hidden_layers if config.tie_all_weights
+                              else config.generator_num_layers) if gen
+        else config.num_hidden_layers,
+        "num_attention_heads": (max(1, gh // 64) if config.tie_all_weights else
+                                config.generator_heads) if gen else config.num_attention_heads,
+        "intermediate_size": (config.intermediate_size if config.tie_all_weights else
+                              config.generator_intermediate) if gen else config.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.hidden_dropout_prob,
+        "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+    }
+
+
+def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
+              part: str = "discriminator") -> str:
+    """Writes `out_dir/config.json` and `out_dir/model.safetensors` for `part`."""
+    from safetensors.numpy import save_file
+    tensors = {}
+    for name, (key, transpose) in hf_name_map(config, part).items():
+        if name not in arrays:
+            raise ConvertError(f"{name} is needed for the {part} export but missing")
+        a = np.asarray(arrays[name], np.float32)
+        tensors[key] = np.ascontiguousarray(a.T if transpose else a)
+    if part == "generator":
+        tensors["generator_lm_head.weight"] = tensors[
+            "electra.embeddings.word_embeddings.weight"].copy()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(hf_config(config, part), f, indent=2)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+def _read_hf(path: str) -> Tuple[Dict, Dict[str, np.ndarray]]:
+    from safetensors.numpy import load_file
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        tensors = load_file(os.path.join(path, "model.safetensors"))
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"cannot read Hugging Face directory {path}: {e}") from None
+    if cfg.get("model_type") != "electra":
+        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra")
+    return cfg, tensors
+
+
+def import_hf(disc_dir: str, gen_dir: Optional[str] = None
+              ) -> Tuple[ModelConfig, Dict[str, np.ndarray], List[str]]:
+    """Hugging Face ElectraForPreTraining (+ optional ElectraForMaskedLM) directories ->
+    (ModelConfig, {TF1 name: array}, unmapped transformers names)."""
+    d, dt = _read_hf(disc_dir)
+    fields = dict(vocab_size=d["vocab_size"], embedding_size=d["embedding_size"],
+                  hidden_size=d["hidden_size"], num_hidden_layers=d["num_hidden_layers"],
+                  num_attention_heads=d["num_attention_heads"],
+                  intermediate_size=d["intermediate_size"],
+                  max_position_embeddings=d["max_position_embeddings"],
+                  type_vocab_size=d["type_vocab_size"],
+                  layer_norm_eps=d.get("layer_norm_eps", 1e-12))
+    parts = [("discriminator", dt)]
+    if gen_dir:
+        g, gt = _read_hf(gen_dir)
+        mult = g["hidden_size"] / d["hidden_size"]
+        tied = all(np.array_equal(gt.get(f"electra.embeddings.{k}"),
+                                  dt.get(f"electra.embeddings.{k}"))
+                   for k in ("word_embeddings.weight", "position_embeddings.weight",
+                             "token_type_embeddings.weight", "LayerNorm.weight",
+                             "LayerNorm.bias"))
+        fields.update(generator_hidden_size=mult,
+                      generator_layers=g["num_hidden_layers"] / d["num_hidden_layers"],
+                      tie_embeddings=tied)
+        parts.append(("generator", gt))
+    config = ModelConfig(**fields)
+    arrays, used = {}, {part: set() for part, _ in parts}
+    for part, tensors in parts:
+        for name, (key, transpose) in hf_name_map(config, part).items():
+            if key not in tensors:
+                raise ConvertError(f"{part}: {key} (for {name}) is not in model.safetensors")
+            a = tensors[key].T if transpose else tensors[key]
+            used[part].add(key)
+            if name in arrays:  # tied embeddings come with both parts
+                continue
+            want = expected_shapes(config, generator=bool(gen_dir))[name]
+            if tuple(a.shape) != tuple(want):
+                raise ConvertError(f"{key}: shape {list(a.shape)} != expected {list(want)}")
+            arrays[name] = np.ascontiguousarray(a)
+    unmapped = sorted(f"{part}:{k}" for part, tensors in parts for k in tensors
+                      if k not in used[part] and k != "generator_lm_head.weight")
+    return config, arrays, unmapped
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m electra_tf.convert", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("inspect", help="Print the config inferred from a TF1 checkpoint and "
+                       "which variables map.")
+    s.add_argument("checkpoint")
+    s.add_argument("--num_heads", type=int)
+    s = sub.add_parser("import-tf1", help="TF1 checkpoint -> our pre-training model_dir.")
+    s.add_argument("checkpoint")
+    s.add_argument("model_dir")
+    s.add_argument("--num_heads", type=int)
+    s.add_argument("--base_config", help="Preset or JSON for the non-model sections.")
+    s.add_argument("--params_override", default="")
+    s.add_argument("--allow_missing", action="store_true")
+    s = sub.add_parser("export-tf1", help="Our model_dir -> TF1 name-based checkpoint.")
+    s.add_argument("model_dir")
+    s.add_argument("prefix")
+    s.add_argument("--include_optimizer", action="store_true")
+    s = sub.add_parser("export-hf", help="Our model_dir or a TF1 checkpoint -> Hugging Face "
+                       "directories (discriminator, generator when present).")
+    s.add_argument("source")
+    s.add_argument("out_dir")
+    s.add_argument("--num_heads", type=int)
+    s = sub.add_parser("import-hf", help="Hugging Face directories -> TF1 checkpoint.")
+    s.add_argument("discriminator_dir")
+    s.add_argument("prefix")
+    s.add_argument("--generator_dir")
+    return p
+
+
+def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool]:
+    if os.path.exists(os.path.join(source, "config.json")):
+        trainer = load_model_dir(source)
+        return trainer.cfg.model, model_arrays(trainer.model), True
+    report = inspect_tf1(source, num_heads)
+    return report.config, read_tf1(source), report.has_generator
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "inspect":
+            print("\n".join(inspect_tf1(args.checkpoint, args.num_heads).lines()))
+        elif args.command == "import-tf1":
+            report, path = tf1_to_model_dir(args.checkpoint, args.model_dir, args.base_config,
+                                            args.params_override, args.num_heads,
+                                            args.allow_missing)
+            print("\n".join(report.lines()))
+            print(f"wrote {path}; continue with: python run_pretraining.py "
+                  f"--model_dir={args.model_dir} "
+                  f"--config={os.path.join(args.model_dir, 'config.json')}")
+        elif args.command == "export-tf1":
+            print(model_dir_to_tf1(args.model_dir, args.prefix, args.include_optimizer))
+        elif args.command == "export-hf":
+            config, arrays, has_gen = _source_arrays(args.source, args.num_heads)
+            print(export_hf(arrays, config, os.path.join(args.out_dir, "discriminator")))
+            if has_gen:
+                print(export_hf(arrays, config, os.path.join(args.out_dir, "generator"),
+                                "generator"))
+        elif args.command == "import-hf":
+            config, arrays, unmapped = import_hf(args.discriminator_dir, args.generator_dir)
+            print(json.dumps(dataclasses.asdict(config), indent=2))
+            if unmapped:
+                print(f"unmapped ({len(unmapped)}): {', '.join(unmapped)}")
+            print(write_tf1(arrays, args.prefix))
+    except (ConvertError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

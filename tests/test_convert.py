@@ -1,0 +1,213 @@
+"""electra_tf.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import convert
+from electra_tf.configs import ModelConfig
+from electra_tf.modeling import ElectraPretrainingModel, save_tf1_checkpoint, tf1_checkpoint_names
+
+TINY = ModelConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                   num_attention_heads=1, intermediate_size=64, max_position_embeddings=24,
+                   type_vocab_size=2, generator_hidden_size=0.5)
+# Like the released small++: generator as wide as the discriminator, E != H, 128 hidden.
+WIDE = ModelConfig(vocab_size=40, embedding_size=32, hidden_size=128, num_hidden_layers=2,
+                   num_attention_heads=2, intermediate_size=96, max_position_embeddings=16,
+                   type_vocab_size=3, generator_hidden_size=1.0)
+
+
+def _ckpt(tmp_path, config, extra=None, name="model.ckpt", variables=None):
+    model = ElectraPretrainingModel(config)
+    prefix = str(tmp_path / name)
+    arrays = convert.model_arrays(model)
+    if variables is not None:
+        arrays = {k: v for k, v in arrays.items() if k in variables}
+    arrays.update(extra or {})
+    convert.write_tf1(arrays, prefix)
+    return model, prefix, arrays
+
+
+@pytest.mark.parametrize("config", [TINY, WIDE])
+def test_expected_shapes_match_the_model(config):
+    model = ElectraPretrainingModel(config)
+    names = tf1_checkpoint_names(model)
+    got = {names[v.path]: tuple(v.shape) for v in model.trainable_variables}
+    assert got == convert.expected_shapes(config)
+
+
+def test_inspect_infers_config_and_reports(tmp_path, capsys):
+    model = ElectraPretrainingModel(WIDE)
+    slots = {"electra/embeddings/word_embeddings/adam_m": np.zeros((40, 32), np.float32),
+             "electra/embeddings/word_embeddings/adam_v": np.zeros((40, 32), np.float32),
+             "global_step": np.int64(1234), "some/other/var": np.ones(3, np.float32)}
+    prefix = save_tf1_checkpoint(model, str(tmp_path / "plain.ckpt"))
+    # what SaveV2 writes (save_tf1_checkpoint) and what write_tf1 writes read the same
+    arrays = convert.read_tf1(prefix)
+    arrays.update(slots)
+    prefix = convert.write_tf1(arrays, str(tmp_path / "full.ckpt"))
+    report = convert.inspect_tf1(prefix)
+    c = report.config
+    assert (c.vocab_size, c.embedding_size, c.hidden_size, c.num_hidden_layers) == (40, 32, 128, 2)
+    assert (c.num_attention_heads, c.intermediate_size, c.max_position_embeddings,
+            c.type_vocab_size) == (2, 96, 16, 3)
+    assert c.generator_hidden_size == 1.0 and c.generator_layers == 1.0 and c.tie_embeddings
+    assert report.has_generator and report.global_step == 1234
+    assert report.unmapped == ["some/other/var"] and not report.missing
+    assert len(report.slots) == 2 and len(report.mapped) == len(convert.expected_shapes(c))
+    assert convert.main(["inspect", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "hidden_size: 128" in out and "global_step: 1234" in out and "some/other/var" in out
+
+    # directory form, and the tiny one with a half-width generator
+    _, p2, _ = _ckpt(tmp_path / "tiny", TINY)
+    r2 = convert.inspect_tf1(str(tmp_path / "tiny"))
+    assert r2.config.generator_hidden == 16 and r2.config.generator_intermediate == 32
+    assert r2.config.num_attention_heads == 1 and r2.global_step is None
+
+
+def test_inspect_discriminator_only_and_missing(tmp_path):
+    disc = convert.expected_shapes(TINY, generator=False)
+    _, prefix, _ = _ckpt(tmp_path, TINY, variables=disc)
+    report = convert.inspect_tf1(prefix)
+    assert not report.has_generator and not report.missing
+    layer1 = [n for n in disc if "layer_1/output/dense/kernel" in n]
+    _, prefix, _ = _ckpt(tmp_path / "m", TINY, variables=set(disc) - set(layer1))
+    assert convert.inspect_tf1(prefix).missing == layer1
+
+
+def test_shape_mismatch_is_refused(tmp_path):
+    _, prefix, arrays = _ckpt(tmp_path, TINY)
+    arrays["electra/encoder/layer_1/intermediate/dense/kernel"] = np.zeros((32, 65), np.float32)
+    bad = convert.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
+    with pytest.raises(convert.ConvertError) as e:
+        convert.inspect_tf1(bad)
+    msg = str(e.value)
+    assert "layer_1/intermediate/dense/kernel" in msg and "[32, 65]" in msg and "[32, 64]" in msg
+    assert "\n" not in msg
+    assert convert.main(["inspect", bad]) == 1
+
+
+def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
+    from electra_tf.configs import load_config
+    from electra_tf.pretraining import Pretrainer
+    model, _, arrays = _ckpt(tmp_path, TINY)
+    arrays["global_step"] = np.int64(77)
+    m = "electra/encoder/layer_0/output/dense/kernel/adam_m"
+    arrays[m] = np.full((64, 32), 0.5, np.float32)
+    prefix = convert.write_tf1(arrays, str(tmp_path / "src" / "model.ckpt"))
+    out = str(tmp_path / "run")
+    report, path = convert.tf1_to_model_dir(prefix, out, overrides="num_train_steps=100")
+    assert path.endswith("ckpt-77") and report.global_step == 77
+    with pytest.raises(convert.ConvertError, match="already holds"):
+        convert.tf1_to_model_dir(prefix, out)
+
+    # exactly what electra_tf.train.run does on resume
+    cfg = load_config(os.path.join(out, "config.json"))
+    assert cfg.model == report.config and cfg.train.num_train_steps == 100
+    assert cfg.train.max_seq_length == TINY.max_position_embeddings
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy())
+    ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
+                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
+                               loss_scale_good_steps=trainer.good_steps,
+                               data_batches=trainer.data_batches)
+    ckpt.restore(tf.train.latest_checkpoint(out)).assert_existing_objects_matched()
+    assert int(trainer.global_step.numpy()) == 77
+    got = convert.model_arrays(trainer.model)
+    for name, value in convert.model_arrays(model).items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    slots = {k.replace("electra_pretraining/", ""): v
+             for k, v in trainer.optimizer.slot_variables().items()}
+    np.testing.assert_array_equal(slots[m].numpy(), arrays[m])
+
+    # export-tf1: official names, values equal, readable by load_checkpoint
+    back = str(tmp_path / "back" / "model.ckpt")
+    assert convert.main(["export-tf1", out, back, "--include_optimizer"]) == 0
+    reader = tf.train.load_checkpoint(back)
+    assert int(reader.get_tensor("global_step")) == 77
+    np.testing.assert_array_equal(reader.get_tensor(m), arrays[m])
+    for name in convert.expected_shapes(TINY):
+        np.testing.assert_array_equal(reader.get_tensor(name), arrays[name], err_msg=name)
+    assert not convert.inspect_tf1(back).missing
+
+
+@pytest.mark.parametrize("config", [
+    TINY, WIDE, ModelConfig(**{**TINY.__dict__, "tie_embeddings": False})])
+def test_hf_round_trip(tmp_path, config):
+    model = ElectraPretrainingModel(config)
+    arrays = convert.model_arrays(model)
+    disc = convert.export_hf(arrays, config, str(tmp_path / "d"))
+    gen = convert.export_hf(arrays, config, str(tmp_path / "g"), "generator")
+    from safetensors.numpy import load_file
+    d = load_file(os.path.join(disc, "model.safetensors"))
+    g = load_file(os.path.join(gen, "model.safetensors"))
+    q = "electra.encoder.layer.1.attention.self.query.weight"
+    np.testing.assert_array_equal(
+        d[q], arrays["electra/encoder/layer_1/attention/self/query/kernel"].T)
+    np.testing.assert_array_equal(
+        d["discriminator_predictions.dense_prediction.weight"],
+        arrays["discriminator_predictions/dense_1/kernel"].T)
+    assert d["discriminator_predictions.dense_prediction.weight"].shape == (1, config.hidden_size)
+    np.testing.assert_array_equal(g["generator_lm_head.weight"],
+                                  g["electra.embeddings.word_embeddings.weight"])
+    np.testing.assert_array_equal(g["generator_lm_head.bias"],
+                                  arrays["generator_predictions/output_bias"])
+    assert g[q].shape == (config.generator_hidden,) * 2
+    assert ("electra.embeddings_project.weight" in d) == (config.embedding_size !=
+                                                           config.hidden_size)
+    with open(os.path.join(disc, "config.json")) as f:
+        hc = json.load(f)
+    assert hc["model_type"] == "electra" and hc["architectures"] == ["ElectraForPreTraining"]
+    assert hc["embedding_size"] == config.embedding_size and hc["hidden_act"] == "gelu"
+    assert hc["layer_norm_eps"] == 1e-12
+
+    got_config, got, unmapped = convert.import_hf(disc, gen)
+    assert got_config == config and not unmapped
+    assert sorted(got) == sorted(arrays)
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+    # discriminator alone
+    _, only, _ = convert.import_hf(disc)
+    assert sorted(only) == sorted(convert.expected_shapes(config, generator=False))
+
+
+def test_hf_config_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    arrays = convert.model_arrays(ElectraPretrainingModel(WIDE))
+    out = convert.export_hf(arrays, WIDE, str(tmp_path / "g"), "generator")
+    hc = transformers.ElectraConfig.from_pretrained(out)
+    assert (hc.hidden_size, hc.embedding_size, hc.num_attention_heads,
+            hc.intermediate_size) == (128, 32, 2, 96)
+
+
+def test_cli_export_and_import_hf(tmp_path, capsys):
+    _, prefix, arrays = _ckpt(tmp_path, TINY)
+    out = str(tmp_path / "hf")
+    assert convert.main(["export-hf", prefix, out]) == 0
+    back = str(tmp_path / "back" / "model.ckpt")
+    assert convert.main(["import-hf", os.path.join(out, "discriminator"), back,
+                         "--generator_dir", os.path.join(out, "generator")]) == 0
+    reader = tf.train.load_checkpoint(back)
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(reader.get_tensor(name), value, err_msg=name)
+
+
+def test_transformers_parity(tmp_path):
+    torch = pytest.importorskip("torch")
+    import transformers
+    model = ElectraPretrainingModel(WIDE)
+    out = convert.export_hf(convert.model_arrays(model), WIDE, str(tmp_path / "d"))
+    hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
+    ids = np.array([[2, 5, 7, 9, 1, 3]], np.int32)
+    seg = np.array([[0, 0, 0, 1, 1, 1]], np.int32)
+    mask = np.array([[1, 1, 1, 1, 1, 0]], np.int32)
+    ours = model.discriminator(ids, mask, seg).numpy()
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(ids, dtype=torch.long),
+                    attention_mask=torch.tensor(mask, dtype=torch.long),
+                    token_type_ids=torch.tensor(seg, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
