@@ -450,17 +450,119 @@ def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
     return out_dir
 
 
-def _read_hf(path: str) -> Tuple[Dict, Dict[str, np.ndarray]]:
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face `transformers` model directory: a config.json naming a model_type."""
+    cfg = os.path.join(path, "config.json")
+    if not (os.path.isdir(path) and os.path.isfile(cfg)):
+        return False
+    try:
+        with open(cfg) as f:
+            return "model_type" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def _read_hf(path: str, model_types=("electra",)) -> Tuple[Dict, Dict[str, np.ndarray]]:
     from safetensors.numpy import load_file
+    weights = os.path.join(path, "model.safetensors")
+    if not os.path.exists(weights) and os.path.exists(os.path.join(path, "pytorch_model.bin")):
+        raise ConvertError(f"{path} holds pytorch_model.bin, which needs torch to read: convert "
+                           "it to model.safetensors (e.g. save_pretrained(..., "
+                           "safe_serialization=True))")
     try:
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
-        tensors = load_file(os.path.join(path, "model.safetensors"))
-    except (OSError, ValueError) as e:
-        raise ConvertError(f"cannot read Hugging Face directory {path}: {e}") from None
-    if cfg.get("model_type") != "electra":
-        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra")
+        tensors = load_file(weights)
+    except (OSError, ValueError, TypeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConvertError(f"cannot read Hugging Face directory {path}: {msg}") from None
+    if cfg.get("model_type") not in model_types:
+        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not "
+                           f"{' or '.join(model_types)}")
     return cfg, tensors
+
+
+def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
+    """The ModelConfig of a transformers ELECTRA or BERT config.json (BERT: embedding
+    size = hidden size, so no embeddings_project)."""
+    act = cfg.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ConvertError(f"{path}: hidden_act {act!r} is not supported (the encoder uses "
+                           "exact gelu)")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ConvertError(f"{path}: position_embedding_type "
+                           f"{cfg['position_embedding_type']!r} is not absolute")
+    try:
+        h = cfg["hidden_size"]
+        return ModelConfig(
+            vocab_size=cfg["vocab_size"], embedding_size=cfg.get("embedding_size", h),
+            hidden_size=h, num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"],
+            hidden_dropout_prob=cfg.get("hidden_dropout_prob", 0.1),
+            attention_probs_dropout_prob=cfg.get("attention_probs_dropout_prob", 0.1),
+            max_position_embeddings=cfg["max_position_embeddings"],
+            type_vocab_size=cfg.get("type_vocab_size", 2),
+            initializer_range=cfg.get("initializer_range", 0.02),
+            layer_norm_eps=cfg.get("layer_norm_eps", 1e-12))
+    except KeyError as e:
+        raise ConvertError(f"{path}: config.json has no {e.args[0]}") from None
+
+
+def read_hf_config(path: str) -> ModelConfig:
+    """hf_model_config of the config.json in a transformers ELECTRA / BERT directory."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"cannot read {path}/config.json: {e}") from None
+    if cfg.get("model_type") not in ("electra", "bert"):
+        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra "
+                           "or bert")
+    return hf_model_config(cfg, path)
+
+
+def hf_encoder_map(config: ModelConfig, prefix: str) -> Dict[str, Tuple[str, bool]]:
+    """{TF1 name: (transformers name, transpose)} of the discriminator encoder
+    (`electra/embeddings...`, `electra/encoder/layer_N/...`); `prefix` is the transformers
+    module ('electra.', 'bert.' or '' for a bare ElectraModel / BertModel)."""
+    out = {}
+    h = config.hidden_size
+    names = dict(_embedding_shapes("electra", config))
+    names.update(_encoder_shapes("electra", config, h, config.num_hidden_layers,
+                                 config.intermediate_size))
+    for name in names:
+        key, t = _hf_key(name.split("/", 1)[1])
+        out[name] = (prefix + key, t)
+    return out
+
+
+def import_hf_encoder(path: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], List[str]]:
+    """A transformers ELECTRA (ElectraForPreTraining / ElectraModel / ...) or BERT (BertModel,
+    BertForPreTraining, ...) directory -> (ModelConfig, {TF1 encoder name: array}, ignored
+    transformers names: pooler, heads, buffers)."""
+    cfg, tensors = _read_hf(path, ("electra", "bert"))
+    config = hf_model_config(cfg, path)
+    # Older BERT files name LayerNorm parameters gamma / beta.
+    tensors = {re.sub(r"(LayerNorm)\.gamma$", r"\1.weight",
+                      re.sub(r"(LayerNorm)\.beta$", r"\1.bias", k)): v
+               for k, v in tensors.items()}
+    module = cfg["model_type"] + "."
+    prefix = module if f"{module}embeddings.word_embeddings.weight" in tensors else ""
+    want = dict(_embedding_shapes("electra", config))
+    want.update(_encoder_shapes("electra", config, config.hidden_size,
+                                config.num_hidden_layers, config.intermediate_size))
+    arrays, used = {}, set()
+    for name, (key, transpose) in hf_encoder_map(config, prefix).items():
+        if key not in tensors:
+            raise ConvertError(f"{path}: {key} (for {name}) is not in model.safetensors")
+        a = tensors[key].T if transpose else tensors[key]
+        if tuple(a.shape) != tuple(want[name]):
+            raise ConvertError(f"{path}: {key} has shape {list(tensors[key].shape)}, config.json "
+                               f"implies {list(want[name][::-1] if transpose else want[name])}")
+        arrays[name] = np.ascontiguousarray(a, dtype=np.float32)
+        used.add(key)
+    return config, arrays, sorted(k for k in tensors if k not in used)
 
 
 def import_hf(disc_dir: str, gen_dir: Optional[str] = None
@@ -468,13 +570,7 @@ def import_hf(disc_dir: str, gen_dir: Optional[str] = None
     """Hugging Face ElectraForPreTraining (+ optional ElectraForMaskedLM) directories ->
     (ModelConfig, {TF1 name: array}, unmapped transformers names)."""
     d, dt = _read_hf(disc_dir)
-    fields = dict(vocab_size=d["vocab_size"], embedding_size=d["embedding_size"],
-                  hidden_size=d["hidden_size"], num_hidden_layers=d["num_hidden_layers"],
-                  num_attention_heads=d["num_attention_heads"],
-                  intermediate_size=d["intermediate_size"],
-                  max_position_embeddings=d["max_position_embeddings"],
-                  type_vocab_size=d["type_vocab_size"],
-                  layer_norm_eps=d.get("layer_norm_eps", 1e-12))
+    fields = dataclasses.asdict(hf_model_config(d, disc_dir))
     parts = [("discriminator", dt)]
     if gen_dir:
         g, gt = _read_hf(gen_dir)

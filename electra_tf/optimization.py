@@ -619,3 +619,15 @@ def make_optimizer(config, total_steps: int) -> _AdamFamily:
     if config.optimizer == "lamb":
         return LAMB(schedule, bias_correction=True, **common)
     raise ValueError(f"optimizer={config.optimizer!r}: expected adamw or lamb")
+
+
+def update_loss_scale(scale: tf.Variable, good_steps: tf.Variable, finite,
+                      growth_interval: int = 2000):
+    """Dynamic loss scaling (float16): halve `scale` after a non-finite step (not below 1),
+    double it after `growth_interval` finite steps in a row (`good_steps` counts them)."""
+    good = tf.where(finite, good_steps + 1, 0)
+    grow = good >= growth_interval
+    scale.assign(tf.where(finite, tf.where(grow, scale * 2.0, scale),
+                          tf.maximum(scale / 2.0, 1.0)))
+    good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
+

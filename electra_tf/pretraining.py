@@ -18,7 +18,8 @@ from electra_tf import objective as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import ElectraPretrainingModel, use_matvec_means
-from electra_tf.optimization import all_reduce_gradients, clip_by_global_norm, make_optimizer
+from electra_tf.optimization import (all_reduce_gradients, clip_by_global_norm, make_optimizer,
+                                     update_loss_scale)
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 _EPS = 1e-5
@@ -234,12 +235,7 @@ class Pretrainer:
         """Dynamic loss scaling for float16: halve on overflow, double after 2000 good steps."""
         if self.cfg.train.precision != "float16":
             return
-        good = tf.where(finite, self.good_steps + 1, 0)
-        grow = good >= 2000
-        scale = tf.where(finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale),
-                         tf.maximum(self.loss_scale / 2.0, 1.0))
-        self.loss_scale.assign(scale)
-        self.good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
+        update_loss_scale(self.loss_scale, self.good_steps, finite)
 
     def _replica_eval_fn(self, batch):
         dens = {k: obj.cross_replica_sum(v)

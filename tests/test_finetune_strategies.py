@@ -182,3 +182,25 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
         results = json.load(f)
     assert results["num_train_steps"] == 96 and len(results["scores"]) == 1
     assert 0.0 <= results["scores"][0] <= 1.0
+
+
+def test_float16_finetuning_scales_the_loss(tmp_path, precision):
+    """float16 starts at a loss scale of 2^15 and trains; an overflowing step is skipped
+    (weights untouched, step not counted) and halves the scale; the scale is checkpointed."""
+    task, batch = toy_batch(str(tmp_path))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    precision("float16")
+    ft = Finetuner(task, NO_DROPOUT, CFG, strategy, 10, None, 1)
+    assert ft.model.electra.blocks[0].query.compute_dtype == "float16"
+    assert float(ft.loss_scale.numpy()) == 2.0 ** 15
+    first, skipped = run_steps(ft, batch, 3)
+    assert skipped == 0 and int(ft.global_step.numpy()) == 3
+    assert np.isfinite(first) and first == pytest.approx(np.log(2), abs=0.2)
+    ft.loss_scale.assign(3e38)  # the scaled loss overflows: non-finite gradients
+    before = [v.numpy().copy() for v in ft.variables]
+    _, skipped = run_steps(ft, batch, 1)
+    assert skipped == 1 and int(ft.global_step.numpy()) == 3
+    assert float(ft.loss_scale.numpy()) == pytest.approx(1.5e38)
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, ft.variables))
+    names = dict(tf.train.list_variables(ft.checkpoint().write(str(tmp_path / "ck"))))
+    assert any(n.startswith("loss_scale/") for n in names)

@@ -7,7 +7,7 @@ from typing import Optional
 
 from absl import logging
 
-from electra_tf import configs
+from electra_tf import configs, convert
 from electra_tf.distribute import StrategyError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
@@ -21,10 +21,16 @@ DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 
 
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
-    """--config if given, else the config.json of the pre-training run that wrote the
-    checkpoint (looked for beside it and up to two directories above)."""
+    """--config if given, else that of a Hugging Face ELECTRA / BERT directory, else the
+    config.json of the pre-training run that wrote the checkpoint (looked for beside it and
+    up to two directories above)."""
     if config:
         return configs.load_config(config).model
+    if init_checkpoint and convert.is_hf_dir(init_checkpoint):
+        try:  # a transformers ELECTRA / BERT directory: its config.json gives the sizes
+            return convert.read_hf_config(init_checkpoint)
+        except convert.ConvertError as e:
+            raise InitError(f"--init_checkpoint: {e}") from None
     if init_checkpoint:
         here = init_checkpoint if os.path.isdir(init_checkpoint) else \
             os.path.dirname(init_checkpoint)

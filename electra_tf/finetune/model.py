@@ -12,7 +12,9 @@ from typing import Dict
 
 import keras
 import tensorflow as tf
+from absl import logging
 
+from electra_tf import convert
 from electra_tf.configs import ModelConfig
 from electra_tf.modeling import (Encoder, _truncated_normal, dropout, gelu,
                                  load_tf1_checkpoint)
@@ -193,11 +195,29 @@ def resolve_checkpoint(path: str) -> str:
     return path
 
 
+def init_encoder_from_hf(encoder: Encoder, path: str):
+    """Loads the encoder from a Hugging Face `transformers` ELECTRA or BERT directory
+    (config.json + model.safetensors). Returns the ignored transformers names (pooler,
+    pre-training heads, buffers)."""
+    try:
+        _, arrays, ignored = convert.import_hf_encoder(path)
+        convert.assign_arrays(encoder, arrays)
+    except convert.ConvertError as e:
+        raise InitError(f"--init_checkpoint {path}: {str(e).splitlines()[0]}") from None
+    if ignored:
+        logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
+                     path, len(ignored), ", ".join(ignored))
+    return ignored
+
+
 def init_encoder(encoder: Encoder, path: str) -> str:
     """Loads the discriminator encoder from `path`: a released / exported TF1-named
-    checkpoint (`electra/...`), or an object-based pre-training checkpoint (`ckpt-N`,
-    model/electra/...). The generator and the pre-training heads are ignored.
-    Returns the checkpoint prefix used."""
+    checkpoint (`electra/...`), an object-based pre-training checkpoint (`ckpt-N`,
+    model/electra/...), or a Hugging Face ELECTRA / BERT directory. The generator, the
+    pooler and the pre-training heads are ignored. Returns the checkpoint used."""
+    if convert.is_hf_dir(path):
+        init_encoder_from_hf(encoder, path)
+        return path
     prefix = resolve_checkpoint(path)
     try:
         names = dict(tf.train.list_variables(prefix))

@@ -24,7 +24,8 @@ from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
 from electra_tf.finetune.tasks import Task, TaskData
-from electra_tf.optimization import AdamW, WarmupPolynomialDecay, clip_by_global_norm
+from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_global_norm,
+                                     update_loss_scale)
 from electra_tf.pretraining import default_jit
 from electra_tf.train import Preempted, _format_time, _Progress, _sigterm_flag
 
@@ -108,9 +109,15 @@ class Finetuner:
             self.optimizer = AdamW(schedule, weight_decay=cfg.weight_decay,
                                    epsilon=cfg.adam_epsilon, bias_correction=False)
             self.optimizer.build(self.variables)
+            agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="global_step",
-                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                                           name="global_step", aggregation=agg)
+            # float16 (the global Keras policy) scales the loss dynamically, as pre-training.
+            self.float16 = keras.mixed_precision.global_policy().compute_dtype == "float16"
+            self.loss_scale = tf.Variable(2.0 ** 15 if self.float16 else 1.0, trainable=False,
+                                          name="loss_scale", aggregation=agg)
+            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                          name="loss_scale_good_steps", aggregation=agg)
         multipliers = layerwise_lr_multipliers(self.model, cfg.layerwise_lr_decay,
                                                cfg.official_lr_bug)
         self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
@@ -122,7 +129,8 @@ class Finetuner:
 
     def checkpoint(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                   global_step=self.global_step)
+                                   global_step=self.global_step, loss_scale=self.loss_scale,
+                                   loss_scale_good_steps=self.good_steps)
 
     # ------------------------------------------------------------------ replica functions
 
@@ -133,13 +141,18 @@ class Finetuner:
             outputs = self.model(batch, training=True)
             per_example = self.task.loss(outputs, batch)
             loss = tf.reduce_sum(per_example * batch["weight"]) / global_batch
-        grads = tape.gradient(loss, self.variables)
+            scaled = loss * tf.cast(self.loss_scale, tf.float32)
+        grads = tape.gradient(scaled, self.variables)
         ctx = tf.distribute.get_replica_context()
         grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
+        grads = [None if g is None else g * inv_scale for g in grads]
         grads, norm = clip_by_global_norm(grads, self.cfg.clip_norm)
         finite = tf.math.is_finite(norm)
         self.optimizer.apply_gradients(zip(grads, self.variables), self.global_step,
                                        lr_multipliers=self.lr_multipliers, should_update=finite)
+        if self.float16:
+            update_loss_scale(self.loss_scale, self.good_steps, finite)
         self.global_step.assign_add(tf.cast(finite, tf.int64))
         return {"loss": loss, "skipped": 1.0 - tf.cast(finite, tf.float32)}
 
