@@ -211,3 +211,76 @@ def test_transformers_parity(tmp_path):
                     attention_mask=torch.tensor(mask, dtype=torch.long),
                     token_type_ids=torch.tensor(seg, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
+
+
+def _torch_inputs(torch):
+    ids = np.array([[2, 5, 7, 9, 1, 3], [4, 4, 8, 1, 0, 0]], np.int32)
+    seg = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 0, 0]], np.int32)
+    mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], np.int32)
+    as_torch = {"input_ids": torch.tensor(ids, dtype=torch.long),
+                "attention_mask": torch.tensor(mask, dtype=torch.long),
+                "token_type_ids": torch.tensor(seg, dtype=torch.long)}
+    return ids, seg, mask, as_torch
+
+
+def test_transformers_generator_parity(tmp_path):
+    """Our generator exported as ElectraForMaskedLM: the same MLM logits everywhere."""
+    torch = pytest.importorskip("torch")
+    import transformers
+    model = ElectraPretrainingModel(WIDE)
+    out = convert.export_hf(convert.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
+    hf = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
+    ids, seg, mask, inputs = _torch_inputs(torch)
+    positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
+    ours = model.generator_mlm_logits(ids, mask, seg, positions).numpy()
+    with torch.no_grad():
+        theirs = hf(**inputs).logits.numpy()
+    assert ours.shape == theirs.shape == (2, 6, WIDE.vocab_size)
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
+
+
+def test_transformers_model_imports_with_the_same_logits(tmp_path):
+    """A randomly initialised transformers ElectraForPreTraining, saved with
+    save_pretrained and imported: our discriminator gives its logits."""
+    torch = pytest.importorskip("torch")
+    import transformers
+    torch.manual_seed(0)
+    hc = transformers.ElectraConfig(vocab_size=40, embedding_size=32, hidden_size=64,
+                                    num_hidden_layers=2, num_attention_heads=1,
+                                    intermediate_size=96, max_position_embeddings=16,
+                                    type_vocab_size=2)
+    hf = transformers.ElectraForPreTraining(hc).eval()
+    hf.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
+    config, arrays, unmapped = convert.import_hf(str(tmp_path / "hf"))
+    assert (config.hidden_size, config.embedding_size, config.num_hidden_layers) == (64, 32, 2)
+    model = ElectraPretrainingModel(config)
+    convert.assign_arrays(model, arrays, allow_missing=True)  # no generator in this dir
+    ids, seg, mask, inputs = _torch_inputs(torch)
+    with torch.no_grad():
+        theirs = hf(**inputs).logits.numpy()
+    ours = model.discriminator(ids, mask, seg).numpy()
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
+
+
+def test_transformers_bert_as_our_encoder(tmp_path):
+    """A transformers BertModel saved to a directory and loaded as the fine-tuning encoder
+    gives BERT's sequence output."""
+    torch = pytest.importorskip("torch")
+    import transformers
+    from electra_tf.finetune.model import init_encoder_from_hf
+    from electra_tf.modeling import build_discriminator_encoder
+    torch.manual_seed(1)
+    hc = transformers.BertConfig(vocab_size=40, hidden_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=96,
+                                 max_position_embeddings=16, type_vocab_size=2)
+    bert = transformers.BertModel(hc).eval()
+    bert.save_pretrained(str(tmp_path / "bert"), safe_serialization=True)
+    config = convert.read_hf_config(str(tmp_path / "bert"))
+    encoder = build_discriminator_encoder(config)
+    ignored = init_encoder_from_hf(encoder, str(tmp_path / "bert"))
+    assert any("pooler" in n for n in ignored)
+    ids, seg, mask, inputs = _torch_inputs(torch)
+    with torch.no_grad():
+        theirs = bert(**inputs).last_hidden_state.numpy()
+    ours = encoder(ids, mask, seg).numpy()
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
