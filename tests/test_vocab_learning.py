@@ -3,7 +3,6 @@ checked on their own, with the builder's tokenizer, and end to end through `buil
 
 import bz2
 import gzip
-import json
 import os
 import subprocess
 import sys

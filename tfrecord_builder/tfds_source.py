@@ -22,7 +22,7 @@ For a TFDS chunk the fields of `corpus.Chunk` mean:
 """
 
 import os
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus

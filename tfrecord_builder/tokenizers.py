@@ -9,7 +9,6 @@ import functools
 import hashlib
 import os
 import re
-import sys
 import unicodedata
 from typing import Dict, List, Optional, Tuple
 
