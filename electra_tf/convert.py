@@ -241,14 +241,6 @@ def _trainer(cfg: PretrainingConfig):
     return Pretrainer(cfg, tf.distribute.get_strategy())
 
 
-def _training_checkpoint(trainer) -> tf.train.Checkpoint:
-    # The object graph electra_tf.train.run saves and restores (keep the keys in sync).
-    return tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
-                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
-                               loss_scale_good_steps=trainer.good_steps,
-                               data_batches=trainer.data_batches)
-
-
 def _named_variables(trainer) -> Dict[str, object]:
     """{TF1 name: variable} for the weights, their Adam slots and global_step."""
     names = tf1_checkpoint_names(trainer.model)
@@ -303,7 +295,7 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
     tf.io.gfile.makedirs(model_dir)
     with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(cfg.to_json(), f, indent=2)
-    manager = tf.train.CheckpointManager(_training_checkpoint(trainer), model_dir,
+    manager = tf.train.CheckpointManager(trainer.checkpoint(), model_dir,
                                          max_to_keep=1, step_counter=trainer.global_step)
     return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
 
@@ -315,7 +307,7 @@ def load_model_dir(model_dir: str):
     if latest is None:
         raise ConvertError(f"no checkpoint in {model_dir}")
     trainer = _trainer(cfg)
-    _training_checkpoint(trainer).restore(latest).expect_partial()
+    trainer.checkpoint().restore(latest).expect_partial()
     return trainer
 
 

@@ -163,6 +163,14 @@ class Pretrainer:
         self._replica_eval = tf.function(self._replica_eval_fn, jit_compile=jit_compile)
         self.trace_count = 0
 
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """The object graph of a training checkpoint: model, optimizer slots, step, loss
+        scale and the data position (what a rerun resumes from)."""
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   global_step=self.global_step, loss_scale=self.loss_scale,
+                                   loss_scale_good_steps=self.good_steps,
+                                   data_batches=self.data_batches)
+
     # ------------------------------------------------------------------ one replica step
 
     def _grads(self, batch, seed, denominators):

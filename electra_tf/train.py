@@ -233,10 +233,7 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
             json.dump(cfg.to_json(), f, indent=2)
 
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
-    ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
-                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
-                               loss_scale_good_steps=trainer.good_steps,
-                               data_batches=trainer.data_batches)
+    ckpt = trainer.checkpoint()
     latest = tf.train.latest_checkpoint(options.model_dir)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()

@@ -110,10 +110,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     assert cfg.model == report.config and cfg.train.num_train_steps == 100
     assert cfg.train.max_seq_length == TINY.max_position_embeddings
     trainer = Pretrainer(cfg, tf.distribute.get_strategy())
-    ckpt = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
-                               global_step=trainer.global_step, loss_scale=trainer.loss_scale,
-                               loss_scale_good_steps=trainer.good_steps,
-                               data_batches=trainer.data_batches)
+    ckpt = trainer.checkpoint()  # the object graph train.run restores
     ckpt.restore(tf.train.latest_checkpoint(out)).assert_existing_objects_matched()
     assert int(trainer.global_step.numpy()) == 77
     got = convert.model_arrays(trainer.model)

@@ -12,17 +12,15 @@ import pytest
 import tensorflow as tf
 
 from electra_tf import flops, hardware, train
-from electra_tf.configs import load_config
 from electra_tf.pretraining import Pretrainer
 
 from conftest import REPO
+from test_train import _cfg as train_cfg
 
 
-def _cfg(**overrides):
-    base = {"train_batch_size": 8, "num_train_steps": 4, "save_checkpoints_steps": 4,
-            "steps_per_loop": 3, "log_every_steps": 4, "warmup_steps": 2}
-    base.update(overrides)
-    return load_config("tiny", {k: str(v) for k, v in base.items()})
+def _cfg():
+    """test_train's tiny run, 4 steps with one log line and one checkpoint at the end."""
+    return train_cfg(num_train_steps=4, save_checkpoints_steps=4, log_every_steps=4)
 
 
 def _scalars(logdir):

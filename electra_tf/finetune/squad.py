@@ -51,27 +51,9 @@ class _Problem(Exception):
         self.nodes = nodes
 
 
-class _LDict(dict):
-    pass
-
-
-class _LList(list):
-    pass
-
-
-class _LStr(str):
-    pass
-
-
-class _LInt(int):
-    pass
-
-
-class _LFloat(float):
-    pass
-
-
-_LOCATED = {dict: _LDict, list: _LList, str: _LStr, int: _LInt, float: _LFloat}
+# Subclasses of the JSON value types that can carry an attribute (`.pos`, the offset).
+_LOCATED = {t: type(f"Located{t.__name__.capitalize()}", (t,), {})
+            for t in (dict, list, str, int, float)}
 
 
 def _located_loads(text: str):

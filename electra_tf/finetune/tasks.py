@@ -6,6 +6,7 @@ A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`); SQuAD a
 tagging live in `qa_task.py` / `tagging_task.py` on the same interface.
 """
 
+import abc
 import dataclasses
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -29,45 +30,49 @@ class TaskData:
     name: str = ""
 
 
-class Task:
+class Task(abc.ABC):
     """The interface every task implements (all tensors float32 outputs of the head).
     Subclasses have a `name` (directory and export name)."""
     kind: str = "classification"  # classification | regression | tagging | qa
     primary_metric: str = "accuracy"
     num_train_epochs: float = 3.0
 
+    @abc.abstractmethod
     def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
-        raise NotImplementedError
+        """The packed training set."""
 
+    @abc.abstractmethod
     def eval_splits(self, data_dir: str, encoder: TextEncoder,
                     max_seq_length: int) -> List[TaskData]:
         """The dev sets, the first one being the one whose metric is reported."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def num_outputs(self) -> int:
-        raise NotImplementedError
+        """Output units of the head (classes, 1 for regression, tags, ...)."""
 
     def head_options(self) -> Dict[str, Any]:
         return {}
 
+    @abc.abstractmethod
     def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:
         """Per-example losses [B] (the train step weights and averages them)."""
-        raise NotImplementedError
 
     def fetches(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         """What evaluation brings back to the host, per example."""
         return outputs
 
+    @abc.abstractmethod
     def metrics(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> Dict[str, float]:
-        raise NotImplementedError
+        """The official metrics of one evaluated split."""
 
     # --- serving -----------------------------------------------------------------
+    @abc.abstractmethod
     def text_fields(self) -> Tuple[str, ...]:
         """Names of the raw-string inputs of the serving signature."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def serving_outputs(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        raise NotImplementedError
+        """The serving signature's answers from the head's outputs."""
 
     def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
                    texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
@@ -95,8 +100,10 @@ class Task:
                         "this task has no test sets")
 
     def predicted_labels(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> List[str]:
-        """One prediction string per example of a test split, as submitted."""
-        raise NotImplementedError
+        """One prediction string per example of a test split, as submitted (tasks that
+        have `test_splits` override both)."""
+        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
+                        "this task has no test sets")
 
 
 # --------------------------------------------------------------------------- TSV reading
