@@ -13,6 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from electra_tf.configs import OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "tiny", "A preset (tiny, small, small_plus, base, large) or a "
                     "JSON config file.")
@@ -30,6 +32,18 @@ flags.DEFINE_integer("save_checkpoints_steps", None, "Overrides the config.")
 flags.DEFINE_integer("steps_per_loop", None, "Compiled steps per host visit.")
 flags.DEFINE_integer("grad_accum_steps", None, "Micro-batches per update.")
 flags.DEFINE_float("learning_rate", None, "Overrides optimizer.learning_rate.")
+flags.DEFINE_enum("objective", None, list(OBJECTIVE_NAMES),
+                  "Overrides objective.objective: electra (default), electra_15, mlm, "
+                  "replace_mlm, all_tokens_mlm, two_stage, adversarial, hp_loss, hp_dist "
+                  "(README: Objective variants).")
+flags.DEFINE_enum("generator", None, ["masked_lm", "uniform", "unigram"],
+                  "Overrides objective.generator: the sized masked-LM generator, or uniform / "
+                  "unigram proposals (unigram reads the builder's token counts).")
+flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all"],
+                  "Weights the generator shares with the discriminator: none, the embeddings "
+                  "(default) or all (needs generator_hidden_size=1.0).")
+flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
+                    ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
 flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
                   "tf.distribute strategy.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc address (Cloud TPU).")
@@ -70,7 +84,11 @@ _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "grad_accum_steps": "train.grad_accum_steps",
                 "learning_rate": "optimizer.learning_rate",
                 "precision": "train.precision", "seed": "train.seed",
-                "on_nan": "train.on_nan"}
+                "on_nan": "train.on_nan", "objective": "objective.objective",
+                "generator": "objective.generator",
+                "gen_focal_gamma": "objective.gen_focal_gamma"}
+# --generator_tying -> (model.tie_embeddings, model.tie_all_weights)
+_TYING = {"none": ("false", "false"), "embeddings": ("true", "false"), "all": ("true", "true")}
 
 
 def main(argv):
@@ -86,6 +104,9 @@ def main(argv):
         overrides = configs.parse_overrides(FLAGS.params_override)
         overrides.update({key: str(getattr(FLAGS, name)) for name, key in _FLAG_TO_KEY.items()
                           if getattr(FLAGS, name) is not None})
+        if FLAGS.generator_tying:
+            overrides["model.tie_embeddings"], overrides["model.tie_all_weights"] = \
+                _TYING[FLAGS.generator_tying]
         cfg = configs.load_config(FLAGS.config, overrides)
         if FLAGS.count_flops:
             from electra_tf import flops

@@ -27,6 +27,8 @@ setup(
         # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.
         "beam": ["apache-beam>=2.60", "google-crc32c>=1.5"],
         "tfds": ["tensorflow-datasets>=4.9,<5"],
+        # experiments/compute_matched.py's plot.
+        "experiments": ["matplotlib>=3.7"],
     },
     entry_points={
         "console_scripts": [

@@ -68,6 +68,15 @@ class ModelConfig:
                               "generator_layers=1.0")
 
 
+# Pre-training objectives (`electra_tf.pretraining.OBJECTIVES`): ELECTRA and the ELECTRA
+# paper's comparisons (3.2, 3.5, Appendix F), and the sampling heads of "Learning to Sample
+# Replacements for ELECTRA" (hp_loss, hp_dist).
+OBJECTIVE_NAMES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm",
+                   "two_stage", "adversarial", "hp_loss", "hp_dist")
+# Objectives whose generator network is trained (it cannot be uniform / unigram).
+GENERATOR_TRAINING_OBJECTIVES = ("two_stage", "adversarial", "hp_loss", "hp_dist")
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
     """What is corrupted, how replacements are sampled, and how losses are weighted."""
@@ -83,7 +92,18 @@ class ObjectiveConfig:
     disallow_correct: bool = False
     generator: str = "masked_lm"  # masked_lm | uniform | unigram
     gen_weight: float = 1.0
+    # Weight of the discriminator's BCE (lambda); MLM-type objectives weigh their main
+    # model's cross-entropy by 1.
     disc_weight: float = 50.0
+    # Focal loss for the generator's MLM: "0" (cross-entropy), a constant gamma, or
+    # "piecewise" (gamma 3 where p_G > 0.2, else 5).
+    gen_focal_gamma: str = "0"
+    # hp_loss / hp_dist: weight of the sampling head's loss (lambda_1); -1 takes the
+    # paper's value (5 for hp_loss, 1 for hp_dist).
+    hp_weight: float = -1.0
+    # two_stage: the step at which the generator freezes and the discriminator starts
+    # (initialised from it); 0 = half of train.num_train_steps.
+    two_stage_switch_step: int = 0
 
     def predictions_per_seq(self, max_seq_length: int) -> int:
         return self.max_predictions_per_seq or int((self.mask_prob + 0.005) * max_seq_length)
@@ -98,6 +118,40 @@ class ObjectiveConfig:
                               "uniform or unigram")
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature={self.temperature} must be > 0")
+        if self.objective not in OBJECTIVE_NAMES:
+            raise ConfigError(f"objective.objective={self.objective!r}: expected one of "
+                              f"{', '.join(OBJECTIVE_NAMES)}")
+        self.focal_gamma()
+        if self.two_stage_switch_step < 0:
+            raise ConfigError(f"objective.two_stage_switch_step={self.two_stage_switch_step} "
+                              "must be >= 0")
+        if self.generator != "masked_lm" and self.objective in GENERATOR_TRAINING_OBJECTIVES:
+            raise ConfigError(f"objective.objective={self.objective} trains the generator "
+                              f"network; objective.generator={self.generator} has none")
+
+    def focal_gamma(self):
+        """The focal gamma: a float (0 = cross-entropy) or the string "piecewise"."""
+        text = str(self.gen_focal_gamma).strip().lower()
+        if text == "piecewise":
+            return "piecewise"
+        try:
+            gamma = float(text)
+        except ValueError:
+            gamma = -1.0
+        if not gamma >= 0:
+            raise ConfigError(f"objective.gen_focal_gamma={self.gen_focal_gamma!r}: expected "
+                              "a number >= 0 or 'piecewise'")
+        return gamma
+
+    def sampling_weight(self) -> float:
+        """lambda_1 of the hardness-prediction head (the paper's value unless set)."""
+        if self.hp_weight >= 0:
+            return self.hp_weight
+        return 5.0 if self.objective == "hp_loss" else 1.0
+
+    def switch_step(self, num_train_steps: int) -> int:
+        """two_stage: the first step of the discriminator stage."""
+        return self.two_stage_switch_step or num_train_steps // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +226,23 @@ class PretrainingConfig:
         self.objective.check()
         self.optimizer.check()
         self.train.check(self.model)
+        m, o = self.model, self.objective
+        if o.objective == "two_stage":
+            if (m.generator_hidden, m.generator_num_layers, m.generator_heads,
+                    m.generator_intermediate) != (m.hidden_size, m.num_hidden_layers,
+                                                  m.num_attention_heads, m.intermediate_size):
+                raise ConfigError(
+                    "objective.objective=two_stage initialises the discriminator from the "
+                    "generator: set model.generator_hidden_size=1.0 and generator_layers=1.0 "
+                    f"(and num_attention_heads={max(1, m.hidden_size // 64)}, the "
+                    "generator's head count)")
+            if m.tie_embeddings or m.tie_all_weights:
+                raise ConfigError("objective.objective=two_stage freezes the generator while "
+                                  "the discriminator trains: set model.tie_embeddings=false")
+            if not 0 < o.switch_step(self.train.num_train_steps) < self.train.num_train_steps:
+                raise ConfigError(f"objective.two_stage_switch_step="
+                                  f"{o.two_stage_switch_step} must fall inside the run's "
+                                  f"{self.train.num_train_steps} steps")
         return self
 
     def to_json(self) -> Dict[str, Any]:

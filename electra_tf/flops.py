@@ -28,6 +28,13 @@ Conventions (what a count includes; `Convention` below):
   ``hardware`` plus the element-wise ops with the paper's per-element constants (the
   output bias instead of the loss's softmax, which is not part of the forward graphs).
 
+`count_config` counts what a config's objective (`configs.OBJECTIVE_NAMES`) runs and
+trains, per component: BERT's MLM has no generator; replace_mlm and all_tokens_mlm put an
+MLM head on the discriminator-sized encoder (at every position for all_tokens_mlm);
+hp_loss / hp_dist add a generator-width sampling head, adversarial a baseline; two_stage
+runs in two `Phase`s (generator only, then the generator forward only while the
+discriminator trains). `steps_for_budget` gives the steps that spend a FLOP budget.
+
 `profile_forward` freezes the forward functions of our model's components at static
 shapes and counts them with ``tf.compat.v1.profiler``, after registering FLOP statistics
 for the op types the profiler leaves at zero (Einsum, Erf/Erfc, Exp, Tanh, RandomUniform,
@@ -172,6 +179,13 @@ def binary_head_terms(t: Transformer) -> List[Term]:
     return [(name, kind, flops * s) for name, kind, flops in per_token]
 
 
+def baseline_head_terms(t: Transformer, positions: float) -> List[Term]:
+    """dense(1) on the hidden states at `positions` positions of a sequence (the
+    adversarial generator's learned baseline, paper Appendix F)."""
+    return [("dense", MATMUL, 2 * t.hidden * positions),
+            ("dense_bias", ELEMENTWISE, 1 * positions)]
+
+
 def total(terms: Sequence[Term], convention: Convention) -> float:
     return float(sum(flops for _, kind, flops in terms if convention.counts(kind)))
 
@@ -292,8 +306,41 @@ def paper_rounding(x: float) -> str:
 
 # --- our own configs ------------------------------------------------------------------
 
+# Components of the objective variants (`configs.OBJECTIVE_NAMES`) beyond
+# `ELECTRA_COMPONENTS`: the MLM head of the discriminator-sized encoder (mlm, replace_mlm,
+# all_tokens_mlm), hp_loss / hp_dist's sampling head on the generator, the adversarial
+# generator's baseline; two_stage counts each network's embedding pass on its own, since
+# only one of them trains in each stage.
+OBJECTIVE_COMPONENTS = ("discriminator_mlm_head", "generator_sampling_head",
+                        "generator_baseline_head", "generator_embeddings",
+                        "discriminator_embeddings")
+
+_GENERATOR_SIDE = ("generator_embeddings", "generator_encoder", "generator_mlm_head")
+_DISCRIMINATOR_SIDE = ("discriminator_embeddings", "discriminator_encoder",
+                       "discriminator_head")
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A stretch of a run whose steps all compute the same thing: `trained` components
+    run forward and backward (train_factor x forward), `forward_only` ones forward only
+    (1 x forward); the others do not run."""
+    name: str
+    steps: int
+    trained: Tuple[str, ...]
+    forward_only: Tuple[str, ...] = ()
+
+    def factor(self, component: str, convention: Convention) -> float:
+        if component in self.trained:
+            return convention.train_factor
+        return 1.0 if component in self.forward_only else 0.0
+
+
 def config_run(cfg) -> PretrainingRun:
-    """A `PretrainingConfig` -> the run it describes (sizes as `ElectraPretrainingModel`)."""
+    """A `PretrainingConfig` -> the run it describes (sizes as `ElectraPretrainingModel`).
+
+    objective=mlm has no generator network: the run is the BERT-style one network run of
+    the discriminator-sized encoder. The objective's other heads are `count_config`'s."""
     m, tc = cfg.model, cfg.train
     s = tc.max_seq_length
 
@@ -304,8 +351,8 @@ def config_run(cfg) -> PretrainingRun:
 
     disc = transformer(m.hidden_size, m.num_hidden_layers, m.num_attention_heads,
                        m.intermediate_size)
-    if cfg.objective.generator != "masked_lm":
-        gen = None  # uniform / unigram proposals: no generator network
+    if cfg.objective.generator != "masked_lm" or _objective(cfg) == "mlm":
+        gen = None  # uniform / unigram proposals, or BERT's MLM: no generator network
     elif m.tie_all_weights:
         gen = disc
     else:
@@ -315,52 +362,163 @@ def config_run(cfg) -> PretrainingRun:
                           output_positions=cfg.objective.predictions_per_seq(s))
 
 
-def _config_components(cfg, convention: Convention) -> Dict[str, float]:
+def _objective(cfg) -> str:
+    return getattr(cfg.objective, "objective", "electra")
+
+
+def _config_plan(cfg, convention: Convention
+                 ) -> Tuple[Dict[str, float], Optional[Tuple[Phase, ...]]]:
+    """(forward FLOPs per sequence of each component the objective runs, in execution
+    order; its phases, or None: one phase that trains every component)."""
     run = config_run(cfg)
-    if run.generator is not None:
-        return run.forward_per_sequence(convention)
-    # No generator network: one embedding pass, the discriminator and its head.
-    disc = run.model
-    return collections.OrderedDict([
-        ("embeddings", total(embedding_terms(disc), convention)),
-        ("generator_encoder", 0.0), ("generator_mlm_head", 0.0),
-        ("discriminator_encoder", total(encoder_terms(disc), convention)),
-        ("discriminator_head", total(binary_head_terms(disc), convention))])
+    name = _objective(cfg)
+    gen, disc = run.generator, run.model
+    slots = run.head_positions(convention)  # generator / MLM output positions
+    out = collections.OrderedDict()
+
+    def add(key, terms):
+        out[key] = total(terms, convention)
+
+    if name == "mlm":  # BERT: the discriminator-sized encoder and its MLM head
+        add("embeddings", embedding_terms(disc))
+        add("discriminator_encoder", encoder_terms(disc))
+        add("discriminator_mlm_head", lm_head_terms(disc, slots))
+        return out, None
+    if name == "two_stage":
+        if gen is None:
+            raise ValueError("objective.objective=two_stage needs the generator network "
+                             "(objective.generator=masked_lm)")
+        add("generator_embeddings", embedding_terms(gen))
+        add("generator_encoder", encoder_terms(gen))
+        add("generator_mlm_head", lm_head_terms(gen, slots))
+        add("discriminator_embeddings", embedding_terms(disc))
+        add("discriminator_encoder", encoder_terms(disc))
+        add("discriminator_head", binary_head_terms(disc))
+        steps = cfg.train.num_train_steps
+        switch = min(max(cfg.objective.switch_step(steps), 0), steps)
+        return out, (Phase("generator", switch, _GENERATOR_SIDE),
+                     Phase("discriminator", steps - switch, _DISCRIMINATOR_SIDE,
+                           forward_only=_GENERATOR_SIDE))
+    # A generator (or uniform / unigram proposals: no network) and the discriminator.
+    if gen is None:
+        add("embeddings", embedding_terms(disc))
+        out["generator_encoder"] = out["generator_mlm_head"] = 0.0
+    else:
+        # Generator and discriminator each embed their own input.
+        add("embeddings", embedding_terms(gen) + embedding_terms(disc))
+        add("generator_encoder", encoder_terms(gen))
+        add("generator_mlm_head", lm_head_terms(gen, slots))
+        if name in ("hp_loss", "hp_dist"):
+            add("generator_sampling_head", lm_head_terms(gen, slots))
+        elif name == "adversarial":
+            add("generator_baseline_head", baseline_head_terms(gen, slots))
+    add("discriminator_encoder", encoder_terms(disc))
+    if name == "replace_mlm":
+        add("discriminator_mlm_head", lm_head_terms(disc, slots))
+    elif name == "all_tokens_mlm":  # MLM output at every position + the copy probability
+        add("discriminator_mlm_head", lm_head_terms(disc, disc.seq_len))
+        add("discriminator_head", binary_head_terms(disc))
+    else:  # electra, electra_15, hp_loss, hp_dist, adversarial
+        add("discriminator_head", binary_head_terms(disc))
+    return out, None
+
+
+def _config_components(cfg, convention: Convention) -> Dict[str, float]:
+    return _config_plan(cfg, convention)[0]
 
 
 @dataclasses.dataclass(frozen=True)
 class Count:
-    """FLOPs of a config in one convention, per component and in total."""
+    """FLOPs of a config in one convention, per component and in total.
+
+    `phases` (two_stage's generator and discriminator stages) says which components run
+    and train at which steps; empty: every step trains every component."""
     convention: Convention
     forward_per_sequence: Dict[str, float]
     batch_size: int
     num_train_steps: int
+    phases: Tuple[Phase, ...] = ()
 
-    def _with_total(self, scale: float) -> Dict[str, float]:
-        out = collections.OrderedDict((k, v * scale) for k, v in
-                                      self.forward_per_sequence.items())
+    def _with_total(self, scale: float, factors: Optional[Dict[str, float]] = None
+                    ) -> Dict[str, float]:
+        out = collections.OrderedDict(
+            (k, v * scale * (1.0 if factors is None else factors[k]))
+            for k, v in self.forward_per_sequence.items())
         out["total"] = sum(out.values())
         return out
 
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r}; phases: {[p.name for p in self.phases]}")
+
+    def _phase_factors(self, phase: Phase) -> Dict[str, float]:
+        return {k: phase.factor(k, self.convention) for k in self.forward_per_sequence}
+
     def forward(self) -> Dict[str, float]:
-        """Forward FLOPs per sequence, per component and "total"."""
+        """Forward FLOPs per sequence, per component and "total" (each component once)."""
         return self._with_total(1.0)
 
-    def train_per_step(self) -> Dict[str, float]:
-        """Train (forward + backward) FLOPs of one step of the global batch."""
-        return self._with_total(self.convention.train_factor * self.batch_size)
+    def train_per_step(self, phase: Optional[str] = None) -> Dict[str, float]:
+        """Train FLOPs of one step of the global batch: trained components forward +
+        backward, forward-only ones forward. With phases: of a step of `phase`, or with
+        None the average step of the run (`train_per_run` / `num_train_steps`)."""
+        if phase is not None:
+            return self._with_total(self.batch_size, self._phase_factors(self.phase(phase)))
+        if not self.phases:
+            return self._with_total(self.convention.train_factor * self.batch_size)
+        per_run = self.train_per_run()
+        return collections.OrderedDict((k, v / max(self.num_train_steps, 1))
+                                       for k, v in per_run.items())
 
     def train_per_run(self) -> Dict[str, float]:
-        """Train FLOPs of `num_train_steps` steps."""
-        return self._with_total(self.convention.train_factor * self.batch_size *
-                                self.num_train_steps)
+        """Train FLOPs of `num_train_steps` steps (phase by phase)."""
+        if not self.phases:
+            return self._with_total(self.convention.train_factor * self.batch_size *
+                                    self.num_train_steps)
+        out = collections.OrderedDict((k, 0.0) for k in self.forward_per_sequence)
+        for p in self.phases:
+            step = self.train_per_step(p.name)
+            for k in out:
+                out[k] += p.steps * step[k]
+        out["total"] = sum(out.values())
+        return out
+
+    def train_at_step(self, step: float) -> float:
+        """Total train FLOPs of the run's first `step` steps (the cost of the checkpoint
+        at `step`)."""
+        if not self.phases:
+            return self.train_per_step()["total"] * step
+        done, flops = 0.0, 0.0
+        for p in self.phases:
+            n = min(max(step - done, 0.0), p.steps)
+            flops += n * self.train_per_step(p.name)["total"]
+            done += p.steps
+        return flops
+
+    def step_at(self, flops: float) -> int:
+        """The step whose `train_at_step` is nearest to `flops` (within the run)."""
+        if flops <= 0:
+            return 0
+        done, spent = 0, 0.0
+        phases = self.phases or (Phase("train", self.num_train_steps, ()),)
+        for p in phases:
+            per_step = (self.train_per_step(p.name) if self.phases else
+                        self.train_per_step())["total"]
+            if per_step > 0 and spent + p.steps * per_step >= flops:
+                return done + int(round((flops - spent) / per_step))
+            done, spent = done + p.steps, spent + p.steps * per_step
+        return self.num_train_steps
 
 
 def count_config(cfg, convention: Convention = PAPER) -> Count:
     """FLOPs of pre-training with `cfg` (a `configs.PretrainingConfig`) in `convention`,
-    per component (`ELECTRA_COMPONENTS`)."""
-    return Count(convention, _config_components(cfg, convention),
-                 cfg.train.train_batch_size, cfg.train.num_train_steps)
+    per component: what its objective really runs and trains (`ELECTRA_COMPONENTS` for
+    electra; see `OBJECTIVE_COMPONENTS`), with two_stage's stages as `Count.phases`."""
+    components, phases = _config_plan(cfg, convention)
+    return Count(convention, components, cfg.train.train_batch_size,
+                 cfg.train.num_train_steps, tuple(phases or ()))
 
 
 def count_config_both(cfg) -> Dict[str, Count]:
@@ -368,9 +526,52 @@ def count_config_both(cfg) -> Dict[str, Count]:
     return {c.name: count_config(cfg, c) for c in (PAPER, HARDWARE)}
 
 
+def train_flops_per_step(cfg, convention: Convention = PAPER) -> float:
+    """Train FLOPs of one step of `cfg`'s run, on average over the run (two_stage's
+    stages differ)."""
+    count = count_config(cfg, convention)
+    if not count.phases:
+        return count.train_per_step()["total"]
+    return count.train_per_run()["total"] / max(cfg.train.num_train_steps, 1)
+
+
+def train_flops(cfg, convention: Convention = PAPER) -> float:
+    """Train FLOPs of the whole run `cfg` describes."""
+    return count_config(cfg, convention).train_per_run()["total"]
+
+
+def with_train_steps(cfg, steps: int):
+    """`cfg` with `steps` train steps; an explicit two_stage switch step moves with the
+    run so that it stays at the same fraction of it (0, half of the run, stays 0)."""
+    steps = int(steps)
+    o = cfg.objective
+    objective = o
+    if _objective(cfg) == "two_stage" and o.two_stage_switch_step:
+        fraction = o.switch_step(cfg.train.num_train_steps) / cfg.train.num_train_steps
+        switch = min(max(int(round(fraction * steps)), 1), max(steps - 1, 1))
+        objective = dataclasses.replace(o, two_stage_switch_step=switch)
+    return dataclasses.replace(cfg, objective=objective,
+                               train=dataclasses.replace(cfg.train, num_train_steps=steps))
+
+
+def steps_for_budget(cfg, flops: float, convention: Convention = PAPER) -> int:
+    """The number of train steps whose run (`with_train_steps`) costs nearest to `flops`
+    train FLOPs: at least 1 (2 for two_stage, which needs both stages)."""
+    if not flops > 0:
+        raise ValueError(f"a FLOP budget must be > 0, not {flops}")
+    least = 2 if _objective(cfg) == "two_stage" else 1
+    guess = flops / train_flops_per_step(cfg, convention)
+    candidates = range(max(least, int(math.floor(guess)) - 2),
+                       max(least, int(math.ceil(guess)) + 3))
+    return min(candidates, key=lambda n: (
+        abs(train_flops(with_train_steps(cfg, n), convention) - flops), n))
+
+
 def format_table(cfg, name: str = "") -> str:
     """The --count_flops table: per component, forward FLOPs per sequence and train FLOPs
-    per step and per run, in the paper and hardware conventions."""
+    per step and per run, in the paper and hardware conventions; for a run in stages
+    (two_stage) the train/step columns are the run's average and each stage's step
+    follows."""
     counts = count_config_both(cfg)
     paper, hw = counts["paper"], counts["hardware"]
     columns = [("fwd/seq paper", paper.forward()), ("fwd/seq hw", hw.forward()),
@@ -378,16 +579,31 @@ def format_table(cfg, name: str = "") -> str:
                ("train/step hw", hw.train_per_step()),
                ("run paper", paper.train_per_run()), ("run hw", hw.train_per_run())]
     tc = cfg.train
-    lines = [f"FLOPs of {name or 'config'}: batch {tc.train_batch_size} x length "
-             f"{tc.max_seq_length}, {tc.num_train_steps} steps, "
-             f"{cfg.objective.predictions_per_seq(tc.max_seq_length)} generator slots a sequence",
+    lines = [f"FLOPs of {name or 'config'}: objective {_objective(cfg)}, batch "
+             f"{tc.train_batch_size} x length {tc.max_seq_length}, {tc.num_train_steps} "
+             f"steps, {cfg.objective.predictions_per_seq(tc.max_seq_length)} generator "
+             "slots a sequence",
              "paper: one-hot lookups, MLM output at 0.15625 of positions, element-wise ops, "
              "train = 2 x forward",
              "hw: matmuls only, gathered embeddings, logits at the computed slots, "
              "train = 3 x forward",
-             f"{'component':<22}" + "".join(f"{title:>18}" for title, _ in columns)]
+             f"{'component':<26}" + "".join(f"{title:>18}" for title, _ in columns)]
     for key in list(paper.forward()):
-        lines.append(f"{key:<22}" + "".join(f"{values[key]:>18.4e}" for _, values in columns))
+        lines.append(f"{key:<26}" + "".join(f"{values[key]:>18.4e}" for _, values in columns))
+    if paper.phases:
+        lines.append("train/step columns: the run's average step; by stage (trained "
+                     "components forward + backward, forward-only ones forward):")
+        start = 0
+        for p in paper.phases:
+            rest = [k for k in paper.forward_per_sequence
+                    if k not in p.trained and k not in p.forward_only]
+            lines.append(
+                f"  {p.name} stage, steps {start}-{start + p.steps} ({p.steps} steps): "
+                f"train/step paper {paper.train_per_step(p.name)['total']:.4e}, hw "
+                f"{hw.train_per_step(p.name)['total']:.4e}; trains {', '.join(p.trained)}"
+                + (f"; forward only {', '.join(p.forward_only)}" if p.forward_only else "")
+                + (f"; idle {', '.join(rest)}" if rest else ""))
+            start += p.steps
     return "\n".join(lines)
 
 

@@ -37,7 +37,13 @@ from electra_tf import rng
 from electra_tf.configs import ModelConfig
 
 # First path component of every pre-training variable (the released checkpoints' scopes).
-TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions")
+TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions",
+             # heads of the objective variants (`ElectraPretrainingModel(heads=...)`)
+             "mlm_predictions", "sampling_predictions", "adversarial_baseline")
+# Optional heads: an MLM head on the discriminator-sized encoder (mlm, replace_mlm,
+# all_tokens_mlm), a second vocabulary head on the generator (the hardness-prediction
+# sampling head) and the adversarial generator's learned baseline (dense -> 1).
+HEADS = ("mlm", "sampling", "baseline")
 
 _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 too
 
@@ -407,14 +413,24 @@ class ElectraPretrainingModel(keras.Model):
     (generator encoder; the same object as `electra` when `tie_all_weights`),
     `discriminator_predictions`, `generator_predictions`.
 
+    `heads` adds optional layers (`HEADS`): "mlm" -> `mlm_predictions` (an MLM head of
+    the discriminator's width, tied to its embeddings), "sampling" -> `sampling_predictions`
+    (a generator-width vocabulary head tied to the generator's embeddings), "baseline" ->
+    `adversarial_baseline` (dense(1) on the generator's hidden states).
+
     All variables exist after construction (construct inside `strategy.scope()`).
     `dtype` is a Keras dtype policy (name or object); None takes the global policy.
     """
 
-    def __init__(self, config: ModelConfig, dtype=None, name="electra_pretraining", **kwargs):
+    def __init__(self, config: ModelConfig, dtype=None, name="electra_pretraining",
+                 heads: Sequence[str] = (), **kwargs):
         super().__init__(name=name, dtype=dtype, **kwargs)
         config.check()
+        unknown = sorted(set(heads) - set(HEADS))
+        if unknown:
+            raise ValueError(f"unknown heads {unknown}; expected some of {HEADS}")
         self.config = config
+        self.heads = tuple(h for h in HEADS if h in heads)
         policy = self.dtype_policy
         self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
                                config.num_attention_heads, config.intermediate_size,
@@ -440,6 +456,21 @@ class ElectraPretrainingModel(keras.Model):
             self.generator.build()
         self.discriminator_predictions.build()
         self.generator_predictions.build()
+        if "mlm" in self.heads:
+            self.mlm_predictions = GeneratorPredictions(
+                config, config.hidden_size, self.embeddings, name="mlm_predictions",
+                dtype=policy)
+            self.mlm_predictions.build()
+        if "sampling" in self.heads:
+            self.sampling_predictions = GeneratorPredictions(
+                config, self.generator.hidden_size, self.generator.embeddings,
+                name="sampling_predictions", dtype=policy)
+            self.sampling_predictions.build()
+        if "baseline" in self.heads:
+            self.adversarial_baseline = keras.layers.Dense(
+                1, name="adversarial_baseline", dtype=policy,
+                kernel_initializer=_truncated_normal(config.initializer_range))
+            self.adversarial_baseline.build((None, None, self.generator.hidden_size))
         self.built = True
 
     # --- discriminator -------------------------------------------------------------
@@ -464,6 +495,10 @@ class ElectraPretrainingModel(keras.Model):
         """-> MLM logits [B, P, V], float32, only at `masked_positions` [B, P]."""
         hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training, seed)
         return self.generator_predictions(gather_positions(hidden, masked_positions))
+
+    def baseline_logits(self, generator_hidden):
+        """The adversarial baseline's logits [...] from generator hidden states [..., h]."""
+        return tf.cast(tf.squeeze(self.adversarial_baseline(generator_hidden), -1), tf.float32)
 
     def call(self, inputs, training=False):
         """inputs: dict with input_ids, input_mask, segment_ids -> discriminator logits."""

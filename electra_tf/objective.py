@@ -313,16 +313,39 @@ def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.T
 
 # ----------------------------------------------------------------------------- losses
 
-def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor
-                  ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(sum of weighted losses, sum of weights, per-slot loss [B,P]) of the generator.
+def focal_factor(log_p: tf.Tensor, gamma) -> tf.Tensor:
+    """(1 - p)^gamma of the focal loss from log p (float32).
+
+    `gamma`: a number >= 0 (0 gives 1: cross-entropy), or "piecewise" for gamma = 3 where
+    p > 0.2 and 5 elsewhere (the HP/focal paper's choice, after Mukhoti et al.). The
+    gradient flows through (1 - p) as in the focal loss; the piecewise choice is a constant.
+    """
+    if isinstance(gamma, str):
+        if gamma != "piecewise":
+            raise ValueError(f"focal gamma {gamma!r}: expected a number or 'piecewise'")
+        p = tf.exp(log_p)
+        gamma = tf.where(tf.stop_gradient(p) > 0.2, 3.0, 5.0)
+    elif float(gamma) == 0.0:
+        return tf.ones_like(log_p)
+    # (1 - p)^gamma as exp(gamma * log1p(-p)), finite at p -> 1 (-expm1(log p) = 1 - p).
+    return tf.exp(gamma * tf.math.log(tf.maximum(-tf.math.expm1(log_p), 1e-30)))
+
+
+def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
+                  gamma=0.0) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum of weighted losses, sum of weights, per-slot loss [B,...]) of an MLM head.
 
     Softmax cross-entropy in float32 of `logits [B,P,V]` against `masked_ids`; per-slot
-    losses are multiplied by `masked_weights`, so padding slots are 0.
+    losses are multiplied by `masked_weights`, so padding slots are 0. With a focal
+    `gamma` (see `focal_factor`) each slot's -log p is weighted by (1 - p)^gamma; gamma = 0
+    is exactly the cross-entropy.
     """
     weights = tf.cast(masked_weights, tf.float32)
-    per_slot = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(masked_ids, tf.int32), logits=tf.cast(logits, tf.float32)) * weights
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(masked_ids, tf.int32), logits=tf.cast(logits, tf.float32))
+    if isinstance(gamma, str) or float(gamma) != 0.0:
+        nll = focal_factor(-nll, gamma) * nll
+    per_slot = nll * weights
     return tf.reduce_sum(per_slot), tf.reduce_sum(weights), per_slot
 
 
@@ -367,6 +390,135 @@ def disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
     return numerator / tf.maximum(denominator, _EPS)
 
 
+def gather_slots(values: tf.Tensor, masked_positions: tf.Tensor) -> tf.Tensor:
+    """values [B,L,...] at the prediction slots -> [B,P,...]."""
+    return tf.gather(values, tf.cast(masked_positions, tf.int32), axis=1, batch_dims=1)
+
+
+def pick(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """values [..., V] at ids [...] -> [...] (one entry per row)."""
+    return tf.gather(values, tf.cast(ids, tf.int32), axis=-1, batch_dims=len(ids.shape))
+
+
+def slot_disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, masked_positions: tf.Tensor,
+                   masked_weights: tf.Tensor) -> tf.Tensor:
+    """Per-slot discriminator BCE [B,P] at the prediction slots (0 at padding slots).
+
+    What `electra_15` trains on, what the HP heads estimate and the adversarial
+    generator's reward.
+    """
+    logits = gather_slots(tf.cast(disc_logits, tf.float32), masked_positions)
+    slot_labels = tf.cast(gather_slots(labels, masked_positions), tf.float32)
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=slot_labels, logits=logits) * \
+        tf.cast(masked_weights, tf.float32)
+
+
+def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids: tf.Tensor,
+                       target_ids: tf.Tensor, input_mask: tf.Tensor
+                       ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """All-Tokens MLM with the copy mechanism (ELECTRA paper 3.5).
+
+    For every real token t, p(target_t) = D_t * 1[input_t == target_t]
+    + (1 - D_t) * softmax(mlm_logits_t)[target_t], with the copy probability
+    D_t = sigmoid(copy_logits_t). Args: `mlm_logits [B,L,V]`, `copy_logits [B,L]`, the
+    model's (corrupted) `input_ids [B,L]`, the original `target_ids [B,L]`, `input_mask`.
+    Returns (sum of -log p over real tokens, number of real tokens, per-token loss [B,L]).
+    """
+    weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
+    copy_logits = tf.cast(copy_logits, tf.float32)
+    log_vocab = -tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(target_ids, tf.int32), logits=tf.cast(mlm_logits, tf.float32))
+    same = tf.equal(tf.cast(input_ids, tf.int32), tf.cast(target_ids, tf.int32))
+    from_vocab = tf.math.log_sigmoid(-copy_logits) + log_vocab        # log (1 - D) p_V
+    from_copy = tf.math.log_sigmoid(copy_logits)                      # log D
+    log_p = tf.where(same, tf.reduce_logsumexp(tf.stack([from_copy, from_vocab]), axis=0),
+                     from_vocab)
+    per_token = -log_p * weights
+    return tf.reduce_sum(per_token), tf.reduce_sum(weights), per_token
+
+
+def hp_loss_estimate(hp_logits: tf.Tensor, candidate_is_original: tf.Tensor) -> tf.Tensor:
+    """The HP_Loss head's estimated discriminator loss L^_D of candidate replacements.
+
+    `hp_logits` estimate the discriminator's "replaced" logit of each candidate; a
+    candidate equal to the original token is labelled real (loss -log(1 - D^) =
+    softplus(logit)), any other replaced (-log D^ = softplus(-logit)).
+    """
+    hp_logits = tf.cast(hp_logits, tf.float32)
+    return tf.where(candidate_is_original, tf.nn.softplus(hp_logits),
+                    tf.nn.softplus(-hp_logits))
+
+
+def hp_loss_sampling_logits(gen_logits: tf.Tensor, hp_logits: tf.Tensor,
+                            masked_ids: tf.Tensor) -> tf.Tensor:
+    """Logits [B,P,V] of p_S proportional to p_G * L^_D (HP paper, HP_Loss).
+
+    `gen_logits`, `hp_logits` [B,P,V]: the generator's MLM logits and the sampling head's
+    per-candidate logits; `masked_ids [B,P]` the original tokens. No gradient flows.
+    """
+    gen_logits = tf.stop_gradient(tf.cast(gen_logits, tf.float32))
+    vocab = gen_logits.shape[-1]
+    is_original = tf.one_hot(tf.cast(masked_ids, tf.int32), vocab, on_value=True,
+                             off_value=False, dtype=tf.bool)
+    estimate = hp_loss_estimate(tf.stop_gradient(hp_logits), is_original)
+    return tf.nn.log_softmax(gen_logits) + tf.math.log(tf.maximum(estimate, 1e-30))
+
+
+def hp_loss_head_sums(hp_logits_at_sample: tf.Tensor, disc_logits_at_slot: tf.Tensor,
+                      masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(sum over slots of (D^(x') - D(x'))^2, per-slot [B,P]): HP_Loss's head loss.
+
+    D^ = sigmoid of the head's logit for the sampled token, D = the discriminator's
+    probability at that slot (a target: no gradient reaches the discriminator).
+    """
+    target = tf.stop_gradient(tf.sigmoid(tf.cast(disc_logits_at_slot, tf.float32)))
+    per_slot = tf.square(tf.sigmoid(tf.cast(hp_logits_at_sample, tf.float32)) - target) * \
+        tf.cast(masked_weights, tf.float32)
+    return tf.reduce_sum(per_slot), per_slot
+
+
+def hp_dist_head_sums(sampling_logits: tf.Tensor, gen_logits: tf.Tensor,
+                      sampled_ids: tf.Tensor, disc_loss_at_sample: tf.Tensor,
+                      masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(sum over slots, per-slot [B,P]) of HP_Dist's importance-weighted loss (HP paper
+    Eq. 2): -(p_G(x') / p_S(x')) * L_D(x') * log p_S(x') for x' drawn from p_S.
+
+    Its expectation over x' ~ p_S is -sum_x p_G(x) L_D(x) log p_S(x), minimised by
+    p_S = p_G * L_D / Z. The weight p_G / p_S * L_D is a constant (no gradient to the
+    generator's MLM head or the discriminator); the gradient reaches the sampling head.
+    """
+    log_s = tf.nn.log_softmax(tf.cast(sampling_logits, tf.float32))
+    log_g = tf.nn.log_softmax(tf.stop_gradient(tf.cast(gen_logits, tf.float32)))
+    log_s_x = pick(log_s, sampled_ids)
+    weight = tf.stop_gradient(tf.exp(pick(log_g, sampled_ids) - log_s_x) *
+                              tf.cast(disc_loss_at_sample, tf.float32))
+    per_slot = -weight * log_s_x * tf.cast(masked_weights, tf.float32)
+    return tf.reduce_sum(per_slot), per_slot
+
+
+def reinforce_sums(gen_logits: tf.Tensor, sampled_ids: tf.Tensor, reward: tf.Tensor,
+                   baseline_logits: tf.Tensor, masked_weights: tf.Tensor
+                   ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(policy-gradient loss sum, baseline loss sum) of the adversarial generator
+    (ELECTRA paper, Appendix F), one sample per slot.
+
+    `reward [B,P]` is the discriminator's loss at the slot (what the generator maximises;
+    no gradient). The learned baseline predicts the discriminator's probability of the
+    right label, q = exp(-reward), as sigmoid(baseline_logits), trained by cross-entropy
+    against q; its value in reward units is b = -log sigmoid(baseline_logits). The policy
+    loss -(reward - b) * log p_G(x') has the REINFORCE gradient of -E[reward].
+    """
+    w = tf.cast(masked_weights, tf.float32)
+    reward = tf.stop_gradient(tf.cast(reward, tf.float32))
+    baseline_logits = tf.cast(baseline_logits, tf.float32)
+    advantage = tf.stop_gradient(reward - tf.nn.softplus(-baseline_logits))
+    log_p = pick(tf.nn.log_softmax(tf.cast(gen_logits, tf.float32)), sampled_ids)
+    policy = -tf.reduce_sum(w * advantage * log_p)
+    baseline = tf.reduce_sum(w * tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.exp(-reward), logits=baseline_logits))
+    return policy, baseline
+
+
 # ----------------------------------------------------------------------------- metrics
 
 def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
@@ -401,43 +553,98 @@ def auc_from_histograms(pos_hist, neg_hist) -> tf.Tensor:
     return tf.where(pairs > 0, wins / tf.maximum(pairs, 1.0), 0.5)
 
 
-def metric_sums(*, disc_logits: tf.Tensor, disc_labels: tf.Tensor, input_mask: tf.Tensor,
-                masked_ids: tf.Tensor, masked_weights: tf.Tensor, sampled_ids: tf.Tensor,
+MAX_PROB_BUCKETS = 10  # histogram of the sampling distribution's max probability
+CORRELATION_GROUPS = ("all", "original", "replaced")
+
+
+def _correlation_sums(x, y, groups: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Additive sums (n, x, y, xx, yy, xy) of each weighted group, for Pearson's r."""
+    x, y = tf.cast(x, tf.float32), tf.cast(y, tf.float32)
+    out = {}
+    for name, w in groups.items():
+        w = tf.cast(w, tf.float32)
+        for key, value in (("n", w), ("x", w * x), ("y", w * y), ("xx", w * x * x),
+                           ("yy", w * y * y), ("xy", w * x * y)):
+            out[f"hp_corr_{name}_{key}"] = tf.reduce_sum(value)
+    return out
+
+
+def metric_sums(*, input_mask: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
+                sampled_ids: Optional[tf.Tensor] = None,
                 mlm_logits: Optional[tf.Tensor] = None,
+                disc_logits: Optional[tf.Tensor] = None,
+                disc_labels: Optional[tf.Tensor] = None,
+                masked_positions: Optional[tf.Tensor] = None,
+                sampling_logits: Optional[tf.Tensor] = None,
+                main_loss: Optional[tf.Tensor] = None,
+                main_correct: Optional[tf.Tensor] = None,
+                main_weights: Optional[tf.Tensor] = None,
+                hp_estimate: Optional[tf.Tensor] = None,
+                hp_actual: Optional[tf.Tensor] = None,
                 num_auc_buckets: int = AUC_BUCKETS) -> Dict[str, tf.Tensor]:
     """Additive float32 statistics of one batch (sum them over steps and replicas).
 
-    Scalars: mlm_weight, mlm_correct, mlm_loss_sum (only with `mlm_logits`),
-    sampled_correct, disc_weight, disc_loss_sum, disc_correct, disc_true_pos,
-    disc_pred_pos, disc_label_pos; vectors auc_pos_hist / auc_neg_hist [num_auc_buckets].
-    A token is predicted "replaced" when its logit is > 0.
+    Each group is present when its inputs are given:
+    * always: mlm_weight (real prediction slots);
+    * `sampled_ids`: sampled_correct (samples equal to the original token);
+    * `mlm_logits` (the generator's): mlm_correct, mlm_loss_sum (cross-entropy);
+    * `disc_logits`, `disc_labels`: disc_weight, disc_loss_sum, disc_correct,
+      disc_true_pos, disc_pred_pos, disc_label_pos, auc_pos_hist / auc_neg_hist
+      [num_auc_buckets]; with `masked_positions` also disc_masked_correct (accuracy at the
+      prediction slots, HP paper Table 5). A token is predicted "replaced" when its
+      logit is > 0;
+    * `sampling_logits [B,P,V]` (the distribution replacements are drawn from):
+      sampling_max_prob_hist [MAX_PROB_BUCKETS], slots by their maximum probability;
+    * `main_loss`, `main_correct`, `main_weights` (per-item, [B,...], of the main model
+      of MLM-type objectives): main_loss_sum, main_correct, main_weight;
+    * `hp_estimate`, `hp_actual` [B,P] (estimated and actual discriminator loss of the
+      sampled token, needs `sampled_ids`): Pearson sums hp_corr_{all,original,replaced}_*.
     """
     w = tf.cast(masked_weights, tf.float32)
     masked_ids = tf.cast(masked_ids, tf.int32)
-    sums = {"mlm_weight": tf.reduce_sum(w),
-            "sampled_correct": tf.reduce_sum(
-                w * tf.cast(tf.equal(tf.cast(sampled_ids, tf.int32), masked_ids), tf.float32))}
+    sums = {"mlm_weight": tf.reduce_sum(w)}
+    if sampled_ids is not None:
+        is_original = tf.cast(tf.equal(tf.cast(sampled_ids, tf.int32), masked_ids), tf.float32)
+        sums["sampled_correct"] = tf.reduce_sum(w * is_original)
     if mlm_logits is not None:
         loss_sum, _, _ = mlm_loss_sums(mlm_logits, masked_ids, w)
         preds = tf.argmax(mlm_logits, axis=-1, output_type=tf.int32)
         sums["mlm_correct"] = tf.reduce_sum(w * tf.cast(tf.equal(preds, masked_ids),
                                                         tf.float32))
         sums["mlm_loss_sum"] = loss_sum
-    loss_sum, count, _ = disc_loss_sums(disc_logits, disc_labels, input_mask)
-    m = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
-    label = tf.cast(tf.cast(disc_labels, tf.float32) > 0.5, tf.float32)
-    pred = tf.cast(tf.cast(disc_logits, tf.float32) > 0, tf.float32)
-    pos_hist, neg_hist = auc_histograms(disc_logits, label, input_mask, num_auc_buckets)
-    sums.update({
-        "disc_weight": count,
-        "disc_loss_sum": loss_sum,
-        "disc_correct": tf.reduce_sum(m * tf.cast(tf.equal(pred, label), tf.float32)),
-        "disc_true_pos": tf.reduce_sum(m * pred * label),
-        "disc_pred_pos": tf.reduce_sum(m * pred),
-        "disc_label_pos": tf.reduce_sum(m * label),
-        "auc_pos_hist": pos_hist,
-        "auc_neg_hist": neg_hist,
-    })
+    if disc_logits is not None:
+        loss_sum, count, _ = disc_loss_sums(disc_logits, disc_labels, input_mask)
+        m = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
+        label = tf.cast(tf.cast(disc_labels, tf.float32) > 0.5, tf.float32)
+        pred = tf.cast(tf.cast(disc_logits, tf.float32) > 0, tf.float32)
+        right = tf.cast(tf.equal(pred, label), tf.float32)
+        pos_hist, neg_hist = auc_histograms(disc_logits, label, input_mask, num_auc_buckets)
+        sums.update({
+            "disc_weight": count,
+            "disc_loss_sum": loss_sum,
+            "disc_correct": tf.reduce_sum(m * right),
+            "disc_true_pos": tf.reduce_sum(m * pred * label),
+            "disc_pred_pos": tf.reduce_sum(m * pred),
+            "disc_label_pos": tf.reduce_sum(m * label),
+            "auc_pos_hist": pos_hist,
+            "auc_neg_hist": neg_hist,
+        })
+        if masked_positions is not None:
+            sums["disc_masked_correct"] = tf.reduce_sum(w * gather_slots(right,
+                                                                         masked_positions))
+    if sampling_logits is not None:
+        top = tf.reduce_max(tf.nn.softmax(tf.cast(sampling_logits, tf.float32)), axis=-1)
+        bucket = tf.clip_by_value(tf.cast(tf.floor(top * MAX_PROB_BUCKETS), tf.int32),
+                                  0, MAX_PROB_BUCKETS - 1)
+        sums["sampling_max_prob_hist"] = tf.math.unsorted_segment_sum(
+            tf.reshape(w, [-1]), tf.reshape(bucket, [-1]), MAX_PROB_BUCKETS)
+    if main_loss is not None:
+        sums.update({"main_loss_sum": tf.reduce_sum(tf.cast(main_loss, tf.float32)),
+                     "main_correct": tf.reduce_sum(tf.cast(main_correct, tf.float32)),
+                     "main_weight": tf.reduce_sum(tf.cast(main_weights, tf.float32))})
+    if hp_estimate is not None:
+        sums.update(_correlation_sums(hp_estimate, hp_actual, {
+            "all": w, "original": w * is_original, "replaced": w * (1.0 - is_original)}))
     return sums
 
 
@@ -449,12 +656,25 @@ def accumulate_metric_sums(total: Optional[Dict[str, tf.Tensor]],
     return {k: total[k] + batch[k] for k in batch}
 
 
+def _pearson(sums, group: str) -> tf.Tensor:
+    """Pearson's r of a `_correlation_sums` group (0 when a variance is 0)."""
+    n, x, y, xx, yy, xy = (tf.cast(sums[f"hp_corr_{group}_{k}"], tf.float32)
+                           for k in ("n", "x", "y", "xx", "yy", "xy"))
+    var = tf.maximum(n * xx - x * x, 0.0) * tf.maximum(n * yy - y * y, 0.0)
+    return tf.where(var > 0, (n * xy - x * y) / tf.sqrt(tf.maximum(var, 1e-30)), 0.0)
+
+
 def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     """The reported metrics (float32 scalars) from (accumulated) `metric_sums`.
 
-    masked_lm_accuracy, masked_lm_loss (when MLM logits were given),
-    sampled_masked_lm_accuracy, disc_loss, disc_accuracy, disc_precision, disc_recall,
-    disc_auc, replaced_fraction (share of real tokens labelled replaced).
+    As their groups are present: masked_lm_accuracy, masked_lm_loss (the generator's);
+    sampled_masked_lm_accuracy (share of sampled replacements equal to the original);
+    disc_loss, disc_accuracy (all real tokens), disc_masked_accuracy (prediction slots),
+    disc_precision, disc_recall, disc_auc, replaced_fraction (share of real tokens
+    labelled replaced); main_lm_loss, main_lm_accuracy (MLM-type objectives' main model);
+    sampling_max_prob/<lo>-<hi> (share of slots whose sampling distribution's top
+    probability falls in that tenth); hp_loss_corr, hp_loss_corr_original,
+    hp_loss_corr_replaced (HP heads: estimated vs actual discriminator loss).
     """
     def ratio(num, den):
         return tf.cast(sums[num], tf.float32) / tf.maximum(tf.cast(sums[den], tf.float32), _EPS)
@@ -463,15 +683,32 @@ def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     if "mlm_correct" in sums:
         out["masked_lm_accuracy"] = ratio("mlm_correct", "mlm_weight")
         out["masked_lm_loss"] = ratio("mlm_loss_sum", "mlm_weight")
-    out.update({
-        "sampled_masked_lm_accuracy": ratio("sampled_correct", "mlm_weight"),
-        "disc_loss": ratio("disc_loss_sum", "disc_weight"),
-        "disc_accuracy": ratio("disc_correct", "disc_weight"),
-        "disc_precision": ratio("disc_true_pos", "disc_pred_pos"),
-        "disc_recall": ratio("disc_true_pos", "disc_label_pos"),
-        "disc_auc": auc_from_histograms(sums["auc_pos_hist"], sums["auc_neg_hist"]),
-        "replaced_fraction": ratio("disc_label_pos", "disc_weight"),
-    })
+    if "sampled_correct" in sums:
+        out["sampled_masked_lm_accuracy"] = ratio("sampled_correct", "mlm_weight")
+    if "disc_weight" in sums:
+        out.update({
+            "disc_loss": ratio("disc_loss_sum", "disc_weight"),
+            "disc_accuracy": ratio("disc_correct", "disc_weight"),
+            "disc_precision": ratio("disc_true_pos", "disc_pred_pos"),
+            "disc_recall": ratio("disc_true_pos", "disc_label_pos"),
+            "disc_auc": auc_from_histograms(sums["auc_pos_hist"], sums["auc_neg_hist"]),
+            "replaced_fraction": ratio("disc_label_pos", "disc_weight"),
+        })
+    if "disc_masked_correct" in sums:
+        out["disc_masked_accuracy"] = ratio("disc_masked_correct", "mlm_weight")
+    if "main_weight" in sums:
+        out["main_lm_loss"] = ratio("main_loss_sum", "main_weight")
+        out["main_lm_accuracy"] = ratio("main_correct", "main_weight")
+    if "sampling_max_prob_hist" in sums:
+        hist = tf.cast(sums["sampling_max_prob_hist"], tf.float32)
+        hist = hist / tf.maximum(tf.reduce_sum(hist), _EPS)
+        for i in range(MAX_PROB_BUCKETS):
+            out[f"sampling_max_prob/{i / MAX_PROB_BUCKETS:.1f}-"
+                f"{(i + 1) / MAX_PROB_BUCKETS:.1f}"] = hist[i]
+    if "hp_corr_all_n" in sums:
+        out["hp_loss_corr"] = _pearson(sums, "all")
+        out["hp_loss_corr_original"] = _pearson(sums, "original")
+        out["hp_loss_corr_replaced"] = _pearson(sums, "replaced")
     return out
 
 

@@ -6,8 +6,9 @@ and the optimizer update, and `Pretrainer.train_loop` runs `steps_per_loop` of t
 host visit. New objectives subclass `Objective` and register in `OBJECTIVES`.
 """
 
+import abc
 import dataclasses
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -17,7 +18,7 @@ from electra_tf import distribute
 from electra_tf import objective as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
-from electra_tf.modeling import ElectraPretrainingModel, use_matvec_means
+from electra_tf.modeling import ElectraPretrainingModel, gather_positions, use_matvec_means
 from electra_tf.optimization import (all_reduce_gradients, clip_by_global_norm, make_optimizer,
                                      update_loss_scale)
 
@@ -25,15 +26,21 @@ BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK
 _EPS = 1e-5
 
 
-class Objective:
+class Objective(abc.ABC):
     """Base class: what a pre-training objective must provide.
 
     `denominators(batch)` returns the loss denominators that depend on the batch alone
     (no randomness), so they can be summed over replicas and micro-batches before the
-    forward pass; `loss(...)` divides its local sums by those global values, which makes
-    N replicas (or k micro-batches) give exactly the update of one device on the whole
-    global batch.
+    forward pass; `loss_terms(...)` divides its local sums by those global values, which
+    makes N replicas (or k micro-batches) give exactly the update of one device on the
+    whole global batch.
+
+    An objective may run in phases (`phases`: the first step of each); the trainer
+    compiles one step function per phase, calls `on_phase_start` when a phase begins, and
+    passes the phase to `loss_terms`. `heads` are the optional model heads it needs
+    (`modeling.HEADS`).
     """
+    heads: Tuple[str, ...] = ()
 
     def __init__(self, cfg: PretrainingConfig, special_ids: Dict[str, int],
                  unigram_counts: Optional[np.ndarray] = None):
@@ -42,68 +49,258 @@ class Objective:
         self.special = dict(special_ids)
         self.max_predictions = self.oc.predictions_per_seq(cfg.train.max_seq_length)
         self.unigram_counts = unigram_counts
+        self.focal_gamma = self.oc.focal_gamma()
+
+    def phases(self) -> List[int]:
+        """The first global step of each phase (one phase by default)."""
+        return [0]
+
+    def on_phase_start(self, model, phase: int):
+        """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
 
     def denominators(self, batch) -> Dict[str, tf.Tensor]:
-        raise NotImplementedError
+        """mlm: real prediction slots; disc: real tokens (global sums are taken by the
+        trainer)."""
+        _, count = obj.num_to_mask(batch["input_ids"], batch["input_mask"], **self._mask_args())
+        return {"mlm": tf.cast(tf.reduce_sum(count), tf.float32),
+                "disc": tf.reduce_sum(tf.cast(batch["input_mask"], tf.float32))}
 
-    def loss(self, model, batch, seed, denominators, training: bool):
+    @abc.abstractmethod
+    def loss_terms(self, model, batch, seed, denominators, training: bool, phase: int = 0
+                   ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
+        """-> ({term name: weighted scalar float32 loss}, dict of additive metric sums).
+
+        Terms: "generator", "baseline", "sampling", "discriminator", "mlm" as present;
+        the loss is their sum.
+        """
+
+    def loss(self, model, batch, seed, denominators, training: bool, phase: int = 0):
         """-> (scalar float32 loss, dict of additive float32 metric sums)."""
-        raise NotImplementedError
+        terms, sums = self.loss_terms(model, batch, seed, denominators, training, phase)
+        return tf.add_n(list(terms.values())), sums
 
-
-class ElectraObjective(Objective):
-    """Replaced-token detection: generator MLM + disc_weight x discriminator BCE."""
-
+    # --- shared pieces ---------------------------------------------------------------
     def _mask_args(self):
         s = self.special
         return dict(mask_prob=self.oc.mask_prob, max_predictions=self.max_predictions,
                     mask_id=s["[MASK]"], cls_id=s["[CLS]"], sep_id=s["[SEP]"])
 
-    def denominators(self, batch):
-        _, count = obj.num_to_mask(batch["input_ids"], batch["input_mask"], **self._mask_args())
-        return {"mlm": tf.cast(tf.reduce_sum(count), tf.float32),
-                "disc": tf.reduce_sum(tf.cast(batch["input_mask"], tf.float32))}
-
-    def generator_logits(self, model, masked, batch, seed, training):
-        """Logits [B, P, V] of the proposal distribution at the masked slots."""
-        if self.oc.generator == "masked_lm":
-            return model.generator_mlm_logits(masked["masked_input_ids"], batch["input_mask"],
-                                              batch["segment_ids"], masked["masked_positions"],
-                                              training=training, seed=seed)
-        if self.oc.generator == "uniform":
-            return obj.uniform_logits(masked["masked_ids"], self.cfg.model.vocab_size)
-        return obj.unigram_logits(masked["masked_ids"], self.unigram_counts)
-
-    def loss(self, model, batch, seed, denominators, training):
-        seeds = obj.split_seed(seed, 4)  # masking, sampling, generator and disc dropout
-        masked = obj.mask_tokens(
-            batch["input_ids"], batch["input_mask"], seeds[0],
+    def mask(self, batch, seed):
+        return obj.mask_tokens(
+            batch["input_ids"], batch["input_mask"], seed,
             vocab_size=self.cfg.model.vocab_size, mask_token_prob=self.oc.mask_token_prob,
             random_token_prob=self.oc.random_token_prob, **self._mask_args())
-        mlm_logits = self.generator_logits(model, masked, batch, seeds[2], training)
-        sampled = obj.categorical_sample(
-            mlm_logits, seeds[1], self.oc.temperature,
+
+    @property
+    def has_generator(self) -> bool:
+        return self.oc.generator == "masked_lm"
+
+    def generator(self, model, masked, batch, seed, training):
+        """(logits [B,P,V] of the proposal distribution at the slots, the generator's
+        hidden states there [B,P,h] or None for uniform / unigram proposals)."""
+        if self.oc.generator == "uniform":
+            return obj.uniform_logits(masked["masked_ids"], self.cfg.model.vocab_size), None
+        if self.oc.generator == "unigram":
+            return obj.unigram_logits(masked["masked_ids"], self.unigram_counts), None
+        hidden = model.generator_hidden(masked["masked_input_ids"], batch["input_mask"],
+                                        batch["segment_ids"], training=training, seed=seed)
+        slots = gather_positions(hidden, masked["masked_positions"])
+        return model.generator_predictions(slots), slots
+
+    def sample(self, logits, masked, seed):
+        return obj.categorical_sample(
+            logits, seed, self.oc.temperature,
             disallow_ids=masked["masked_ids"] if self.oc.disallow_correct else None)
+
+    def generator_mlm_term(self, gen_logits, masked, denominators):
+        loss_sum, _, _ = obj.mlm_loss_sums(gen_logits, masked["masked_ids"],
+                                           masked["masked_weights"], self.focal_gamma)
+        return self.oc.gen_weight * loss_sum / tf.maximum(denominators["mlm"], _EPS)
+
+
+class ElectraObjective(Objective):
+    """Replaced-token detection: generator + disc_weight x discriminator BCE.
+
+    Variants by `objective.objective`:
+    * electra: the generator's MLM (focal with `gen_focal_gamma`) + BCE over real tokens;
+    * electra_15: the BCE only over the prediction slots (ELECTRA paper 3.5);
+    * hp_loss / hp_dist: replacements drawn from a sampling head (HP paper 4.1.2), whose
+      loss (weight `sampling_weight()`) is the term "sampling";
+    * adversarial: no MLE; the generator maximises the discriminator's loss at the slots by
+      REINFORCE with a learned baseline (ELECTRA paper, Appendix F);
+    * two_stage: phase 0 trains the generator alone (MLM); phase 1 copies it into the
+      discriminator (equal sizes, untied) and trains the discriminator with the generator
+      frozen (ELECTRA paper 3.2). The learning-rate schedule is the run's, not restarted.
+    No discriminator gradient reaches a generator-only weight: samples are discrete and
+    every generator-side use of the discriminator's output is a constant.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        name = self.oc.objective
+        self.heads = {"hp_loss": ("sampling",), "hp_dist": ("sampling",),
+                      "adversarial": ("baseline",)}.get(name, ())
+
+    def phases(self):
+        if self.oc.objective == "two_stage":
+            return [0, self.oc.switch_step(self.cfg.train.num_train_steps)]
+        return [0]
+
+    def on_phase_start(self, model, phase):
+        if self.oc.objective == "two_stage" and phase == 1:
+            copy_encoder_weights(model.generator, model.electra)
+
+    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
+        name, oc = self.oc.objective, self.oc
+        seeds = obj.split_seed(seed, 4)  # masking, sampling, generator and disc dropout
+        masked = self.mask(batch, seeds[0])
+        ids, w = masked["masked_ids"], masked["masked_weights"]
+        den_mlm = tf.maximum(denominators["mlm"], _EPS)
+        gen_logits, gen_slots = self.generator(model, masked, batch, seeds[2], training)
+        terms = {}
+        if name == "two_stage":
+            if phase == 0:  # the generator alone
+                terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+                return terms, obj.metric_sums(input_mask=batch["input_mask"], masked_ids=ids,
+                                              masked_weights=w, mlm_logits=gen_logits)
+            gen_logits = tf.stop_gradient(gen_logits)  # frozen
+        elif self.has_generator and name != "adversarial":
+            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+
+        sampling_logits = gen_logits
+        if name in ("hp_loss", "hp_dist"):
+            hp_logits = model.sampling_predictions(gen_slots)
+            sampling_logits = (obj.hp_loss_sampling_logits(gen_logits, hp_logits, ids)
+                               if name == "hp_loss" else hp_logits)
+        sampled = self.sample(sampling_logits, masked, seeds[1])
         fake_ids, labels = obj.corrupt(batch["input_ids"], masked["masked_positions"],
-                                       sampled, masked["masked_weights"])
+                                       sampled, w)
         disc_logits = model.discriminator(fake_ids, batch["input_mask"], batch["segment_ids"],
                                           training=training, seed=seeds[3])
-        total = 0.0
-        has_generator = self.oc.generator == "masked_lm"
-        if has_generator:
-            mlm_sum, _, _ = obj.mlm_loss_sums(mlm_logits, masked["masked_ids"],
-                                              masked["masked_weights"])
-            total += self.oc.gen_weight * mlm_sum / tf.maximum(denominators["mlm"], _EPS)
-        disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
-        total += self.oc.disc_weight * disc_sum / tf.maximum(denominators["disc"], _EPS)
+        slot_loss = obj.slot_disc_loss(disc_logits, labels, masked["masked_positions"], w)
+
+        hp_estimate = None
+        if name == "hp_loss":
+            hp_at_sample = obj.pick(hp_logits, sampled)
+            head_sum, _ = obj.hp_loss_head_sums(
+                hp_at_sample, obj.gather_slots(disc_logits, masked["masked_positions"]), w)
+            hp_estimate = obj.hp_loss_estimate(hp_at_sample, tf.equal(sampled, ids))
+        elif name == "hp_dist":
+            head_sum, _ = obj.hp_dist_head_sums(hp_logits, gen_logits, sampled, slot_loss, w)
+            # The head's loss estimate up to the slot's normaliser: p_S / p_G.
+            hp_estimate = tf.exp(obj.pick(tf.nn.log_softmax(hp_logits), sampled) -
+                                 obj.pick(tf.nn.log_softmax(gen_logits), sampled))
+        if hp_estimate is not None:
+            terms["sampling"] = oc.sampling_weight() * head_sum / den_mlm
+        if name == "adversarial":
+            policy, baseline = obj.reinforce_sums(gen_logits, sampled, slot_loss,
+                                                  model.baseline_logits(gen_slots), w)
+            terms["generator"] = oc.gen_weight * policy / den_mlm
+            terms["baseline"] = baseline / den_mlm
+
+        if name == "electra_15":
+            disc_term = tf.reduce_sum(slot_loss) / den_mlm
+        else:
+            disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
+            disc_term = disc_sum / tf.maximum(denominators["disc"], _EPS)
+        terms["discriminator"] = oc.disc_weight * disc_term
         sums = obj.metric_sums(
-            disc_logits=disc_logits, disc_labels=labels, input_mask=batch["input_mask"],
-            masked_ids=masked["masked_ids"], masked_weights=masked["masked_weights"],
-            sampled_ids=sampled, mlm_logits=mlm_logits if has_generator else None)
-        return total, sums
+            input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
+            sampled_ids=sampled, mlm_logits=gen_logits if self.has_generator else None,
+            disc_logits=disc_logits, disc_labels=labels,
+            masked_positions=masked["masked_positions"], sampling_logits=sampling_logits,
+            hp_estimate=hp_estimate, hp_actual=slot_loss if hp_estimate is not None else None)
+        return terms, sums
 
 
-OBJECTIVES: Dict[str, Callable[..., Objective]] = {"electra": ElectraObjective}
+class MaskedLMObjective(Objective):
+    """Objectives whose main model is a masked LM (ELECTRA paper 3.5), with an MLM head
+    (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm":
+
+    * mlm: BERT; the encoder sees `mask_tokens`' corruption (official 85% [MASK] / 15%
+      kept, or BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1) and
+      predicts the originals at the slots. No generator.
+    * replace_mlm: the slots hold generator samples instead of [MASK]; MLM loss there.
+    * all_tokens_mlm: as replace_mlm, predicting every real token through the copy
+      mechanism (copy probability from `discriminator_predictions`).
+    The generator (replace_mlm, all_tokens_mlm) trains with its MLM loss as in ELECTRA.
+    """
+    heads = ("mlm",)
+
+    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
+        name = self.oc.objective
+        seeds = obj.split_seed(seed, 4)
+        masked = self.mask(batch, seeds[0])
+        ids, w, positions = masked["masked_ids"], masked["masked_weights"], \
+            masked["masked_positions"]
+        terms, sampled, gen_logits = {}, None, None
+        if name == "mlm":
+            inputs = masked["masked_input_ids"]
+        else:
+            gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
+            if self.has_generator:
+                terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+            sampled = self.sample(gen_logits, masked, seeds[1])
+            inputs, _ = obj.corrupt(batch["input_ids"], positions, sampled, w)
+        hidden = model.discriminator_hidden(inputs, batch["input_mask"], batch["segment_ids"],
+                                            training=training, seed=seeds[3])
+        if name == "all_tokens_mlm":
+            logits = model.mlm_predictions(hidden)                       # [B,L,V]
+            copy_logits = model.discriminator_predictions(hidden)        # [B,L]
+            loss_sum, _, per_item = obj.copy_mlm_loss_sums(
+                logits, copy_logits, inputs, batch["input_ids"], batch["input_mask"])
+            item_weights = tf.cast(tf.cast(batch["input_mask"], tf.int32) > 0, tf.float32)
+            correct = tf.equal(copy_prediction(logits, copy_logits, inputs),
+                               tf.cast(batch["input_ids"], tf.int32))
+            den = denominators["disc"]
+        else:
+            logits = model.mlm_predictions(gather_positions(hidden, positions))  # [B,P,V]
+            loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
+            item_weights = w
+            correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
+            den = denominators["mlm"]
+        terms["mlm"] = loss_sum / tf.maximum(den, _EPS)
+        sums = obj.metric_sums(
+            input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
+            sampled_ids=sampled,
+            mlm_logits=gen_logits if (sampled is not None and self.has_generator) else None,
+            sampling_logits=gen_logits, main_loss=per_item,
+            main_correct=item_weights * tf.cast(correct, tf.float32),
+            main_weights=item_weights)
+        return terms, sums
+
+
+def copy_prediction(mlm_logits, copy_logits, input_ids):
+    """The copy-mechanism model's most likely token [B,L]: the input token when its
+    mixture probability D + (1 - D) p(input) beats (1 - D) max p, else the argmax."""
+    probs = tf.nn.softmax(tf.cast(mlm_logits, tf.float32))
+    d = tf.sigmoid(tf.cast(copy_logits, tf.float32))
+    input_ids = tf.cast(input_ids, tf.int32)
+    copy_p = d + (1.0 - d) * obj.pick(probs, input_ids)
+    best = tf.argmax(probs, axis=-1, output_type=tf.int32)
+    return tf.where(copy_p >= (1.0 - d) * tf.reduce_max(probs, axis=-1), input_ids, best)
+
+
+def copy_encoder_weights(source, target):
+    """Assigns every weight of encoder `source` to the same-named weight of `target`
+    (paths compared below their first component, e.g. generator/... -> electra/...)."""
+    rel = lambda v: v.path.split("/", 1)[1]
+    by_path = {rel(v): v for v in source.weights}
+    missing = [v.path for v in target.weights if rel(v) not in by_path]
+    if missing or len(by_path) != len(target.weights):
+        raise ValueError(f"encoders differ: {missing[:3]} not in {source.name}")
+    for v in target.weights:
+        src = by_path[rel(v)]
+        if tuple(src.shape) != tuple(v.shape):
+            raise ValueError(f"{src.path} {tuple(src.shape)} != {v.path} {tuple(v.shape)}")
+        v.assign(src.value)
+
+
+OBJECTIVES: Dict[str, Callable[..., Objective]] = {
+    "electra": ElectraObjective, "electra_15": ElectraObjective, "hp_loss": ElectraObjective,
+    "hp_dist": ElectraObjective, "adversarial": ElectraObjective,
+    "two_stage": ElectraObjective, "mlm": MaskedLMObjective,
+    "replace_mlm": MaskedLMObjective, "all_tokens_mlm": MaskedLMObjective}
 
 
 def build_objective(cfg: PretrainingConfig, special_ids=None, unigram_counts=None) -> Objective:
@@ -138,7 +335,7 @@ class Pretrainer:
         # multi-worker job start from the same model.
         keras.utils.set_random_seed(tc.seed)
         with strategy.scope():
-            self.model = ElectraPretrainingModel(cfg.model)
+            self.model = ElectraPretrainingModel(cfg.model, heads=self.objective.heads)
             self.variables = list(self.model.trainable_variables)
             self.optimizer = make_optimizer(cfg.optimizer, tc.num_train_steps)
             self.optimizer.build(self.variables)
@@ -159,8 +356,9 @@ class Pretrainer:
         if jit_compile is None:
             jit_compile = default_jit(strategy)
         self.jit_compile = jit_compile
-        self._replica_step = tf.function(self._replica_step_fn, jit_compile=jit_compile)
-        self._replica_eval = tf.function(self._replica_eval_fn, jit_compile=jit_compile)
+        # One compiled step (and eval step) per phase of the objective, made on first use.
+        self._replica_steps: Dict[int, Callable] = {}
+        self._replica_evals: Dict[int, Callable] = {}
         self.trace_count = 0
 
     def checkpoint(self) -> tf.train.Checkpoint:
@@ -171,23 +369,56 @@ class Pretrainer:
                                    loss_scale_good_steps=self.good_steps,
                                    data_batches=self.data_batches)
 
+    # ------------------------------------------------------------------ phases
+
+    def phase_at(self, step: int) -> int:
+        """The objective's phase that global step `step` (0-based, about to run) is in."""
+        return sum(1 for start in self.objective.phases()[1:] if step >= start)
+
+    def steps_left_in_phase(self, step: int) -> Optional[int]:
+        """Steps from `step` to the next phase start (None in the last phase)."""
+        later = [start for start in self.objective.phases() if start > step]
+        return later[0] - step if later else None
+
+    def enter_phase(self, step: int):
+        """Runs the objective's phase-start hook when `step` is the first of a phase > 0
+        (idempotent: the hook's effect does not depend on when it ran before)."""
+        starts = self.objective.phases()
+        if step in starts[1:]:
+            self.objective.on_phase_start(self.model, starts.index(step))
+
+    def replica_step(self, phase: int = 0):
+        """The compiled one-replica train step of `phase` (for `strategy.run`)."""
+        return self._compiled(self._replica_steps, self._replica_step_fn, phase)
+
+    def replica_eval(self, phase: int = 0):
+        """The compiled one-replica eval step of `phase`."""
+        return self._compiled(self._replica_evals, self._replica_eval_fn, phase)
+
+    def _compiled(self, cache: Dict[int, Callable], fn, phase: int):
+        if phase not in cache:
+            cache[phase] = tf.function(lambda batch: fn(batch, phase),
+                                       jit_compile=self.jit_compile)
+        return cache[phase]
+
     # ------------------------------------------------------------------ one replica step
 
-    def _grads(self, batch, seed, denominators):
+    def _grads(self, batch, seed, denominators, phase=0):
         with tf.GradientTape() as tape:
-            loss, sums = self.objective.loss(self.model, batch, seed, denominators, True)
+            loss, sums = self.objective.loss(self.model, batch, seed, denominators, True,
+                                             phase)
             scaled = loss * tf.cast(self.loss_scale, tf.float32)
         grads = tape.gradient(scaled, self.variables)
         return grads, loss, sums
 
-    def _replica_step_fn(self, batch):
+    def _replica_step_fn(self, batch, phase=0):
         """One optimizer update on this replica's share of the global batch."""
         self.trace_count += 1  # Python side effect: counts traces, not calls
         seed = obj.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32),
                              self._first_row(batch))
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
-        grads, loss, sums = self._accumulated_grads(batch, seed, dens)
+        grads, loss, sums = self._accumulated_grads(batch, seed, dens, phase)
         grads = all_reduce_gradients(grads, "sum")
         inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
         grads = [None if g is None else g * inv_scale for g in grads]
@@ -204,7 +435,7 @@ class Pretrainer:
         sums["skipped"] = 1.0 - tf.cast(finite, tf.float32)
         return sums
 
-    def _accumulated_grads(self, batch, seed, dens):
+    def _accumulated_grads(self, batch, seed, dens, phase=0):
         """Gradients of the replica's batch, in `grad_accum_steps` micro-batches.
 
         Micro-batch losses are already divided by the denominators of the whole global
@@ -213,17 +444,17 @@ class Pretrainer:
         """
         k = self.cfg.train.grad_accum_steps
         if k == 1:
-            return self._grads(batch, seed, dens)
+            return self._grads(batch, seed, dens, phase)
         micro_batches = {n: tf.reshape(t, [k, -1] + t.shape[1:].as_list())
                          for n, t in batch.items()}
         take = lambda i: {n: t[i] for n, t in micro_batches.items()}
         rows = batch["input_ids"].shape[0] // k
-        grads, loss, sums = self._grads(take(0), seed, dens)
+        grads, loss, sums = self._grads(take(0), seed, dens, phase)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.variables)]
 
         def body(i, grads, loss, sums):
-            g, l, s = self._grads(take(i), rng.offset_rows(seed, i * rows), dens)
+            g, l, s = self._grads(take(i), rng.offset_rows(seed, i * rows), dens, phase)
             grads = [a if b is None else a + b for a, b in zip(grads, g)]
             return i + 1, grads, loss + l, {n: sums[n] + s[n] for n in sums}
 
@@ -245,12 +476,12 @@ class Pretrainer:
             return
         update_loss_scale(self.loss_scale, self.good_steps, finite)
 
-    def _replica_eval_fn(self, batch):
+    def _replica_eval_fn(self, batch, phase=0):
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
         seed = obj.step_seed(self.base_seed + 1, tf.cast(self.global_step, tf.int32),
                              self._first_row(batch))
-        loss, sums = self.objective.loss(self.model, batch, seed, dens, False)
+        loss, sums = self.objective.loss(self.model, batch, seed, dens, False, phase)
         sums = dict(sums)
         sums["loss_sum"] = loss
         sums["steps"] = tf.constant(1.0)
@@ -258,28 +489,35 @@ class Pretrainer:
 
     # ------------------------------------------------------------------ host loops
 
-    def make_train_loop(self):
-        """A tf.function running `num_steps` train steps from a distributed iterator and
-        returning the metric sums, reduced over replicas and summed over the steps."""
+    def make_train_loop(self, phase: int = 0):
+        """A tf.function running `num_steps` train steps of `phase` from a distributed
+        iterator and returning the metric sums, reduced over replicas and summed over the
+        steps (a loop must not cross a phase boundary: `steps_left_in_phase`)."""
+        step_fn = self.replica_step(phase)
 
         @tf.function
         def train_loop(iterator, num_steps):
-            sums = self._reduce(self.strategy.run(self._replica_step, args=(next(iterator),)))
+            sums = self._reduce(self.strategy.run(step_fn, args=(next(iterator),)))
             for _ in tf.range(num_steps - 1):
                 step_sums = self._reduce(
-                    self.strategy.run(self._replica_step, args=(next(iterator),)))
+                    self.strategy.run(step_fn, args=(next(iterator),)))
                 sums = {k: sums[k] + step_sums[k] for k in sums}
             return sums
 
         return train_loop
 
-    def make_eval_loop(self):
+    def make_eval_loop(self, phase: Optional[int] = None):
+        """Eval steps of `phase` (default: the phase of the current global step)."""
+        if phase is None:
+            phase = self.phase_at(int(self.global_step.numpy()))
+        eval_fn = self.replica_eval(phase)
+
         @tf.function
         def eval_loop(iterator, num_steps):
-            sums = self._reduce(self.strategy.run(self._replica_eval, args=(next(iterator),)))
+            sums = self._reduce(self.strategy.run(eval_fn, args=(next(iterator),)))
             for _ in tf.range(num_steps - 1):
                 step_sums = self._reduce(
-                    self.strategy.run(self._replica_eval, args=(next(iterator),)))
+                    self.strategy.run(eval_fn, args=(next(iterator),)))
                 sums = {k: sums[k] + step_sums[k] for k in sums}
             return sums
 

@@ -173,8 +173,14 @@ def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
     parts = [f"step {step}/{total}", f"loss {out.loss:.4f}"]
     if "masked_lm_loss" in m:
         parts.append(f"mlm_loss {m['masked_lm_loss']:.4f} mlm_acc {m['masked_lm_accuracy']:.4f}")
-    parts.append(f"disc_loss {m['disc_loss']:.4f} disc_acc {m['disc_accuracy']:.4f} "
-                 f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
+    if "main_lm_loss" in m:
+        parts.append(f"main_lm_loss {m['main_lm_loss']:.4f} "
+                     f"main_lm_acc {m['main_lm_accuracy']:.4f}")
+    if "disc_loss" in m:
+        parts.append(f"disc_loss {m['disc_loss']:.4f} disc_acc {m['disc_accuracy']:.4f} "
+                     f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
+    if "hp_loss_corr" in m:
+        parts.append(f"hp_corr {m['hp_loss_corr']:.3f}")
     parts.append(f"lr {lr:.3g}")
     parts.append(f"{seqs_per_s:.1f} seq/s")
     if flops_per_s is not None:
@@ -398,7 +404,7 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     tc = cfg.train
     total = tc.num_train_steps
     writer = _summary_writer(model_dir, "train", chief)
-    loop = trainer.make_train_loop()
+    loops = {}  # one compiled host loop per phase of the objective
     step = int(trainer.global_step.numpy())
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
@@ -413,13 +419,18 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     with (_sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm,
           _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
         while step < total:
-            # Stop each host loop at the next log, checkpoint or profile boundary.
+            # Stop each host loop at the next log, checkpoint, phase or profile boundary.
             n = profile.n_until_boundary(step, min(
                 tc.steps_per_loop, total - step,
                 tc.log_every_steps - step % tc.log_every_steps,
-                tc.save_checkpoints_steps - step % tc.save_checkpoints_steps))
+                tc.save_checkpoints_steps - step % tc.save_checkpoints_steps,
+                trainer.steps_left_in_phase(step) or total))
+            phase = trainer.phase_at(step)
+            if phase not in loops:
+                loops[phase] = trainer.make_train_loop(phase)
+            trainer.enter_phase(step)
             profile.before_loop(step)
-            loop_sums = loop(iterator, tf.constant(n))
+            loop_sums = loops[phase](iterator, tf.constant(n))
             trainer.data_batches.assign_add(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
             step = int(trainer.global_step.numpy())  # waits for the loop's steps

@@ -192,3 +192,162 @@ def test_count_flops_cli_prints_the_library_numbers():
         assert rows[key] == pytest.approx(expected, rel=1e-4), key
     assert rows["total"][4] == pytest.approx(2000 * 2 * 64 * rows["total"][0], rel=1e-4)
     assert rows["total"][5] == pytest.approx(2000 * 3 * 64 * rows["total"][1], rel=1e-4)
+
+
+# --- the objective variants (configs.OBJECTIVE_NAMES) ---------------------------------
+
+TWO_STAGE = {"objective.objective": "two_stage", "model.generator_hidden_size": 1.0,
+             "model.tie_embeddings": False}
+
+
+def objective_config(objective, preset="tiny", **extra):
+    overrides = dict(TWO_STAGE) if objective == "two_stage" else {
+        "objective.objective": objective}
+    overrides.update(extra)
+    return load_config(preset, overrides)
+
+
+@pytest.mark.parametrize("convention", [flops.PAPER, flops.HARDWARE])
+def test_mlm_is_the_bert_run_of_the_discriminator(convention):
+    cfg = objective_config("mlm", "small")
+    count = flops.count_config(cfg, convention)
+    assert list(count.forward()) == ["embeddings", "discriminator_encoder",
+                                     "discriminator_mlm_head", "total"]
+    bert = flops.PretrainingRun(flops.config_run(cfg).model, 128, 1e6, output_positions=19)
+    assert bert.generator is None and flops.config_run(cfg).generator is None
+    assert count.train_per_run()["total"] == pytest.approx(bert.train_flops(convention),
+                                                           rel=1e-12)
+    assert flops.train_flops_per_step(cfg, convention) == pytest.approx(
+        bert.train_flops(convention) / 1e6, rel=1e-12)
+    # The paper's BERT-Small is this encoder (1.45M steps there, 1M in the preset).
+    paper_bert = flops.OFFICIAL_RUNS["bert_small"][0]
+    assert flops.train_flops_per_step(cfg) == pytest.approx(
+        paper_bert.train_flops() / paper_bert.train_steps, rel=1e-12)
+
+
+@pytest.mark.parametrize("convention", [flops.PAPER, flops.HARDWARE])
+def test_electra_family_costs(convention):
+    step = {o: flops.train_flops_per_step(objective_config(o), convention)
+            for o in ("electra", "electra_15", "adversarial", "mlm", "replace_mlm",
+                      "all_tokens_mlm", "hp_loss", "hp_dist")}
+    assert step["electra_15"] == step["electra"]  # the same networks, another loss
+    assert step["all_tokens_mlm"] > step["replace_mlm"] > step["mlm"]
+    assert step["hp_loss"] == step["hp_dist"] > step["electra"]
+    assert step["adversarial"] > step["electra"]
+    # electra's numbers and components are those of before the variants.
+    electra = flops.count_config(objective_config("electra"), convention).forward()
+    assert list(electra) == list(flops.ELECTRA_COMPONENTS) + ["total"]
+
+
+def test_variant_heads_by_hand():
+    cfg = load_config("tiny")  # E 64, H 128, generator 64 wide, V 30522, L 128, P 19
+    base = flops.count_config(cfg, flops.HARDWARE)
+    batch, v, e, s, p = 32, 30522, 64, 128, 19
+    gen_head = p * (2 * 64 * e + 2 * e * v)  # dense(E) + tied logits, matmuls only
+    disc_mlm_head = p * (2 * 128 * e + 2 * e * v)
+    for objective in ("hp_loss", "hp_dist"):
+        hp = flops.count_config(objective_config(objective), flops.HARDWARE)
+        # Exactly one more generator-width LM head, trained.
+        assert hp.forward()["generator_sampling_head"] == gen_head == \
+            base.forward()["generator_mlm_head"]
+        assert hp.train_per_step()["total"] - base.train_per_step()["total"] == \
+            3 * batch * gen_head
+    paper_hp = flops.count_config(objective_config("hp_loss"), flops.PAPER).forward()
+    assert paper_hp["generator_sampling_head"] == paper_hp["generator_mlm_head"]
+    adversarial = flops.count_config(objective_config("adversarial"), flops.HARDWARE)
+    assert adversarial.forward()["generator_baseline_head"] == p * 2 * 64
+    # replace_mlm: the binary head gives way to an MLM head of the discriminator's width.
+    replace = flops.count_config(objective_config("replace_mlm"), flops.HARDWARE).forward()
+    assert "discriminator_head" not in replace
+    assert replace["discriminator_mlm_head"] == disc_mlm_head
+    assert replace["total"] - replace["discriminator_mlm_head"] == \
+        base.forward()["total"] - base.forward()["discriminator_head"]
+    # all_tokens_mlm: the MLM head at all 128 positions, and the copy probability.
+    all_tokens = flops.count_config(objective_config("all_tokens_mlm"),
+                                    flops.HARDWARE).forward()
+    assert all_tokens["discriminator_mlm_head"] == s * (2 * 128 * e + 2 * e * v)
+    assert all_tokens["discriminator_head"] == base.forward()["discriminator_head"]
+    # The paper's convention counts the MLM softmax at 0.15625 L = 20 positions for
+    # replace_mlm (as BERT) but at every position for all_tokens_mlm.
+    paper = {o: flops.count_config(objective_config(o), flops.PAPER).forward()
+             for o in ("replace_mlm", "all_tokens_mlm")}
+    assert paper["all_tokens_mlm"]["discriminator_mlm_head"] == pytest.approx(
+        paper["replace_mlm"]["discriminator_mlm_head"] * 128 / 20, rel=1e-12)
+
+
+def test_uniform_proposals_have_no_generator_for_any_objective():
+    for objective in ("electra_15", "replace_mlm", "all_tokens_mlm"):
+        with_gen = flops.count_config(objective_config(objective)).forward()
+        uniform = flops.count_config(objective_config(
+            objective, **{"objective.generator": "uniform"})).forward()
+        assert uniform["generator_encoder"] == uniform["generator_mlm_head"] == 0
+        assert uniform["embeddings"] == with_gen["embeddings"] / 2
+
+
+@pytest.mark.parametrize("convention", [flops.PAPER, flops.HARDWARE])
+def test_two_stage_phases_by_hand(convention):
+    cfg = objective_config("two_stage", **{"train.num_train_steps": 1000,
+                                           "objective.two_stage_switch_step": 300})
+    count = flops.count_config(cfg, convention)
+    fwd, f, b = count.forward(), convention.train_factor, 32
+    gen = fwd["generator_embeddings"] + fwd["generator_encoder"] + fwd["generator_mlm_head"]
+    disc = (fwd["discriminator_embeddings"] + fwd["discriminator_encoder"] +
+            fwd["discriminator_head"])
+    assert gen + disc == pytest.approx(fwd["total"], rel=1e-12)
+    phase1, phase2 = f * b * gen, b * gen + f * b * disc  # generator forward only in 2
+    assert [p.steps for p in count.phases] == [300, 700]
+    assert count.train_per_step("generator")["total"] == pytest.approx(phase1, rel=1e-12)
+    assert count.train_per_step("discriminator")["total"] == pytest.approx(phase2, rel=1e-12)
+    run = 300 * phase1 + 700 * phase2
+    assert count.train_per_run()["total"] == pytest.approx(run, rel=1e-12)
+    assert flops.train_flops_per_step(cfg, convention) == pytest.approx(run / 1000, rel=1e-12)
+    assert count.train_per_step("generator")["discriminator_encoder"] == 0
+    # Cumulative FLOPs and their inverse.
+    assert count.train_at_step(200) == pytest.approx(200 * phase1, rel=1e-12)
+    assert count.train_at_step(500) == pytest.approx(300 * phase1 + 200 * phase2, rel=1e-12)
+    assert count.step_at(300 * phase1 + 200 * phase2) == 500
+    assert count.step_at(run) == 1000 and count.step_at(0) == 0
+    # The switch defaults to half of the run; the generator has the discriminator's size.
+    half = flops.count_config(objective_config("two_stage"), convention)
+    assert [p.steps for p in half.phases] == [300, 300]
+    assert fwd["generator_encoder"] == fwd["discriminator_encoder"]
+
+
+def test_two_stage_table_shows_both_stages():
+    table = flops.format_table(objective_config("two_stage"), "tiny")
+    assert "generator stage, steps 0-300" in table
+    assert "discriminator stage, steps 300-600" in table
+    assert "forward only generator_embeddings" in table
+
+
+@pytest.mark.parametrize("objective", ["electra", "mlm", "all_tokens_mlm", "two_stage",
+                                       "hp_loss"])
+def test_steps_for_budget_round_trips(objective):
+    extra = {"objective.two_stage_switch_step": 250} if objective == "two_stage" else {}
+    cfg = objective_config(objective, **{"train.num_train_steps": 1000, **extra})
+    budget = flops.train_flops(cfg)
+    assert flops.steps_for_budget(cfg, budget) == 1000
+    hardware = flops.train_flops(cfg, flops.HARDWARE)
+    assert flops.steps_for_budget(cfg, hardware, flops.HARDWARE) == 1000
+    # Another variant at the same budget: its run costs the budget to within half its
+    # costliest step.
+    electra = objective_config("electra", **{"train.num_train_steps": 777})
+    n = flops.steps_for_budget(cfg, flops.train_flops(electra))
+    matched = flops.with_train_steps(cfg, n)
+    count = flops.count_config(matched)
+    costliest = max([count.train_per_step(p.name)["total"] for p in count.phases] or
+                    [count.train_per_step()["total"]])
+    assert abs(flops.train_flops(matched) - flops.train_flops(electra)) <= costliest / 2
+    if objective == "two_stage":  # the switch keeps its place in the run: 1/4
+        assert matched.objective.two_stage_switch_step == round(n / 4)
+    with pytest.raises(ValueError):
+        flops.steps_for_budget(cfg, 0)
+
+
+def test_steps_for_budget_orders_the_variants():
+    budget = flops.train_flops(objective_config("electra", **{"train.num_train_steps": 1000}))
+    steps = {o: flops.steps_for_budget(objective_config(o), budget)
+             for o in ("electra", "mlm", "all_tokens_mlm", "two_stage", "replace_mlm")}
+    assert steps["electra"] == 1000
+    assert steps["mlm"] > steps["electra"] > steps["replace_mlm"] > steps["all_tokens_mlm"]
+    assert steps["two_stage"] > steps["electra"]  # equal-size networks, one trains a stage

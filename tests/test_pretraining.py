@@ -67,9 +67,9 @@ def test_step_is_one_xla_program_traced_once(sample_build):
     assert trainer.trace_count == 1  # many steps, one trace
     # The whole step (masking .. optimizer update) lowers to one HLO module: no op falls
     # back to the host, no Python callback.
-    hlo = trainer._replica_step.experimental_get_compiler_ir(batch)(stage="hlo")
+    hlo = trainer.replica_step().experimental_get_compiler_ir(batch)(stage="hlo")
     assert "ENTRY" in hlo and "custom-call" not in hlo.lower().replace("__cpu", "")
-    graph = trainer._replica_step.get_concrete_function(batch).graph
+    graph = trainer.replica_step().get_concrete_function(batch).graph
     host_ops = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "Print", "PrintV2"}
     assert not [op.type for op in graph.get_operations() if op.type in host_ops]
     assert second.loss < first.loss  # same batch, 7 updates: the loss falls
@@ -81,7 +81,7 @@ def test_weights_change_and_float64_free(sample_build):
     _run_steps(trainer, _batch(sample_build[0]), 2)
     changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, trainer.variables)]
     assert all(changed), [v.path for v, c in zip(trainer.variables, changed) if not c]
-    graph = trainer._replica_step.get_concrete_function(_batch(sample_build[0])).graph
+    graph = trainer.replica_step().get_concrete_function(_batch(sample_build[0])).graph
     assert not [op.name for op in graph.get_operations()
                 if any(t.dtype == tf.float64 for t in op.outputs)]
 
@@ -123,7 +123,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
     values = mirrored.experimental_distribute_values_from_function(
         lambda ctx: {{k: v[8 * ctx.replica_id_in_sync_group: 8 * ctx.replica_id_in_sync_group + 8]
                      for k, v in batch.items()}})
-    sums = two._reduce(mirrored.run(two._replica_step, args=(values,)))
+    sums = two._reduce(mirrored.run(two.replica_step(), args=(values,)))
     from electra_tf.pretraining import summarize
     out_two = summarize(sums)
     diff = max(float(np.max(np.abs(a - b))) for a, b in

@@ -39,8 +39,8 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
     loop_steps = []
     make_loop = Pretrainer.make_train_loop
 
-    def recording(self):
-        loop = make_loop(self)
+    def recording(self, phase=0):
+        loop = make_loop(self, phase)
 
         def run(iterator, num_steps):
             loop_steps.append(int(num_steps))

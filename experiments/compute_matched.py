@@ -1,0 +1,717 @@
+"""Pre-training objectives compared at equal training FLOPs (issue 7; the ELECTRA paper's
+Figure 3 right and Table 4 at a scale this machine can run).
+
+Every variant (`VARIANTS`: a name -> config overrides) pre-trains for the number of steps
+whose train FLOPs (`electra_tf.flops`, the paper's convention by default) match a budget:
+the reference variant's FLOPs at --reference_steps. Checkpoints at the --points fractions
+of that budget are fine-tuned with --seeds seeds each; report.md, results.json and
+score_vs_flops.png in --out_dir hold the numbers, the pre-training diagnostics
+(eval_results.json of each run) and the plot.
+
+Pre-training and fine-tuning run as subprocesses of the repository's CLIs
+(run_pretraining.py, run_finetuning.py). A rerun of the same command skips every job
+whose done marker exists, so a killed experiment goes on where it stopped (an
+interrupted pre-training resumes from its last checkpoint).
+
+    python experiments/compute_matched.py                      # all variants, tiny preset
+    python experiments/compute_matched.py --variants=electra,bert_mlm --dry_run
+"""
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from electra_tf import configs, flops  # noqa: E402
+
+# name -> config overrides of the variant (on top of --config and --params_override).
+VARIANTS = collections.OrderedDict([
+    ("electra", {}),
+    # BERT: MLM on the discriminator-sized encoder, 80% [MASK] / 10% random / 10% kept.
+    ("bert_mlm", {"objective.objective": "mlm", "objective.mask_token_prob": "0.8",
+                  "objective.random_token_prob": "0.1"}),
+    ("electra_15", {"objective.objective": "electra_15"}),
+    ("replace_mlm", {"objective.objective": "replace_mlm"}),
+    ("all_tokens_mlm", {"objective.objective": "all_tokens_mlm"}),
+    # Generator and discriminator of one size; the discriminator starts from the
+    # generator at the switch (half of the run), so the embeddings are not shared.
+    ("two_stage", {"objective.objective": "two_stage", "model.generator_hidden_size": "1.0",
+                   "model.tie_embeddings": "false"}),
+    ("adversarial", {"objective.objective": "adversarial"}),
+    ("hp_loss_focal", {"objective.objective": "hp_loss",
+                       "objective.gen_focal_gamma": "piecewise"}),
+    ("hp_dist", {"objective.objective": "hp_dist"}),
+])
+
+# Defaults sized so that all nine variants finish in ~40 minutes on a shared 2-core CPU at
+# the tiny preset (experiments/README.md has the timings they come from).
+DEFAULT_REFERENCE_STEPS = 80
+DEFAULT_POINTS = "0.5,1"
+DEFAULT_SEEDS = 3
+DEFAULT_FINETUNE_MAX_SEQ_LENGTH = 64
+# A-priori costs (seconds, the smoke run's) for the ETA before any job has finished; the
+# ETA then scales them by the measured / predicted time of the jobs done.
+PRETRAIN_FIXED_S = 85.0  # start, compilation, discriminator export, evaluation
+ELECTRA_STEP_S = 0.75  # one tiny electra step (batch 32 x 128); others by hardware FLOPs
+FINETUNE_FIXED_S = 11.0
+FINETUNE_TRIAL_S = 10.0
+
+DONE = "DONE.json"
+
+
+class ExperimentError(Exception):
+    """A bad flag or a failed step; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ExperimentError(message)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = _Parser(prog="compute_matched.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", help="Preset or JSON config (default tiny).")
+    p.add_argument("--params_override", default="", help="key=value,... applied to every "
+                   "variant (sizes, batch, length: the FLOP planning sees them).")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"Comma-separated, of: {', '.join(VARIANTS)} (default: all).")
+    p.add_argument("--reference", default="electra", help="The variant whose FLOPs at "
+                   "--reference_steps are the budget.")
+    p.add_argument("--reference_steps", type=int, default=DEFAULT_REFERENCE_STEPS)
+    p.add_argument("--points", default=DEFAULT_POINTS, help="Fractions of the budget "
+                   "whose checkpoints are fine-tuned, e.g. 0.25,0.5,1.")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help="Fine-tuning seeds per point (--seed .. --seed + N - 1).")
+    p.add_argument("--seed", type=int, default=1, help="First fine-tuning seed.")
+    p.add_argument("--convention", default="paper", choices=sorted(flops.CONVENTIONS),
+                   help="FLOP convention of the matching (paper: Appendix E).")
+    p.add_argument("--warmup_fraction", type=float, default=0.1, help="Each run warms "
+                   "its learning rate up over this share of its steps (negative: keep the "
+                   "config's optimizer.warmup_steps).")
+    p.add_argument("--train_data", default=None, help="Pre-training TFRecords (default: "
+                   "the bundled Wikipedia sample).")
+    p.add_argument("--eval_data", default=None, help="Held-out TFRecords for the "
+                   "diagnostics (default: the bundled sample's held-out shard).")
+    p.add_argument("--task", default="polarity", help="Fine-tuning task (run_finetuning.py "
+                   "--task; default the bundled polarity set).")
+    p.add_argument("--data_dir", default=os.path.join(REPO, "data"),
+                   help="Fine-tuning --data_dir.")
+    p.add_argument("--finetune_max_seq_length", type=int,
+                   default=DEFAULT_FINETUNE_MAX_SEQ_LENGTH)
+    p.add_argument("--finetune_epochs", type=float, default=None,
+                   help="Fine-tuning epochs (default: the task's).")
+    p.add_argument("--jit_compile", default="false", choices=["true", "false", "auto"],
+                   help="XLA for both CLIs (false: on a CPU compilation costs more than "
+                   "it saves in runs this short).")
+    p.add_argument("--extra_pretrain_flags", default="", help="Passed to run_pretraining.py "
+                   "as they are (not seen by the FLOP planning).")
+    p.add_argument("--extra_finetune_flags", default="", help="Passed to run_finetuning.py.")
+    p.add_argument("--name", default=None, help="Experiment name (default "
+                   "compute_matched_<config>).")
+    p.add_argument("--out_dir", default=None, help="Default experiments/results/<name>.")
+    p.add_argument("--dry_run", action="store_true", help="Print the plan and exit.")
+    p.add_argument("--report_only", action="store_true",
+                   help="Write the report from the results so far, run nothing.")
+    args = p.parse_args(list(argv))
+    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variant_list if v not in VARIANTS]
+    if unknown or not args.variant_list:
+        raise ExperimentError(f"--variants: unknown {', '.join(unknown) or '(none given)'}; "
+                              f"choose from {', '.join(VARIANTS)}")
+    if args.reference not in VARIANTS:
+        raise ExperimentError(f"--reference={args.reference}: not one of "
+                              f"{', '.join(VARIANTS)}")
+    if args.reference_steps < 2:
+        raise ExperimentError(f"--reference_steps={args.reference_steps} must be >= 2")
+    args.point_list = parse_points(args.points)
+    if args.seeds < 1:
+        raise ExperimentError(f"--seeds={args.seeds} must be >= 1")
+    if args.finetune_max_seq_length < 8:
+        raise ExperimentError(f"--finetune_max_seq_length={args.finetune_max_seq_length} "
+                              "must be >= 8")
+    for flag in ("extra_pretrain_flags", "extra_finetune_flags"):
+        try:
+            shlex.split(getattr(args, flag))
+        except ValueError as e:
+            raise ExperimentError(f"--{flag}: {e}") from None
+    args.name = args.name or f"compute_matched_{os.path.basename(args.config).split('.')[0]}"
+    args.out_dir = args.out_dir or os.path.join(REPO, "experiments", "results", args.name)
+    return args
+
+
+def parse_points(text: str) -> List[float]:
+    try:
+        points = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ExperimentError(f"--points={text!r}: expected fractions such as 0.5,1") from None
+    if not points or points[0] <= 0 or points[-1] > 1:
+        raise ExperimentError(f"--points={text!r}: fractions in (0, 1] expected")
+    return points
+
+
+# --- planning --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Point:
+    fraction: float  # of the budget
+    step: int  # the checkpoint fine-tuned
+    flops: float  # train FLOPs spent up to it
+
+
+@dataclasses.dataclass
+class VariantPlan:
+    name: str
+    overrides: Dict[str, str]  # the config overrides of the run (variant + common + steps)
+    steps: int
+    flops_per_step: float  # the run's average (convention of the plan)
+    flops: float  # of the whole run
+    hardware_flops_per_step: float
+    save_every: int  # checkpoint interval: every point is a saved step
+    keep: int  # checkpoints kept (all of them)
+    points: List[Point]
+    switch_step: Optional[int] = None  # two_stage
+
+
+def variant_config(preset: str, variant: str, common: Dict[str, str], steps: int):
+    overrides = dict(VARIANTS[variant])
+    overrides.update(common)
+    overrides["train.num_train_steps"] = str(steps)
+    try:
+        return configs.load_config(preset, overrides)
+    except configs.ConfigError as e:
+        raise ExperimentError(f"variant {variant}: {e}") from None
+
+
+def checkpoint_steps(targets: Sequence[float], steps: int, cost, tolerance: float,
+                     step_at=None, max_saves: Optional[int] = None):
+    """-> (save interval g, the saved step for each target FLOPs).
+
+    The run saves every g steps and at its last; a point takes the saved step nearest to
+    its target FLOPs (`cost(step)`: FLOPs spent up to `step`; `step_at(flops)`: the step
+    nearest to `flops`). Of the intervals whose points all land within `tolerance` FLOPs
+    of their targets: the fewest checkpoints, then the smallest total miss; if none does
+    with at most `max_saves` checkpoints (4 per point), the smallest largest miss (the
+    report plots each point at the FLOPs of its real step)."""
+    if step_at is None:
+        def step_at(t):
+            return min(range(steps + 1), key=lambda s: abs(cost(s) - t))
+    near = [min(max(step_at(t), 1), steps) for t in targets]
+    max_saves = max_saves or 4 * len(targets) + 1
+    best = None
+    for g in range(steps, 0, -1):
+        saves = steps // g + (1 if steps % g else 0)
+        if saves > max_saves:
+            break
+        chosen = []
+        for t, s in zip(targets, near):
+            below = max(g, s // g * g)
+            candidates = {c for c in (below, below + g, steps) if 1 <= c <= steps}
+            chosen.append(min(candidates, key=lambda c: (abs(cost(c) - t), c)))
+        miss = [abs(cost(c) - t) for c, t in zip(chosen, targets)]
+        key = ((0, saves, sum(miss)) if max(miss) <= tolerance else
+               (1, max(miss), saves))
+        if best is None or key < best[0]:
+            best = (key, g, chosen)
+    return best[1], best[2]
+
+
+def plan_variants(preset: str, variants: Sequence[str], reference: str,
+                  reference_steps: int, points: Sequence[float],
+                  common: Optional[Dict[str, str]] = None, convention=flops.PAPER,
+                  warmup_fraction: float = 0.1) -> Dict:
+    """The budget (the reference variant's train FLOPs at `reference_steps`) and each
+    variant's steps, checkpoints and points. Pure: no training."""
+    common = dict(common or {})
+    ref_cfg = variant_config(preset, reference, common, reference_steps)
+    budget = flops.train_flops(ref_cfg, convention)
+    plans = collections.OrderedDict()
+    for name in variants:
+        cfg = variant_config(preset, name, common, reference_steps)
+        steps = flops.steps_for_budget(cfg, budget, convention)
+        cfg = flops.with_train_steps(cfg, steps)
+        count = flops.count_config(cfg, convention)
+        targets = [p * budget for p in points]
+        # A point may miss its FLOPs by up to a step of the run's costliest stage.
+        per_step = max([count.train_per_step(p.name)["total"] for p in count.phases] or
+                       [count.train_per_step()["total"]])
+        tolerance = max(0.02 * budget, per_step)
+        g, chosen = checkpoint_steps(targets, steps, count.train_at_step, tolerance,
+                                     count.step_at)
+        overrides = dict(VARIANTS[name])
+        overrides.update(common)
+        overrides["train.num_train_steps"] = str(steps)
+        overrides["train.save_checkpoints_steps"] = str(g)
+        keep = len(range(g, steps + 1, g)) + 1
+        overrides["train.keep_checkpoint_max"] = str(keep)
+        if warmup_fraction >= 0:
+            overrides["optimizer.warmup_steps"] = str(max(1, int(round(warmup_fraction *
+                                                                       steps))))
+        switch = None
+        if cfg.objective.objective == "two_stage":
+            switch = cfg.objective.switch_step(steps)
+            if cfg.objective.two_stage_switch_step:
+                overrides["objective.two_stage_switch_step"] = str(switch)
+        plans[name] = VariantPlan(
+            name=name, overrides=overrides, steps=steps,
+            flops_per_step=flops.train_flops_per_step(cfg, convention),
+            flops=count.train_per_run()["total"],
+            hardware_flops_per_step=flops.train_flops_per_step(cfg, flops.HARDWARE),
+            save_every=g, keep=keep, switch_step=switch,
+            points=[Point(f, s, count.train_at_step(s)) for f, s in zip(points, chosen)])
+    return {"budget": budget, "reference": reference, "reference_steps": reference_steps,
+            "convention": convention.name, "variants": plans}
+
+
+def estimate_seconds(plan: Dict, seeds: int) -> Dict[str, float]:
+    """A-priori wall time of each job (the smoke run's costs; steps scale with the
+    hardware-convention FLOPs relative to a tiny electra step)."""
+    electra_step = None
+    for v in plan["variants"].values():
+        if v.name == "electra":
+            electra_step = v.hardware_flops_per_step
+    electra_step = electra_step or 2.2244e10
+    out = collections.OrderedDict()
+    for v in plan["variants"].values():
+        out[f"pretrain/{v.name}"] = PRETRAIN_FIXED_S + v.steps * ELECTRA_STEP_S * (
+            v.hardware_flops_per_step / electra_step)
+        for p in v.points:
+            out[f"finetune/{v.name}/step{p.step}"] = FINETUNE_FIXED_S + seeds * FINETUNE_TRIAL_S
+    return out
+
+
+# --- done markers ----------------------------------------------------------------------
+
+def write_json_atomic(path: str, data) -> None:
+    """Writes `data` to `path` through a temporary file and a rename: a reader (or a
+    rerun after a kill) sees the old file, or the whole new one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_marker(directory: str) -> Optional[dict]:
+    path = os.path.join(directory, DONE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None  # a marker that cannot be read is no marker: the job runs again
+
+
+def check_marker(marker: Optional[dict], expected: dict, where: str) -> bool:
+    """True if `marker` records the job `expected` describes; raises if it records another
+    (the experiment's settings changed under the same --out_dir)."""
+    if marker is None:
+        return False
+    for key, value in expected.items():
+        if marker.get(key) != value:
+            raise ExperimentError(f"{where} was done with {key}={marker.get(key)!r}, this "
+                                  f"plan has {value!r}; use another --out_dir")
+    return True
+
+
+# --- running ---------------------------------------------------------------------------
+
+def jit_flag(setting: str) -> List[str]:
+    return {"true": ["--jit_compile"], "false": ["--nojit_compile"], "auto": []}[setting]
+
+
+def pretrain_command(args, v: VariantPlan, model_dir: str) -> List[str]:
+    cmd = [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--config={args.config}",
+           f"--model_dir={model_dir}", "--do_eval",
+           "--params_override=" + ",".join(f"{k}={val}" for k, val in v.overrides.items())]
+    if args.train_data:
+        cmd.append(f"--train_data={args.train_data}")
+    if args.eval_data:
+        cmd.append(f"--eval_data={args.eval_data}")
+    return cmd + jit_flag(args.jit_compile) + shlex.split(args.extra_pretrain_flags)
+
+
+def finetune_command(args, checkpoint: str, model_dir: str) -> List[str]:
+    cmd = [sys.executable, os.path.join(REPO, "run_finetuning.py"), f"--task={args.task}",
+           f"--data_dir={args.data_dir}", f"--init_checkpoint={checkpoint}",
+           f"--model_dir={model_dir}", f"--num_trials={args.seeds}", f"--seed={args.seed}",
+           f"--max_seq_length={args.finetune_max_seq_length}"]
+    if args.finetune_epochs is not None:
+        cmd.append(f"--num_train_epochs={args.finetune_epochs}")
+    return cmd + jit_flag(args.jit_compile) + shlex.split(args.extra_finetune_flags)
+
+
+class Progress:
+    """Elapsed time and an ETA: the a-priori job estimates, scaled by how the finished
+    jobs' real times compare with theirs."""
+
+    def __init__(self, estimates: Dict[str, float]):
+        self.estimates = dict(estimates)
+        self.start = time.monotonic()
+        self.done_estimate = self.done_actual = 0.0
+        self.remaining = set(estimates)
+
+    def skip(self, job: str):
+        self.remaining.discard(job)
+
+    def finish(self, job: str, seconds: float):
+        self.remaining.discard(job)
+        self.done_estimate += self.estimates.get(job, 0.0)
+        self.done_actual += seconds
+
+    def eta(self) -> float:
+        scale = self.done_actual / self.done_estimate if self.done_estimate else 1.0
+        return scale * sum(self.estimates[j] for j in self.remaining)
+
+    def line(self, text: str) -> str:
+        return (f"[{format_seconds(time.monotonic() - self.start)} elapsed, ETA "
+                f"{format_seconds(self.eta())}] {text}")
+
+
+def format_seconds(s: float) -> str:
+    s = int(round(max(s, 0)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def run_logged(cmd: List[str], log_path: str) -> int:
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        return subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def last_error(log_path: str) -> str:
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if "error" in line.lower() and not line.startswith("$"):
+            return line[-300:]
+    return lines[-1][-300:] if lines else ""
+
+
+def pretrain_dir(out_dir: str, variant: str) -> str:
+    return os.path.join(out_dir, "pretrain", variant)
+
+
+def finetune_dir(out_dir: str, variant: str, step: int) -> str:
+    return os.path.join(out_dir, "finetune", variant, f"step{step}")
+
+
+def run_experiment(args, plan: Dict) -> Dict[str, str]:
+    """Runs the jobs not done yet; returns {job: error} for the jobs that failed."""
+    progress = Progress(estimate_seconds(plan, args.seeds))
+    failures = {}
+    logs = os.path.join(args.out_dir, "logs")
+    for v in plan["variants"].values():
+        pdir = pretrain_dir(args.out_dir, v.name)
+        job = f"pretrain/{v.name}"
+        expected = {"steps": v.steps, "overrides": v.overrides, "config": args.config}
+        if check_marker(read_marker(pdir), expected, job):
+            progress.skip(job)
+            print(progress.line(f"{job}: done before, skipped"), flush=True)
+        else:
+            print(progress.line(f"{job}: {v.steps} steps, {v.flops:.3e} FLOPs ..."),
+                  flush=True)
+            t0 = time.monotonic()
+            log = os.path.join(logs, f"pretrain_{v.name}.log")
+            rc = run_logged(pretrain_command(args, v, pdir), log)
+            seconds = time.monotonic() - t0
+            progress.finish(job, seconds)
+            missing = [p.step for p in v.points
+                       if not os.path.exists(os.path.join(pdir, f"ckpt-{p.step}.index"))]
+            if rc != 0 or missing:
+                why = f"exit {rc}" if rc else f"no checkpoint at steps {missing}"
+                failures[job] = f"{why}: {last_error(log)} (log: {log})"
+                print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
+                for p in v.points:
+                    progress.skip(f"finetune/{v.name}/step{p.step}")
+                continue
+            eval_results = read_json(os.path.join(pdir, "eval_results.json")) or {}
+            write_json_atomic(os.path.join(pdir, DONE), dict(
+                expected, seconds=seconds, eval_results=eval_results))
+            print(progress.line(f"{job}: done in {format_seconds(seconds)}"), flush=True)
+        for p in v.points:
+            job = f"finetune/{v.name}/step{p.step}"
+            fdir = finetune_dir(args.out_dir, v.name, p.step)
+            expected = {"task": args.task, "seeds": args.seeds, "seed": args.seed,
+                        "checkpoint_step": p.step,
+                        "max_seq_length": args.finetune_max_seq_length,
+                        "epochs": args.finetune_epochs}
+            if check_marker(read_marker(fdir), expected, job):
+                progress.skip(job)
+                print(progress.line(f"{job}: done before, skipped"), flush=True)
+                continue
+            print(progress.line(f"{job}: {args.seeds} seed(s) ..."), flush=True)
+            t0 = time.monotonic()
+            log = os.path.join(logs, f"finetune_{v.name}_step{p.step}.log")
+            rc = run_logged(finetune_command(args, os.path.join(pdir, f"ckpt-{p.step}"),
+                                             fdir), log)
+            seconds = time.monotonic() - t0
+            progress.finish(job, seconds)
+            results = read_json(os.path.join(fdir, "results.json"))
+            if rc != 0 or not results:
+                failures[job] = f"exit {rc}: {last_error(log)} (log: {log})"
+                print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
+                continue
+            write_json_atomic(os.path.join(fdir, DONE), dict(
+                expected, seconds=seconds, metric=results.get("metric"),
+                scores=results.get("scores"), median=results.get("median")))
+            drop_trial_checkpoints(fdir)
+            print(progress.line(f"{job}: median {results.get('median'):.4f} "
+                                f"(seeds {', '.join(f'{s:.4f}' for s in results['scores'])}) "
+                                f"in {format_seconds(seconds)}"), flush=True)
+    return failures
+
+
+def drop_trial_checkpoints(fdir: str):
+    """Removes the fine-tuned weights of finished trials (their result.json stays): the
+    experiment needs only the scores, and 54 trials of checkpoints fill a disk."""
+    for root, _, files in os.walk(fdir):
+        if os.path.basename(root).startswith("trial_") and "result.json" in files:
+            for name in files:
+                if name.startswith("ckpt-") or name == "checkpoint":
+                    os.remove(os.path.join(root, name))
+
+
+def read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# --- results, report, plot -------------------------------------------------------------
+
+def collect_results(out_dir: str, plan: Dict) -> Dict:
+    """Everything the markers hold, by variant: the plan, the pre-training diagnostics and
+    each point's fine-tuning scores (None where not done)."""
+    variants = collections.OrderedDict()
+    for v in plan["variants"].values():
+        marker = read_marker(pretrain_dir(out_dir, v.name)) or {}
+        points = []
+        for p in v.points:
+            fm = read_marker(finetune_dir(out_dir, v.name, p.step)) or {}
+            points.append({"fraction": p.fraction, "step": p.step, "flops": p.flops,
+                           "scores": fm.get("scores"), "median": fm.get("median"),
+                           "metric": fm.get("metric"), "seconds": fm.get("seconds")})
+        variants[v.name] = {
+            "overrides": VARIANTS[v.name], "run_overrides": v.overrides, "steps": v.steps,
+            "switch_step": v.switch_step, "flops_per_step": v.flops_per_step,
+            "flops": v.flops, "hardware_flops_per_step": v.hardware_flops_per_step,
+            "pretrain_seconds": marker.get("seconds"),
+            "eval_results": marker.get("eval_results"), "points": points}
+    return {"budget": plan["budget"], "reference": plan["reference"],
+            "reference_steps": plan["reference_steps"], "convention": plan["convention"],
+            "variants": variants}
+
+
+def machine() -> str:
+    model, cores = "unknown CPU", 0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    cores += 1
+    except OSError:
+        pass
+    return f"{model}, {cores or os.cpu_count()} core(s)"
+
+
+def _fmt(x, spec=".4f") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def render_report(results: Dict, command: str, machine_line: str,
+                  failures: Optional[Dict[str, str]] = None) -> str:
+    """report.md from `collect_results`'s dict (pure, for the tests)."""
+    v_all = results["variants"]
+    metric = next((p["metric"] for v in v_all.values() for p in v["points"] if p["metric"]),
+                  "score")
+    lines = ["# Pre-training objectives at equal training FLOPs", "",
+             f"Command: `{command}`", "", f"Machine: {machine_line}", "",
+             f"Budget: **{results['budget']:.4e}** train FLOPs ({results['convention']} "
+             f"convention) = `{results['reference']}` at {results['reference_steps']} "
+             "steps. Each variant trains for the steps whose FLOPs match it "
+             "(`electra_tf.flops.steps_for_budget`).", "",
+             "## Runs", "",
+             "| variant | overrides | steps | FLOPs / step | run FLOPs | / budget | "
+             "hw FLOPs / step | fine-tuned checkpoints (step: FLOPs) | pre-train time |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    for name, v in v_all.items():
+        overrides = ", ".join(f"{k.split('.')[-1]}={val}" for k, val in v["overrides"].items())
+        if v["switch_step"] is not None:
+            overrides += f" (switch at step {v['switch_step']})"
+        pts = "; ".join(f"{p['step']}: {p['flops']:.3e}" for p in v["points"])
+        secs = v["pretrain_seconds"]
+        lines.append(f"| {name} | {overrides or '—'} | {v['steps']} | "
+                     f"{v['flops_per_step']:.3e} | {v['flops']:.3e} | "
+                     f"{v['flops'] / results['budget']:.3f} | "
+                     f"{v['hardware_flops_per_step']:.3e} | {pts} | "
+                     f"{format_seconds(secs) if secs is not None else '—'} |")
+    fractions = sorted({p["fraction"] for v in v_all.values() for p in v["points"]})
+    lines += ["", f"## Downstream dev {metric} (median over seeds)", "",
+              "| variant | " + " | ".join(f"{f:g} of budget" for f in fractions) + " |",
+              "|---|" + "---:|" * len(fractions)]
+    for name, v in v_all.items():
+        by_f = {p["fraction"]: p for p in v["points"]}
+        lines.append(f"| {name} | " + " | ".join(
+            _fmt(by_f[f]["median"]) if f in by_f else "—" for f in fractions) + " |")
+    lines += ["", "All seeds:", "", "| variant | budget fraction | step | FLOPs | median | "
+              "min | max | seeds |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, v in v_all.items():
+        for p in v["points"]:
+            s = p["scores"]
+            stage = ""
+            if v["switch_step"] is not None:
+                stage = (" (generator stage)" if p["step"] <= v["switch_step"] else
+                         " (discriminator stage)")
+            lines.append(f"| {name} | {p['fraction']:g}{stage} | {p['step']} | "
+                         f"{p['flops']:.3e} | {_fmt(p['median'])} | "
+                         f"{_fmt(min(s)) if s else '—'} | {_fmt(max(s)) if s else '—'} | "
+                         f"{', '.join(_fmt(x) for x in s) if s else 'not run'} |")
+    keys = []
+    for v in v_all.values():
+        for k in (v["eval_results"] or {}):
+            if k not in keys:
+                keys.append(k)
+    lines += ["", "## Pre-training diagnostics", "",
+              "Held-out metrics of each run's last step (`run_pretraining.py --do_eval`, "
+              "eval_results.json).", ""]
+    if keys:
+        lines += ["| metric | " + " | ".join(v_all) + " |",
+                  "|---|" + "---:|" * len(v_all)]
+        for k in keys:
+            lines.append(f"| {k} | " + " | ".join(
+                _fmt((v["eval_results"] or {}).get(k)) for v in v_all.values()) + " |")
+    else:
+        lines.append("No eval_results.json yet.")
+    if failures:
+        lines += ["", "## Failed jobs", ""] + [f"- `{job}`: {why}"
+                                                for job, why in failures.items()]
+    lines += ["", "Plot: `score_vs_flops.png` (median over seeds, bars from the lowest to "
+              "the highest seed). All numbers: `results.json`.", "",
+              "## What this scale can and cannot show", "",
+              "TODO: fill in from the results of the real run.", ""]
+    return "\n".join(lines)
+
+
+def plot(results: Dict, path: str) -> bool:
+    """score_vs_flops.png: one line per variant through its fine-tuned checkpoints."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("compute_matched: matplotlib is missing (pip install -e .[experiments]); "
+              "no plot", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    metric = "score"
+    for name, v in results["variants"].items():
+        pts = [p for p in v["points"] if p["scores"]]
+        if not pts:
+            continue
+        metric = pts[0]["metric"] or metric
+        xs = [p["flops"] for p in pts]
+        med = [statistics.median(p["scores"]) for p in pts]
+        err = [[m - min(p["scores"]) for m, p in zip(med, pts)],
+               [max(p["scores"]) - m for m, p in zip(med, pts)]]
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=name)
+    ax.axvline(results["budget"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"pre-train FLOPs ({results['convention']} convention)")
+    ax.set_ylabel(f"dev {metric} (median, min-max over seeds)")
+    ax.set_title("Pre-training objectives at equal compute")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(args, plan: Dict, command: str, failures: Dict[str, str]) -> Dict:
+    results = collect_results(args.out_dir, plan)
+    results["command"] = command
+    results["machine"] = machine()
+    results["failures"] = failures
+    write_json_atomic(os.path.join(args.out_dir, "results.json"), results)
+    report = render_report(results, command, results["machine"], failures)
+    with open(os.path.join(args.out_dir, "report.md.tmp"), "w", encoding="utf-8") as f:
+        f.write(report)
+    os.replace(os.path.join(args.out_dir, "report.md.tmp"),
+               os.path.join(args.out_dir, "report.md"))
+    plot(results, os.path.join(args.out_dir, "score_vs_flops.png"))
+    return results
+
+
+def print_plan(plan: Dict, seeds: int):
+    print(f"budget {plan['budget']:.4e} train FLOPs ({plan['convention']}): "
+          f"{plan['reference']} x {plan['reference_steps']} steps")
+    for v in plan["variants"].values():
+        pts = ", ".join(f"{p.fraction:g}->step {p.step}" for p in v.points)
+        print(f"  {v.name:<15} {v.steps:>6} steps  {v.flops_per_step:.3e} FLOPs/step  "
+              f"run {v.flops:.3e}  save every {v.save_every}  points {pts}")
+    est = sum(estimate_seconds(plan, seeds).values())
+    print(f"estimated wall time (smoke-run costs of a shared 2-core CPU): "
+          f"{format_seconds(est)}")
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        args = parse_args(argv)
+        try:
+            common = configs.parse_overrides(args.params_override)
+        except configs.ConfigError as e:
+            raise ExperimentError(str(e)) from None
+        plan = plan_variants(args.config, args.variant_list, args.reference, args.reference_steps,
+                             args.point_list, common, flops.CONVENTIONS[args.convention],
+                             args.warmup_fraction)
+    except ExperimentError as e:
+        print(f"compute_matched: error: {e}", file=sys.stderr)
+        return 1
+    command = shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + list(argv))
+    command = "python " + command
+    print_plan(plan, args.seeds)
+    if args.dry_run:
+        return 0
+    os.makedirs(args.out_dir, exist_ok=True)
+    failures: Dict[str, str] = {}
+    if not args.report_only:
+        try:
+            failures = run_experiment(args, plan)
+        except ExperimentError as e:
+            print(f"compute_matched: error: {e}", file=sys.stderr)
+            return 1
+    write_outputs(args, plan, command, failures)
+    print(f"report: {os.path.join(args.out_dir, 'report.md')}")
+    if failures:
+        print(f"compute_matched: {len(failures)} job(s) failed: {', '.join(failures)}; "
+              "rerun the same command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,215 @@
+"""experiments/compute_matched.py without training: the plan, markers, report and plot."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from electra_tf import configs, flops
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load():
+    path = os.path.join(REPO, "experiments", "compute_matched.py")
+    spec = importlib.util.spec_from_file_location("compute_matched", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cm = _load()
+ALL = list(cm.VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return cm.plan_variants("tiny", ALL, "electra", 100, [0.5, 1.0])
+
+
+def test_variants_are_valid_configs():
+    assert len(ALL) == 9
+    for name in ALL:
+        cfg = cm.variant_config("tiny", name, {}, 100)
+        assert cfg.objective.objective in configs.OBJECTIVE_NAMES
+    bert = cm.variant_config("tiny", "bert_mlm", {}, 100).objective
+    assert (bert.objective, bert.mask_token_prob, bert.random_token_prob) == ("mlm", 0.8, 0.1)
+    hp = cm.variant_config("tiny", "hp_loss_focal", {}, 100).objective
+    assert hp.focal_gamma() == "piecewise"
+
+
+def test_plan_matches_every_variant_to_the_budget(plan):
+    budget = plan["budget"]
+    reference = cm.variant_config("tiny", "electra", {}, 100)
+    assert budget == flops.train_flops(reference)
+    v = plan["variants"]
+    assert list(v) == ALL and v["electra"].steps == 100 and v["electra"].flops == budget
+    for p in v.values():
+        cfg = configs.load_config("tiny", p.overrides)  # what the subprocess will run
+        assert cfg.train.num_train_steps == p.steps
+        assert flops.train_flops(cfg) == pytest.approx(p.flops, rel=1e-12)
+        # Within one (costliest) step of the budget.
+        count = flops.count_config(cfg)
+        step = max([count.train_per_step(ph.name)["total"] for ph in count.phases] or
+                   [count.train_per_step()["total"]])
+        assert abs(p.flops - budget) <= step
+        # Every point is a step the run saves and keeps.
+        assert [pt.fraction for pt in p.points] == [0.5, 1.0]
+        assert p.points[-1].step == p.steps
+        saved = set(range(p.save_every, p.steps + 1, p.save_every)) | {p.steps}
+        assert {pt.step for pt in p.points} <= saved and p.keep >= len(saved)
+        assert cfg.train.save_checkpoints_steps == p.save_every
+        assert cfg.train.keep_checkpoint_max == p.keep
+        assert cfg.optimizer.warmup_steps == max(1, round(0.1 * p.steps))
+        for pt in p.points:
+            assert pt.flops == pytest.approx(count.train_at_step(pt.step), rel=1e-12)
+            assert abs(pt.flops - pt.fraction * budget) <= max(0.02 * budget, step)
+    # Cheaper steps get more of them.
+    assert v["bert_mlm"].steps > v["electra"].steps > v["replace_mlm"].steps > \
+        v["all_tokens_mlm"].steps
+    assert v["electra_15"].steps == v["adversarial"].steps == 100
+    assert v["two_stage"].switch_step == v["two_stage"].steps // 2
+    assert v["electra"].points[0].step == 50 and v["electra"].save_every == 50
+
+
+def test_plan_with_an_explicit_switch_and_another_reference():
+    p = cm.plan_variants("tiny", ["two_stage", "electra"], "bert_mlm", 200, [1.0],
+                         {"objective.two_stage_switch_step": "50",
+                          "train.train_batch_size": "16"})
+    bert = cm.variant_config("tiny", "bert_mlm", {"train.train_batch_size": "16"}, 200)
+    assert p["budget"] == flops.train_flops(bert)
+    two = p["variants"]["two_stage"]
+    assert two.switch_step == round(two.steps / 4)  # 50 of 200: a quarter of the run
+    assert two.overrides["objective.two_stage_switch_step"] == str(two.switch_step)
+    assert configs.load_config("tiny", two.overrides).train.train_batch_size == 16
+
+
+def test_checkpoint_steps_on_a_linear_cost():
+    def cost(s):
+        return 10.0 * s
+    g, steps = cm.checkpoint_steps([500.0, 1000.0], 100, cost, tolerance=20.0)
+    assert (g, steps) == (50, [50, 100])
+    g, steps = cm.checkpoint_steps([250.0, 500.0, 750.0, 1000.0], 100, cost, 20.0)
+    assert (g, steps) == (25, [25, 50, 75, 100])
+    # 1/3: no interval hits it exactly; the fewest checkpoints within the tolerance.
+    g, steps = cm.checkpoint_steps([333.3, 1000.0], 100, cost, 20.0)
+    assert steps[1] == 100 and abs(steps[0] - 33.3) <= 2 and g == steps[0]
+
+
+def test_markers_are_atomic_and_checked(tmp_path):
+    d = str(tmp_path / "job")
+    assert cm.read_marker(d) is None
+    cm.write_json_atomic(os.path.join(d, cm.DONE), {"steps": 10, "x": [1, 2]})
+    assert os.listdir(d) == [cm.DONE]  # no temporary file left
+    marker = cm.read_marker(d)
+    assert cm.check_marker(marker, {"steps": 10}, "job")
+    assert not cm.check_marker(None, {"steps": 10}, "job")
+    with pytest.raises(cm.ExperimentError, match="steps=10.*11"):
+        cm.check_marker(marker, {"steps": 11}, "job")
+    with open(os.path.join(d, cm.DONE), "w") as f:
+        f.write('{"steps": 1')  # a torn write: not done
+    assert cm.read_marker(d) is None
+
+
+def fake_results(plan):
+    results = cm.collect_results("/nonexistent", plan)
+    for i, (name, v) in enumerate(results["variants"].items()):
+        v["pretrain_seconds"] = 60.0 + i
+        v["eval_results"] = {"disc_auc": 0.7 + i / 100, "loss": 3.0}
+        if name == "hp_dist":
+            v["eval_results"]["hp_correlation"] = 0.25
+        for j, p in enumerate(v["points"]):
+            if name == "adversarial" and j == 1:
+                continue  # not run yet
+            p.update(scores=[0.5, 0.55 + j / 10, 0.6], metric="accuracy",
+                     median=0.55 + j / 10)
+    return results
+
+
+def test_report_renders_every_part(plan):
+    results = fake_results(plan)
+    text = cm.render_report(results, "python experiments/compute_matched.py --seeds=3",
+                            "AMD EPYC, 2 core(s)", {"pretrain/x": "exit 1: boom"})
+    assert "Command: `python experiments/compute_matched.py --seeds=3`" in text
+    assert "Machine: AMD EPYC, 2 core(s)" in text
+    assert f"{plan['budget']:.4e}" in text
+    for name in ALL:
+        assert f"| {name} |" in text
+    assert "| bert_mlm | objective=mlm, mask_token_prob=0.8, random_token_prob=0.1 | 176 |" \
+        in text
+    assert "| electra | 0.5500 | 0.6500 |" in text  # medians at 0.5 and 1 of the budget
+    assert "| electra | 0.5 | 50 |" in text and "0.5000, 0.5500, 0.6000" in text
+    assert "| adversarial | 1 | 100 |" in text and "not run" in text
+    assert "(discriminator stage)" in text or "(generator stage)" in text
+    assert "| hp_correlation |" in text and "| disc_auc |" in text
+    assert "## Failed jobs" in text and "boom" in text
+    assert "## What this scale can and cannot show" in text
+    assert text.split("## What this scale can and cannot show")[1].strip().startswith("TODO")
+
+
+def test_outputs_from_markers_and_resume_without_rerunning(tmp_path, monkeypatch):
+    small = cm.plan_variants("tiny", ["electra", "bert_mlm"], "electra", 20, [0.5, 1.0])
+    args = cm.parse_args(["--variants=electra,bert_mlm", "--reference_steps=20",
+                          f"--out_dir={tmp_path}"])
+    for v in small["variants"].values():
+        pdir = cm.pretrain_dir(str(tmp_path), v.name)
+        cm.write_json_atomic(os.path.join(pdir, cm.DONE), {
+            "steps": v.steps, "overrides": v.overrides, "config": "tiny", "seconds": 9.0,
+            "eval_results": {"disc_auc": 0.6}})
+        for p in v.points:
+            cm.write_json_atomic(os.path.join(cm.finetune_dir(str(tmp_path), v.name,
+                                                              p.step), cm.DONE), {
+                "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": p.step,
+                "max_seq_length": 64, "epochs": None, "metric": "accuracy",
+                "scores": [0.5, 0.6, 0.7], "median": 0.6})
+    monkeypatch.setattr(cm, "run_logged", lambda *a: pytest.fail("reran a done job"))
+    assert cm.run_experiment(args, small) == {}
+    results = cm.write_outputs(args, small, "python x", {})
+    saved = json.load(open(tmp_path / "results.json"))
+    assert saved["variants"]["electra"]["points"][1]["scores"] == [0.5, 0.6, 0.7]
+    assert results["variants"]["bert_mlm"]["eval_results"] == {"disc_auc": 0.6}
+    assert "| disc_auc | 0.6000 | 0.6000 |" in open(tmp_path / "report.md").read()
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "score_vs_flops.png").stat().st_size > 1000
+    # A marker from other settings stops the run instead of mixing results.
+    other = cm.parse_args(["--variants=electra,bert_mlm", "--reference_steps=20",
+                           f"--out_dir={tmp_path}", "--seeds=5"])
+    with pytest.raises(cm.ExperimentError, match="seeds=3"):
+        cm.run_experiment(other, small)
+
+
+def test_commands():
+    args = cm.parse_args(["--variants=electra", "--extra_pretrain_flags=--seed 3"])
+    v = cm.plan_variants("tiny", ["electra"], "electra", 40, [0.5, 1.0])["variants"]["electra"]
+    cmd = cm.pretrain_command(args, v, "/o/pretrain/electra")
+    assert cmd[1].endswith("run_pretraining.py") and "--do_eval" in cmd
+    assert "--nojit_compile" in cmd and cmd[-2:] == ["--seed", "3"]
+    override = next(c for c in cmd if c.startswith("--params_override="))
+    assert "train.num_train_steps=40" in override and "train.save_checkpoints_steps=20" \
+        in override
+    ft = cm.finetune_command(args, "/o/pretrain/electra/ckpt-20", "/o/ft")
+    assert "--init_checkpoint=/o/pretrain/electra/ckpt-20" in ft
+    assert "--num_trials=3" in ft and "--max_seq_length=64" in ft
+    assert any(c.startswith("--data_dir=") for c in ft)  # no demo export
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants=electra,nope"], "unknown nope"),
+    (["--points=0,1"], "--points"),
+    (["--reference=nope"], "--reference=nope"),
+    (["--seeds=0"], "--seeds=0"),
+    (["--bogus"], "unrecognized arguments"),
+    (["--params_override=model.nope=1"], "unknown key"),
+])
+def test_bad_flags_are_one_line_errors(argv, message, capsys):
+    assert cm.main(argv + ["--dry_run"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("compute_matched: error:")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_dry_run_prints_the_plan(capsys):
+    assert cm.main(["--dry_run", "--variants=electra,all_tokens_mlm"]) == 0
+    out = capsys.readouterr().out
+    assert "budget" in out and "all_tokens_mlm" in out and "estimated wall time" in out

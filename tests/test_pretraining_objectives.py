@@ -1,0 +1,208 @@
+"""Each objective variant on a small model: its loss at initialisation, one XLA-compiled
+step that changes exactly the weights it should, no discriminator gradient into the
+generator, and two_stage's phases through the real training run."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import train
+from electra_tf.configs import ConfigError, load_config
+from electra_tf.pretraining import Pretrainer
+
+V = 1000
+B, L = 4, 32
+LN2, LNV = math.log(2), math.log(V)
+TWO_STAGE = {"model.generator_hidden_size": "1.0", "model.tie_embeddings": "false"}
+VARIANTS = {
+    "electra": {}, "electra_15": {}, "mlm": {}, "replace_mlm": {}, "all_tokens_mlm": {},
+    "hp_loss": {"objective.gen_focal_gamma": "piecewise"}, "hp_dist": {}, "adversarial": {},
+    "two_stage": TWO_STAGE}
+GROUPS = ("generator/", "generator_predictions/", "electra/", "discriminator_predictions/",
+          "mlm_predictions/", "sampling_predictions/", "adversarial_baseline/")
+GEN_SIDE = ("generator/", "generator_predictions/", "sampling_predictions/",
+            "adversarial_baseline/")
+ELECTRA_GROUPS = {"generator/", "generator_predictions/", "electra/",
+                  "discriminator_predictions/"}
+# Weight groups one step of each objective (and phase) changes.
+CHANGED = {
+    ("electra", 0): ELECTRA_GROUPS, ("electra_15", 0): ELECTRA_GROUPS,
+    ("hp_loss", 0): ELECTRA_GROUPS | {"sampling_predictions/"},
+    ("hp_dist", 0): ELECTRA_GROUPS | {"sampling_predictions/"},
+    ("adversarial", 0): ELECTRA_GROUPS | {"adversarial_baseline/"},
+    ("mlm", 0): {"electra/", "mlm_predictions/"},
+    ("replace_mlm", 0): {"generator/", "generator_predictions/", "electra/",
+                         "mlm_predictions/"},
+    ("all_tokens_mlm", 0): ELECTRA_GROUPS | {"mlm_predictions/"},
+    ("two_stage", 0): {"generator/", "generator_predictions/"},
+    ("two_stage", 1): {"electra/", "discriminator_predictions/"},
+}
+
+
+def _cfg(name, **extra):
+    over = {"model.vocab_size": V, "model.embedding_size": 32, "model.hidden_size": 64,
+            "model.num_hidden_layers": 1, "model.num_attention_heads": 1,
+            "model.intermediate_size": 128, "model.generator_hidden_size": 0.5,
+            "model.max_position_embeddings": L, "train.max_seq_length": L,
+            "train.train_batch_size": B, "train.num_train_steps": 10,
+            "optimizer.warmup_steps": 0, "objective.objective": name}
+    over.update(VARIANTS[name])
+    over.update(extra)
+    return load_config("tiny", over)
+
+
+def _batch(seed=0):
+    ids = np.random.default_rng(seed).integers(200, V, (B, L)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = np.ones((B, L), np.int32)
+    mask[1, 20:] = 0  # a padded row
+    ids[1, 20:] = 0
+    return {"input_ids": tf.constant(ids), "input_mask": tf.constant(mask),
+            "segment_ids": tf.zeros((B, L), tf.int32)}
+
+
+def _group(path):
+    for g in GROUPS:
+        if path.startswith(g):
+            return g
+    raise AssertionError(path)
+
+
+def _snapshot(trainer):
+    return {v.path: v.numpy().copy() for v in trainer.variables}
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return _batch()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_loss_terms_at_initialisation(name, batch):
+    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
+    dens = trainer.objective.denominators(batch)
+    for phase in range(len(trainer.objective.phases())):
+        terms, sums = trainer.objective.loss_terms(trainer.model, batch, tf.constant([1, 2, 0]),
+                                                   dens, False, phase)
+        terms = {k: float(v) for k, v in terms.items()}
+        gen = "generator" in terms and name != "adversarial"
+        # A fresh vocabulary head is near uniform: MLM cross-entropy ~ ln V.
+        if gen:
+            assert terms.pop("generator") == pytest.approx(LNV, rel=0.01)
+        if name in ("mlm", "replace_mlm"):
+            assert terms.pop("mlm") == pytest.approx(LNV, rel=0.01)
+        if name == "all_tokens_mlm":
+            # Copy probability ~1/2: -log(1/2 + 1/2V) for a kept token, -log(1/(2V)) for a
+            # replaced one.
+            labels = float(sums["sampled_correct"])  # slots whose sample is the original
+            slots, real = float(sums["mlm_weight"]), float(dens["disc"])
+            replaced = slots - labels
+            want = ((real - replaced) * -math.log(0.5 + 0.5 / V) +
+                    replaced * -math.log(0.5 / V)) / real
+            assert terms.pop("mlm") == pytest.approx(want, rel=0.05)
+        if name == "hp_loss":  # estimate and discriminator both ~1/2
+            assert 0 <= terms.pop("sampling") < 0.05 * 5
+        if name == "hp_dist":  # p_G / p_S ~ 1, L_D ~ ln 2, -log p_S ~ ln V
+            assert terms.pop("sampling") == pytest.approx(LN2 * LNV, rel=0.1)
+        if name == "adversarial":
+            assert terms.pop("baseline") == pytest.approx(LN2, rel=0.05)
+            assert abs(terms.pop("generator")) < 0.2 * LNV  # advantage ~ 0
+        if "discriminator" in terms:  # BCE ~ ln 2 (electra_15: over ~16 slots only)
+            assert terms.pop("discriminator") == pytest.approx(
+                50 * LN2, rel=0.15 if name == "electra_15" else 0.06)
+        assert not terms, terms
+
+
+@pytest.mark.parametrize("name,phase", sorted(CHANGED))
+def test_one_compiled_step_changes_only_its_weights(name, phase, batch):
+    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=True)
+    if phase:
+        trainer.global_step.assign(trainer.objective.phases()[phase])
+    before = _snapshot(trainer)
+    ds = tf.data.Dataset.from_tensors(batch).repeat()
+    sums = trainer.make_train_loop(phase)(iter(ds), tf.constant(1))
+    assert float(sums["skipped"]) == 0.0
+    assert trainer.trace_count == 1
+    after = _snapshot(trainer)
+    changed = {path for path in before if not np.array_equal(before[path], after[path])}
+    expected = CHANGED[(name, phase)]
+    for path in before:
+        if _group(path) in expected:
+            assert path in changed, f"{name}: {path} did not change"
+        else:
+            assert path not in changed, f"{name}: {path} changed"
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - {"mlm"}))
+def test_no_discriminator_gradient_reaches_the_generator(name, batch):
+    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
+    dens = trainer.objective.denominators(batch)
+    gen_only = [v for v in trainer.variables if v.path.startswith(GEN_SIDE)]
+    phase = len(trainer.objective.phases()) - 1
+    with tf.GradientTape() as tape:
+        terms, _ = trainer.objective.loss_terms(trainer.model, batch, tf.constant([4, 5, 0]),
+                                                dens, True, phase)
+        # The terms computed from the discriminator's (or main MLM model's) output.
+        main = terms.get("discriminator", 0.0) + terms.get("mlm", 0.0)
+    grads = tape.gradient(main, gen_only)
+    leaking = [v.path for v, g in zip(gen_only, grads)
+               if g is not None and np.any(tf.convert_to_tensor(g).numpy() != 0)]
+    assert gen_only and not leaking
+
+
+def test_two_stage_run_freezes_the_generator_and_starts_from_it(tmp_path, sample_build):
+    """4 steps, switch at 2: phase 0 trains the generator alone; at step 2 the
+    discriminator becomes a copy of it; then the generator stays bit-identical."""
+    cfg = load_config("tiny", {"train_batch_size": "4", "num_train_steps": "4",
+                               "save_checkpoints_steps": "2", "steps_per_loop": "4",
+                               "log_every_steps": "4", "warmup_steps": "0",
+                               "objective.objective": "two_stage",
+                               "generator_hidden_size": "1.0", "tie_embeddings": "false"})
+    out = tmp_path / "run"
+    train.run(cfg, train.RunOptions(model_dir=str(out), train_data=sample_build[0],
+                                    strategy="cpu"))
+
+    def weights(step):
+        reader = tf.train.load_checkpoint(str(out / f"ckpt-{step}"))
+        return {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(str(out /
+                f"ckpt-{step}")) if n.startswith("model/") and "OPTIMIZER" not in n}
+
+    w2, w4 = weights(2), weights(4)
+    gen = [n for n in w2 if n.startswith("model/generator/")]
+    for n in gen:
+        np.testing.assert_array_equal(w2[n], w4[n])  # frozen in phase 1
+
+    def disc_name(n):  # the discriminator's embeddings are tracked as model/embeddings
+        d = n.replace("model/generator/", "model/electra/")
+        return d if d in w2 else n.replace("model/generator/", "model/")
+
+    # At step 2 the discriminator was still untrained and differs from the generator;
+    # by step 4 it started from the generator's weights and moved away from them.
+    paired = [(n, disc_name(n)) for n in gen]
+    assert len(gen) > 30 and all(d in w2 for _, d in paired)
+    assert len({d for _, d in paired}) == len(gen)
+    assert any(not np.array_equal(w2[g], w2[d]) for g, d in paired)
+    moved = [float(np.abs(w4[d] - w4[g]).max()) for g, d in paired]
+    start = [float(np.abs(w2[d] - w2[g]).max()) for g, d in paired]
+    # Two AdamW steps of lr 1e-3 move a weight by well under 0.02; two fresh
+    # initialisations differ by more.
+    assert max(moved) < 0.02 < max(start)
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="expected one of"):
+        _cfg("electra", **{"objective.objective": "gan"})
+    with pytest.raises(ConfigError, match="tie_embeddings=false"):
+        _cfg("two_stage", **{"model.tie_embeddings": "true"})
+    with pytest.raises(ConfigError, match="generator_hidden_size=1.0"):
+        _cfg("two_stage", **{"model.generator_hidden_size": "0.5"})
+    with pytest.raises(ConfigError, match="gen_focal_gamma"):
+        _cfg("electra", **{"objective.gen_focal_gamma": "-1"})
+    with pytest.raises(ConfigError, match="has none"):
+        _cfg("hp_loss", **{"objective.generator": "uniform"})
+    cfg = _cfg("two_stage")
+    assert cfg.objective.switch_step(cfg.train.num_train_steps) == 5
+    assert _cfg("hp_loss").objective.sampling_weight() == 5.0
+    assert _cfg("hp_dist").objective.sampling_weight() == 1.0
