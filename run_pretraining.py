@@ -59,6 +59,9 @@ flags.DEFINE_integer("seed", None, "Overrides train.seed.")
 flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite loss or "
                   "gradient is never applied; skip it and go on (counted in the logs), or "
                   "stop with the last good checkpoint named. Default: the config's (skip).")
+flags.DEFINE_enum("on_bad_shard", None, ["skip", "stop"], "A corrupted, truncated or "
+                  "deleted TFRecord shard: skip the rest of it (a warning naming it, counted "
+                  "in the logs; default) or stop the run naming it.")
 flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
                   "(paper and hardware conventions; see electra_tf/flops.py) and exit "
@@ -84,7 +87,8 @@ _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "grad_accum_steps": "train.grad_accum_steps",
                 "learning_rate": "optimizer.learning_rate",
                 "precision": "train.precision", "seed": "train.seed",
-                "on_nan": "train.on_nan", "objective": "objective.objective",
+                "on_nan": "train.on_nan", "on_bad_shard": "train.on_bad_shard",
+                "objective": "objective.objective",
                 "generator": "objective.generator",
                 "gen_focal_gamma": "objective.gen_focal_gamma"}
 # --generator_tying -> (model.tie_embeddings, model.tie_all_weights)

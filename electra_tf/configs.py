@@ -195,6 +195,11 @@ class TrainConfig:
     # A step with a non-finite loss or gradient is never applied; then either go on
     # (skip: counted in the logs; what float16 loss scaling needs) or stop the run.
     on_nan: str = "skip"  # skip | stop
+    # A corrupted, truncated or vanished TFRecord shard: skip the rest of it (one warning
+    # naming it, counted in the logs; a run that has lost over half its shards stops), or
+    # stop the run at once naming it. Skip is the default because an auto-restarted
+    # preemptible job that stops would hit the same shard on every restart.
+    on_bad_shard: str = "skip"  # skip | stop
 
     def check(self, model: ModelConfig):
         if self.max_seq_length > model.max_position_embeddings:
@@ -209,6 +214,8 @@ class TrainConfig:
                               f"grad_accum_steps={self.grad_accum_steps}")
         if self.on_nan not in ("skip", "stop"):
             raise ConfigError(f"on_nan={self.on_nan!r}: expected skip or stop")
+        if self.on_bad_shard not in ("skip", "stop"):
+            raise ConfigError(f"on_bad_shard={self.on_bad_shard!r}: expected skip or stop")
         if self.precision not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"precision={self.precision!r}: expected auto, float32, "
                               "bfloat16 or float16")

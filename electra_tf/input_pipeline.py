@@ -2,10 +2,13 @@
 builds the tf.data pipeline that yields static-shape int32 batches for each replica.
 """
 
+import concurrent.futures
 import dataclasses
 import os
+import re
 import struct
-from typing import Dict, List, Optional, Sequence
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -27,8 +30,48 @@ _READ_BUFFER_BYTES = 8 << 20
 _PEEK_FILES = 8
 
 
+# Records per block that a shard's end-of-read check counts at a time (see _read_shard).
+_CHECK_BLOCK = 256
+# TFRecord framing around each record's data: uint64 length, uint32 masked CRC of the
+# length, then after the data a uint32 masked CRC of the data.
+_RECORD_OVERHEAD = 16
+ON_BAD_SHARD = ("skip", "stop")
+# With on_bad_shard="skip", an input pipeline stops anyway once more than this fraction of
+# its shards has proved unreadable: that is no longer a bad shard but lost data (a deleted
+# bucket, expired credentials), and training on what is left would quietly change the run.
+MAX_BAD_SHARD_FRACTION = 0.5
+# What a shard that ended early puts in the error raised inside tf.data (stop policy, or
+# too many bad shards); `explain_read_error` parses it back.
+_BAD_SHARD_TAG = "BAD_SHARD"
+_BAD_SHARD_RE = re.compile(_BAD_SHARD_TAG + r"<<(.*?)>> records=(-?\d+) expected=(-?\d+) "
+                           r"bytes=(-?\d+) expected_bytes=(-?\d+) too_many=(\d)")
+
+
 class InputDataError(ValueError):
     """The input files are missing or do not hold what the config expects (one line)."""
+
+
+class BadShardError(InputDataError):
+    """A shard is unreadable (missing, truncated, corrupted); the message names the file."""
+
+    def __init__(self, message: str, path: Optional[str] = None):
+        super().__init__(message)
+        self.path = path
+
+
+def _check_policy(on_bad_shard: str):
+    if on_bad_shard not in ON_BAD_SHARD:
+        raise ValueError(f"on_bad_shard={on_bad_shard!r}: expected skip or stop")
+
+
+def _bad_shard(on_bad_shard: str, message: str, path: str):
+    """Raises BadShardError (stop), or logs `message` as a warning (skip)."""
+    if on_bad_shard == "quiet":  # a second look at what a first one already reported
+        return
+    if on_bad_shard == "stop":
+        raise BadShardError(message + " (on_bad_shard=stop; on_bad_shard=skip would read "
+                            "the other shards)", path)
+    logging.warning("Skipping bad shard: %s", message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +95,30 @@ class InputConfig:
     skip_batches: int = 0
     vocab_size: Optional[int] = None  # checked against the manifest when given
     check_data: bool = True  # manifest and first-record checks before building
+    # A shard that turns out unreadable (missing, truncated, a corrupted record): "skip"
+    # logs one warning naming it, counts it (`skipped_shards()`), and reads on with the
+    # other shards; "stop" ends the read with an error naming it (see `explain_read_error`).
+    #
+    # "skip" is the default because the runs this is for last days on preemptible
+    # machines under a supervisor that restarts them: with "stop", one bad shard becomes
+    # a restart loop that makes no progress (a resumed run replays the same data order
+    # and meets the same shard again) until a person looks, while losing what is left of
+    # one shard out of hundreds changes pre-training data by well under a percent. It is
+    # never silent: one warning per bad shard naming the file and what is wrong, a count
+    # for the train loop to log, and a stop anyway when more than MAX_BAD_SHARD_FRACTION
+    # of a pipeline's shards are bad (or none is left), which is lost data, not a bad shard.
+    #
+    # What "skip" does to the data: a shard is read up to its first bad record and the
+    # rest of it is dropped for that epoch (a missing shard contributes nothing); every
+    # other shard's records all arrive, but from that point on their order differs from a
+    # run without the fault (the interleave fills the freed slot sooner and the shuffle
+    # buffer sees a different stream). Each epoch reopens every shard, so a shard that
+    # reads again (a transient error) comes back, and one still bad is skipped again
+    # (counted in SkippedShard.times, logged once). A resumed run (skip_batches)
+    # reproduces the order only if the same shards are bad at the same points.
+    # Up-front checks (resolve_files, check_data, check_sequence_length) follow the same
+    # policy: "stop" raises naming the file, "skip" warns and leaves the file out.
+    on_bad_shard: str = "skip"
 
     def __post_init__(self):
         if not self.file_pattern or not self.file_pattern.strip(" ,"):
@@ -66,6 +133,9 @@ class InputConfig:
         if self.deterministic and self.seed is None:
             # Unseeded shuffles differ per run, so "deterministic" would silently not be.
             raise ValueError("InputConfig.deterministic=True needs a seed")
+        if self.on_bad_shard not in ON_BAD_SHARD:
+            raise ValueError(f"InputConfig.on_bad_shard={self.on_bad_shard!r}: expected skip "
+                             "or stop")
 
 
 # ----------------------------------------------------------------------------- files
@@ -85,39 +155,52 @@ def _has_manifest(directory: str) -> bool:
     return tf.io.gfile.exists(os.path.join(directory, manifest_lib.MANIFEST_NAME))
 
 
-def _manifest_shards(directory: str) -> List[str]:
+def _manifest_shards(directory: str, on_bad_shard: str = "stop") -> List[str]:
     manifest = manifest_lib.read_manifest(directory)
     names = [s["name"] for s in manifest.get("shards", [])]
     # One listing instead of a stat per shard: thousands of stats are slow on GCS.
     present = set(tf.io.gfile.listdir(directory))
     missing = [n for n in names if n not in present]
-    if missing:
+    if missing and (on_bad_shard == "stop" or len(missing) == len(names)):
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise InputDataError(f"{directory}: manifest.json lists {len(names)} shards but "
                              f"{len(missing)} are missing ({shown}); the build directory is "
                              "incomplete, rebuild or copy it again")
-    return [os.path.join(directory, n) for n in names]
+    for n in missing:
+        _bad_shard(on_bad_shard, f"{os.path.join(directory, n)}: missing (manifest.json "
+                   "lists it)", os.path.join(directory, n))
+    return [os.path.join(directory, n) for n in names if n in present]
 
 
-def _resolve_one(pattern: str) -> List[str]:
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _resolve_one(pattern: str, on_bad_shard: str = "stop") -> List[str]:
     if tf.io.gfile.isdir(pattern):
         if _has_manifest(pattern):
-            return _manifest_shards(pattern)
+            return _manifest_shards(pattern, on_bad_shard)
         pattern = os.path.join(pattern, _UNMANIFESTED_DIR_GLOB)
-    return [f for f in tf.io.gfile.glob(pattern) if _is_data_file(f)]
+    files = [f for f in tf.io.gfile.glob(pattern) if _is_data_file(f)]
+    if not files and not _GLOB_CHARS & set(pattern):
+        # A file named outright (as the trainer passes its shards) that is not there: a
+        # glob would drop it silently.
+        _bad_shard(on_bad_shard, f"{pattern}: no such file", pattern)
+    return files
 
 
-def resolve_files(file_pattern: str) -> List[str]:
+def resolve_files(file_pattern: str, on_bad_shard: str = "stop") -> List[str]:
     """Returns the sorted shard files that `file_pattern` names.
 
-    `file_pattern` is comma-separated; each part is a glob, or a directory: one with a
-    manifest.json gives the manifest's shards (an error names any that are missing), one
-    without gives its files whose names contain "tfrecord". Side files (manifest.json,
-    token_counts.txt), dot files and temp files are never returned.
+    `file_pattern` is comma-separated; each part is a glob, a file, or a directory: one
+    with a manifest.json gives the manifest's shards, one without gives its files whose
+    names contain "tfrecord". Side files (manifest.json, token_counts.txt), dot files and
+    temp files are never returned. A missing manifest shard or named file is an error
+    naming it, or with on_bad_shard="skip" a warning (left out), unless nothing is left.
     """
+    _check_policy(on_bad_shard)
     files = set()
     for pattern in _split_patterns(file_pattern):
-        files.update(_resolve_one(pattern))
+        files.update(_resolve_one(pattern, on_bad_shard))
     if not files:
         raise InputDataError(f"no TFRecord files match {file_pattern!r}")
     return sorted(files)
@@ -129,7 +212,7 @@ def _manifest_dirs(file_pattern: str) -> List[str]:
         if tf.io.gfile.isdir(pattern):
             candidates = [pattern]
         else:
-            candidates = sorted({os.path.dirname(f) for f in _resolve_one(pattern)})
+            candidates = sorted({os.path.dirname(f) for f in _resolve_one(pattern, "quiet")})
         for d in candidates:
             if d not in dirs and _has_manifest(d):
                 dirs.append(d)
@@ -137,14 +220,18 @@ def _manifest_dirs(file_pattern: str) -> List[str]:
 
 
 def check_data(file_pattern: str, vocab_size: Optional[int] = None,
-               max_seq_length: Optional[int] = None) -> Optional[dict]:
+               max_seq_length: Optional[int] = None,
+               on_bad_shard: str = "stop") -> Optional[dict]:
     """Validates every manifest found for `file_pattern` against the run config.
 
     A manifest is looked for in each directory given and beside each matched file.
     Returns the first manifest found, or None (with a warning) for data without one, such
-    as the official ELECTRA builder's. Raises ManifestError on a mismatch.
+    as the official ELECTRA builder's. Raises ManifestError on a mismatch. The shards a
+    manifest lists are checked against their sizes (one stat each, in parallel): one too
+    small for its records (empty, or truncated) is a BadShardError naming it, or with
+    on_bad_shard="skip" a warning.
     """
-    resolve_files(file_pattern)  # a clear error when nothing matches, before anything else
+    resolve_files(file_pattern, on_bad_shard)  # a clear error when nothing matches, first
     dirs = _manifest_dirs(file_pattern)
     if not dirs:
         logging.warning("No manifest.json beside %s (data from another builder?): vocab_size "
@@ -157,8 +244,36 @@ def check_data(file_pattern: str, vocab_size: Optional[int] = None,
         manifest = manifest_lib.read_manifest(path)
         manifest_lib.validate_manifest(manifest, vocab_size=vocab_size,
                                        max_seq_length=max_seq_length, where=path)
+        _check_shard_sizes(d, manifest, on_bad_shard)
         manifests.append(manifest)
     return manifests[0]
+
+
+def _stat_lengths(paths: Sequence[str]) -> List[Optional[int]]:
+    """File sizes (None for a missing file), stat'ed in parallel: GCS stats are slow."""
+    def length(path):
+        try:
+            return tf.io.gfile.stat(path).length
+        except tf.errors.NotFoundError:
+            return None
+    if len(paths) <= 1:
+        return [length(p) for p in paths]
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(paths))) as pool:
+        return list(pool.map(length, paths))
+
+
+def _check_shard_sizes(directory: str, manifest: dict, on_bad_shard: str):
+    shards = [(os.path.join(directory, s["name"]), int(s.get("examples", 0)))
+              for s in manifest.get("shards", [])]
+    for (path, examples), size in zip(shards, _stat_lengths([p for p, _ in shards])):
+        if size is None:
+            continue  # resolve_files has reported it
+        if examples and size == 0:
+            _bad_shard(on_bad_shard, f"{path}: empty file (0 bytes) but manifest.json says "
+                       f"it holds {examples} records", path)
+        elif size < examples * (_RECORD_OVERHEAD + 1):
+            _bad_shard(on_bad_shard, f"{path}: truncated, {size} bytes cannot hold the "
+                       f"{examples} records manifest.json lists", path)
 
 
 def _first_record(path: str) -> Optional[bytes]:
@@ -167,17 +282,26 @@ def _first_record(path: str) -> Optional[bytes]:
     Read by hand rather than through tf.data so it works in any context (eager or inside
     a dataset function) and costs one small read.
     """
-    with tf.io.gfile.GFile(path, "rb") as f:
+    try:
+        f = tf.io.gfile.GFile(path, "rb")
         header = f.read(12)  # uint64 length + uint32 masked CRC of the length
+    except tf.errors.NotFoundError:
+        raise BadShardError(f"{path}: no such file", path) from None
+    with f:
         if not header:
             return None
         if len(header) < 12:
-            raise InputDataError(f"{path}: truncated TFRecord header")
+            raise BadShardError(f"{path}: truncated TFRecord header ({len(header)} bytes; "
+                                "is it a TFRecord file?)", path)
         (length,) = struct.unpack("<Q", header[:8])
-        data = f.read(length)
-        if len(data) != length:
-            raise InputDataError(f"{path}: truncated first record (is it a TFRecord file?)")
-        return data
+        size = tf.io.gfile.stat(path).length
+        if length + 16 > size:  # not read: a garbage length could be any size
+            if length >= 1 << 31:
+                raise BadShardError(f"{path}: corrupted first record header (a length of "
+                                    f"{length} bytes; is it a TFRecord file?)", path)
+            raise BadShardError(f"{path}: truncated first record (the file has {size} bytes, "
+                                f"the record needs {length + 16}; is it a TFRecord file?)", path)
+        return f.read(length)
 
 
 def peek_sequence_length(path: str) -> Optional[int]:
@@ -191,7 +315,8 @@ def peek_sequence_length(path: str) -> Optional[int]:
     try:
         features = tf.train.Example.FromString(data).features.feature
     except DecodeError as e:
-        raise InputDataError(f"{path}: the first record is not a tf.train.Example ({e})") from None
+        raise BadShardError(f"{path}: the first record is not a tf.train.Example ({e})",
+                            path) from None
     lengths = {}
     for name in FEATURE_NAMES:
         if name not in features:
@@ -203,12 +328,30 @@ def peek_sequence_length(path: str) -> Optional[int]:
     return lengths["input_ids"]
 
 
-def check_sequence_length(files: Sequence[str], max_seq_length: int):
+def check_sequence_length(files: Sequence[str], max_seq_length: int,
+                          on_bad_shard: str = "stop"):
     """Raises InputDataError naming the file and both lengths when the records' length is
-    not `max_seq_length`; parse_example would otherwise fail mid-run with a shape error."""
+    not `max_seq_length`; parse_example would otherwise fail mid-run with a shape error.
+
+    Looks at the first record of the first files. A file that is empty (and not listed
+    with 0 records by a manifest beside it) or whose first record is unreadable is a
+    BadShardError naming it, or with on_bad_shard="skip" a warning.
+    """
+    expected = None
     for path in list(files)[:_PEEK_FILES]:
-        length = peek_sequence_length(path)
+        try:
+            length = peek_sequence_length(path)
+        except BadShardError as e:
+            _bad_shard(on_bad_shard, str(e), path)
+            continue
         if length is None:
+            if expected is None:
+                expected = _expected_records(files)
+            if expected.get(path) != 0:  # unknown (no manifest), or records were expected
+                listed = expected.get(path)
+                _bad_shard(on_bad_shard, f"{path}: empty file (0 bytes)" + (
+                    f" but manifest.json says it holds {listed} records" if listed else
+                    "; not a shard with records, leave it out of the pattern"), path)
             continue
         if length != max_seq_length:
             raise InputDataError(
@@ -227,6 +370,262 @@ def shard_files(files: Sequence[str], num_input_pipelines: int,
             f"{len(files)} input files cannot be split over {num_input_pipelines} input "
             f"pipelines (hosts); rebuild the data with --num_shards >= {num_input_pipelines}")
     return list(files)[input_pipeline_id::num_input_pipelines]
+
+
+# ----------------------------------------------------------------------------- bad shards
+
+
+def _expected_records(files: Sequence[str]) -> Dict[str, int]:
+    """{file: record count} for the files a manifest beside them lists (one manifest read
+    per directory); files without a manifest are absent."""
+    counts = {}
+    for d in sorted({os.path.dirname(f) for f in files}):
+        if not _has_manifest(d):
+            continue
+        try:
+            manifest = manifest_lib.read_manifest(d)
+        except manifest_lib.ManifestError as e:
+            logging.warning("%s", e)
+            continue
+        for shard in manifest.get("shards", []):
+            counts[os.path.join(d, shard["name"])] = int(shard.get("examples", 0))
+    return {f: counts[f] for f in files if f in counts}
+
+
+def _tf_error_line(message: str) -> str:
+    """The informative line of a TF error message (no traceback or node lines)."""
+    for line in message.splitlines():
+        line = line.strip()
+        if (line and not line.startswith(("File ", "[[", "Detected at node", "Graph execution"))
+                and not line.startswith("{{function_node")):
+            return line.split(" [Op:")[0][:300]
+    return message.strip().splitlines()[0][:300] if message.strip() else "unknown error"
+
+
+def shard_problem(path: str, expected_records: Optional[int] = None) -> Optional[str]:
+    """What is wrong with the TFRecord file `path`, in a few words, or None if it reads
+    through (every record's framing and CRCs) and holds `expected_records` when given.
+
+    A host-side check for the error path only: it reads the whole file (TensorFlow's
+    record reader checks the CRCs), about a second per few hundred MB.
+    """
+    try:
+        size = tf.io.gfile.stat(path).length
+    except tf.errors.NotFoundError:
+        return "missing (deleted or moved during the run?)"
+    except tf.errors.OpError as e:
+        return f"cannot be read ({_tf_error_line(e.message)})"
+    if size == 0:
+        return "empty file (0 bytes)" + (
+            f" but manifest.json says it holds {expected_records} records"
+            if expected_records else "")
+    n = 0
+    try:
+        for _ in tf.compat.v1.io.tf_record_iterator(path):
+            n += 1
+    except tf.errors.DataLossError as e:
+        m = re.search(r"(corrupted|truncated) record at (\d+)", e.message)
+        if m and m.group(1) == "truncated":
+            return (f"truncated: record {n + 1} (at byte {m.group(2)}) is cut off at the "
+                    f"end of the file ({size} bytes), after {n} good records")
+        if m:
+            return (f"corrupted record {n + 1} at byte {m.group(2)} (bad CRC or garbage "
+                    f"bytes), after {n} good records")
+        return f"unreadable after {n} good records ({_tf_error_line(e.message)})"
+    except tf.errors.NotFoundError:
+        return "missing (deleted or moved during the run?)"
+    except tf.errors.OpError as e:
+        return f"unreadable after {n} good records ({_tf_error_line(e.message)})"
+    if expected_records is not None and n != expected_records:
+        return f"holds {n} records but manifest.json says {expected_records}"
+    return None
+
+
+@dataclasses.dataclass
+class SkippedShard:
+    """A shard that on_bad_shard="skip" passed over: its path, what was wrong (found by
+    `shard_problem` the first time), and in how many epochs it ended early."""
+    path: str
+    reason: str
+    times: int = 1
+
+
+class _SkipRegistry:
+    """The bad shards skipped in this process, reported from tf.data's threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._shards: Dict[str, SkippedShard] = {}
+        self._pipelines: List[Tuple[int, set]] = []  # (number of files, bad files)
+
+    def new_pipeline(self, num_files: int) -> int:
+        with self._lock:
+            self._pipelines.append((num_files, set()))
+            return len(self._pipelines) - 1
+
+    def report(self, pipeline: int, path: str, records: int, expected: int) -> bool:
+        """Records that `path` ended early; True when its pipeline has too many bad shards."""
+        with self._lock:
+            known = self._shards.get(path)
+            if known:
+                known.times += 1
+        if known:
+            logging.info("Bad shard %s skipped again (%d times): %s", path, known.times,
+                         known.reason)
+        else:
+            reason = shard_problem(path, expected if expected >= 0 else None) or (
+                "a read failed, but the file reads correctly now (a transient error?)")
+            with self._lock:
+                self._shards.setdefault(path, SkippedShard(path, reason, 0)).times += 1
+                count = len(self._shards)
+            logging.warning("Skipping bad shard %s: %s; read %d%s of its records this epoch "
+                            "(on_bad_shard=skip; %d bad shard(s) skipped so far)", path, reason,
+                            records, f" of {expected}" if expected >= 0 else "", count)
+        with self._lock:
+            num_files, bad = self._pipelines[pipeline]
+            bad.add(path)
+            return len(bad) > MAX_BAD_SHARD_FRACTION * num_files
+
+    def shards(self) -> List[SkippedShard]:
+        with self._lock:
+            return [dataclasses.replace(s) for s in self._shards.values()]
+
+    def reset(self):
+        with self._lock:
+            self._shards.clear()
+            self._pipelines.clear()
+
+
+_SKIPPED = _SkipRegistry()
+
+
+def skipped_shards() -> List[SkippedShard]:
+    """The shards skipped so far in this process (on_bad_shard="skip"), in the order they
+    were first found bad; each was logged once as a warning naming it. The train loop
+    calls this after each host loop: a longer list than last time means new bad shards."""
+    return _SKIPPED.shards()
+
+
+def reset_skipped_shards():
+    """Forgets the skipped shards (tests; a new run in the same process)."""
+    _SKIPPED.reset()
+
+
+def _read_shard(path, expected_records, expected_bytes, on_bad_shard: str, pipeline: int):
+    """The records of one shard, read to its first error; a shard that ends before its
+    expected record count (manifest) or size (stat) is reported (skip) or raises (stop).
+
+    Nothing runs in Python on the normal path, and the checks run on blocks of
+    _CHECK_BLOCK records (per-record dataset functions would cost ~10x the read); the
+    verdict comes once, on a trailer block after the shard's last records.
+    """
+    # ignore_errors ends a shard at its first bad record (the reader moves on to its next
+    # file), but a file it cannot OPEN it retries forever: TFRecordDataset does not move
+    # past it, so a deleted shard would hang the run. Hence the shard is looked up first
+    # (one listing per shard per epoch) and a missing one reads as no file at all; only a
+    # shard deleted in the moment between the look-up and the open is still retried.
+    found = tf.io.matching_files(path)
+    blocks = tf.data.TFRecordDataset(found, buffer_size=_READ_BUFFER_BYTES).ignore_errors()
+    blocks = blocks.batch(_CHECK_BLOCK).map(lambda r: (r, False)).concatenate(
+        tf.data.Dataset.from_tensors((tf.zeros([0], tf.string), True)))
+
+    def count(state, element):
+        block, is_trailer = element
+        n, nbytes = state
+        k = tf.size(block, out_type=tf.int64)
+        n += k
+        nbytes += tf.reduce_sum(tf.cast(tf.strings.length(block), tf.int64)) + (
+            _RECORD_OVERHEAD * k)
+        return (n, nbytes), (block, is_trailer, n, nbytes)
+
+    zero = tf.constant(0, tf.int64)
+    counted = blocks.scan((zero, zero), count)
+
+    def fail(n, nbytes, too_many):
+        message = tf.strings.join([
+            _BAD_SHARD_TAG, "<<", path, ">> records=", tf.strings.as_string(n),
+            " expected=", tf.strings.as_string(expected_records),
+            " bytes=", tf.strings.as_string(nbytes),
+            " expected_bytes=", tf.strings.as_string(expected_bytes),
+            " too_many=", too_many])
+        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+            return tf.constant(False)
+
+    def at_trailer(n, nbytes):
+        short = tf.logical_or(n < expected_records, nbytes < expected_bytes)
+        if on_bad_shard == "stop":
+            on_short = lambda: fail(n, nbytes, "0")  # noqa: E731
+        else:
+            def on_short():
+                too_many = tf.numpy_function(
+                    lambda p, k, e: _SKIPPED.report(pipeline, p.decode(), int(k), int(e)),
+                    [path, n, expected_records], tf.bool, stateful=True)
+                too_many = tf.reshape(too_many, [])
+                return tf.cond(too_many, lambda: fail(n, nbytes, "1"),
+                               lambda: tf.constant(False))
+        return tf.cond(short, on_short, lambda: tf.constant(False))
+
+    def keep(block, is_trailer, n, nbytes):
+        return tf.cond(is_trailer, lambda: at_trailer(n, nbytes), lambda: tf.constant(True))
+
+    return counted.filter(keep).map(lambda block, is_trailer, n, nbytes: block).unbatch()
+
+
+def explain_read_error(error: BaseException, files: Sequence[str]) -> Optional[InputDataError]:
+    """The one-line InputDataError for an error that reading the input raised (inside
+    `next(iterator)`, often in a tf.function), or None when it did not come from the input.
+
+        try:
+            loop(iterator, n)
+        except tf.errors.OpError as e:
+            bad = input_pipeline.explain_read_error(e, files)
+            if bad is None:
+                raise
+            raise bad from None
+
+    A shard that ended early names itself in the error (BadShardError, with what a
+    host-side check finds wrong with it). Errors from the TFRecord reader itself name no
+    file ("corrupted record at 462"): the files are then checked host-side, in order,
+    until one is bad (reads them all in the worst case; only on this error path).
+    OutOfRangeError (the input ran out: every shard skipped) is an InputDataError
+    listing the skipped shards.
+    """
+    message = getattr(error, "message", None) or str(error)
+    m = _BAD_SHARD_RE.search(message)
+    expected = _expected_records(files)
+    if m:
+        path, n, exp = m.group(1), int(m.group(2)), int(m.group(3))
+        if m.group(6) == "1":
+            bad = [s.path for s in skipped_shards()]
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            return BadShardError(
+                f"{len(bad)} bad shard(s) (more than {MAX_BAD_SHARD_FRACTION:.0%} of an input "
+                f"pipeline's), the last {path}: lost data, not a bad shard; stopping "
+                f"(bad: {shown})", path)
+        reason = shard_problem(path, exp if exp >= 0 else expected.get(path)) or (
+            "a read failed, but the file reads correctly now (a transient error?)")
+        return BadShardError(f"{path}: {reason}; read {n}" + (f" of {exp}" if exp >= 0 else "")
+                             + " records (on_bad_shard=stop)", path)
+    line = _tf_error_line(message)
+    if isinstance(error, tf.errors.OutOfRangeError):
+        bad = [s.path for s in skipped_shards()]
+        if bad:
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            return InputDataError(f"the input ran out of records: {len(bad)} shard(s) were "
+                                  f"skipped as unreadable ({shown})")
+        return InputDataError(f"the input ran out of records ({line})")
+    for path in sorted(files, key=len, reverse=True):
+        if path in message:
+            reason = shard_problem(path, expected.get(path)) or line
+            return BadShardError(f"{path}: {reason}", path)
+    if not isinstance(error, (tf.errors.DataLossError, tf.errors.NotFoundError)):
+        return None
+    for path in files:
+        reason = shard_problem(path, expected.get(path))
+        if reason:
+            return BadShardError(f"{path}: {reason} ({line})", path)
+    return InputDataError(f"reading the input failed ({line}) but every one of the "
+                          f"{len(files)} input files reads correctly now")
 
 
 # ----------------------------------------------------------------------------- features
@@ -268,11 +667,15 @@ def make_dataset(config: InputConfig,
 
     Each element is the model's input dict {"input_ids", "input_mask", "segment_ids"},
     int32 [per_replica_batch, max_seq_length] (see `element_spec`).
+
+    A shard that turns out unreadable while it is read (see InputConfig.on_bad_shard) is
+    skipped and reported through `skipped_shards()`, or fails the read with an error that
+    `explain_read_error` turns into a one-line BadShardError naming it.
     """
-    files = resolve_files(config.file_pattern)
+    files = resolve_files(config.file_pattern, config.on_bad_shard)
     if config.check_data:
         check_data(config.file_pattern, vocab_size=config.vocab_size,
-                   max_seq_length=config.max_seq_length)
+                   max_seq_length=config.max_seq_length, on_bad_shard=config.on_bad_shard)
 
     num_pipelines, pipeline_id, batch_size = 1, 0, config.batch_size
     if input_context is not None:
@@ -284,16 +687,28 @@ def make_dataset(config: InputConfig,
                  len(files), ", ".join(os.path.basename(f) for f in files[:8]) +
                  (", ..." if len(files) > 8 else ""))
     if config.check_data:
-        check_sequence_length(files, config.max_seq_length)
+        check_sequence_length(files, config.max_seq_length, config.on_bad_shard)
 
     # Hosts hold disjoint files; distinct seeds keep their shuffles from being lockstep.
     seed = None if config.seed is None else config.seed + pipeline_id
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
+    # What each shard should yield, to tell a shard that ended early (a read error,
+    # skipped or stopped on in _read_shard) from one read through: the manifest's record
+    # count, or else the file's size now (one stat per file without a manifest).
+    counts = _expected_records(files)
+    unlisted = [f for f in files if f not in counts]
+    sizes = dict(zip(unlisted, _stat_lengths(unlisted)))
+    expected_records = [counts.get(f, -1) for f in files]
+    expected_bytes = [-1 if f in counts else (sizes[f] if sizes[f] is not None else 1)
+                      for f in files]
+    pipeline = _SKIPPED.new_pipeline(len(files))
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        (files, tf.constant(expected_records, tf.int64), tf.constant(expected_bytes, tf.int64)))
     if len(files) > 1:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER_BYTES),
+        lambda f, n, b: _read_shard(f, n, b, config.on_bad_shard, pipeline),
         cycle_length=min(config.cycle_length, len(files)), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE)
     if config.shuffle_buffer > 1:

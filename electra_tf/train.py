@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -108,17 +108,19 @@ def resolve_data(options: RunOptions, cfg: PretrainingConfig):
     held_out = None
     if not train_pattern:
         train_pattern = bundled_sample(tc.max_seq_length, cfg.model.vocab_size)
-        files = input_pipeline.resolve_files(train_pattern)
+        files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
         files, held_out = files[:-1], files[-1:]
     else:
-        files = input_pipeline.resolve_files(train_pattern)
+        files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
     manifest = input_pipeline.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
-                                         max_seq_length=tc.max_seq_length)
-    input_pipeline.check_sequence_length(files[:1], tc.max_seq_length)
+                                         max_seq_length=tc.max_seq_length,
+                                         on_bad_shard=tc.on_bad_shard)
+    input_pipeline.check_sequence_length(files[:1], tc.max_seq_length, tc.on_bad_shard)
     if eval_pattern:
-        eval_files = input_pipeline.resolve_files(eval_pattern)
+        eval_files = input_pipeline.resolve_files(eval_pattern, tc.on_bad_shard)
         input_pipeline.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
-                                  max_seq_length=tc.max_seq_length)
+                                  max_seq_length=tc.max_seq_length,
+                                  on_bad_shard=tc.on_bad_shard)
     elif held_out:
         eval_files = held_out
     elif options.do_eval:
@@ -138,7 +140,7 @@ def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
         file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
         batch_size=batch_size, repeat=True, deterministic=True, seed=cfg.train.seed,
         check_data=False, shuffle_buffer=10_000 if training else 1,
-        skip_batches=skip_batches)
+        skip_batches=skip_batches, on_bad_shard=cfg.train.on_bad_shard)
 
 
 def _dataset(strategy, icfg: input_pipeline.InputConfig):
@@ -231,6 +233,7 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     tc = cfg.train
     distribute.set_precision(tc.precision)
     chief = distribute.is_chief(strategy)
+    input_pipeline.reset_skipped_shards()
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = _special_ids_and_counts(manifest, files, cfg)
     os.makedirs(options.model_dir, exist_ok=True)
@@ -256,7 +259,7 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
         train_ds = _dataset(strategy, input_config(
             files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())))
         result = _train(cfg, trainer, iter(train_ds), manager, options.model_dir, chief,
-                        Perf.of(cfg, strategy, options.peak_flops), profile_steps)
+                        Perf.of(cfg, strategy, options.peak_flops), profile_steps, files)
         if chief:
             export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
@@ -400,7 +403,8 @@ class _ProfileWindow:
 
 def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool = True,
            perf: Optional[Perf] = None,
-           profile_steps: Optional[Tuple[int, int]] = None) -> Dict[str, float]:
+           profile_steps: Optional[Tuple[int, int]] = None,
+           files: Sequence[str] = ()) -> Dict[str, float]:
     tc = cfg.train
     total = tc.num_train_steps
     writer = _summary_writer(model_dir, "train", chief)
@@ -413,9 +417,12 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     out_metrics: Dict[str, float] = {}
     sums = None
     bad_run = 0  # consecutive skipped (non-finite) steps
+    reported_shards = 0  # bad shards skipped (on_bad_shard=skip) and logged so far
     # Preemption: SIGTERM stops the run at the end of the current host loop, after a
-    # checkpoint (not in a multi-worker job, where a save needs every worker).
+    # checkpoint. In a multi-worker job a save needs every worker: there TF's
+    # PreemptionCheckpointHandler agrees on the step with the other workers first.
     handle_sigterm = distribute.task(trainer.strategy)[0] is None
+    preemption = None if handle_sigterm else _preemption_handler(trainer.strategy, manager)
     with (_sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm,
           _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
         while step < total:
@@ -430,11 +437,17 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
                 loops[phase] = trainer.make_train_loop(phase)
             trainer.enter_phase(step)
             profile.before_loop(step)
-            loop_sums = loops[phase](iterator, tf.constant(n))
+            with _read_errors(files, manager):
+                loop_sums = loops[phase](iterator, tf.constant(n))
             trainer.data_batches.assign_add(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
             step = int(trainer.global_step.numpy())  # waits for the loop's steps
             profile.after_loop(step)
+            skipped_shards = input_pipeline.skipped_shards()
+            if len(skipped_shards) > reported_shards:
+                reported_shards = len(skipped_shards)
+                logging.warning("%d bad shard(s) skipped so far: %s", reported_shards,
+                                ", ".join(s.path for s in skipped_shards[:5]))
             skipped = int(round(float(loop_sums["skipped"])))
             bad_run = bad_run + skipped if skipped == n else 0
             if skipped and (tc.on_nan == "stop" or bad_run >= MAX_CONSECUTIVE_SKIPS):
@@ -454,18 +467,65 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
                 _write_scalars(writer, step, out, {"learning_rate": lr,
                                                    "grad_norm": out.grad_norm,
                                                    "sequences_per_second": seqs_per_s,
+                                                   "input/skipped_shards": reported_shards,
                                                    **rates})
                 out_metrics = dict(out.metrics, loss=out.loss, **rates)
             saved = step % tc.save_checkpoints_steps == 0 or step >= total
             if saved:
-                logging.info("Saved checkpoint %s", manager.save(checkpoint_number=step))
+                logging.info("Saved checkpoint %s", save_checkpoint(manager, step))
             if sigterm:
-                path = manager.latest_checkpoint if saved else manager.save(
-                    checkpoint_number=step)
+                path = manager.latest_checkpoint if saved else save_checkpoint(manager, step)
                 raise Preempted(f"SIGTERM at step {step}: saved {path}; rerun the same "
                                 "command to resume")
+            if preemption is not None:
+                preemption.save_checkpoint_if_preempted(checkpoint_number=step)
             progress.loop_done(step)
     return out_metrics
+
+
+def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
+    """manager.save at `step`; a failed write (a full disk, a lost bucket) is one RunError
+    naming the directory and the last good checkpoint, which stays the newest one (the
+    checkpoint index is only updated after a complete write)."""
+    try:
+        return manager.save(checkpoint_number=step)
+    except (tf.errors.OpError, OSError) as e:
+        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
+        raise RunError(f"could not write the step-{step} checkpoint to {manager.directory} "
+                       f"({reason}); last good checkpoint: "
+                       f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
+                       "same command") from None
+
+
+def _preemption_handler(strategy, manager):
+    """TF's PreemptionCheckpointHandler for a multi-worker job: on a preemption notice
+    (SIGTERM on any worker) all workers save at the same step, then raise Preempted."""
+    def exit_fn():
+        raise Preempted(f"preemption notice: saved {manager.latest_checkpoint}; rerun the "
+                        "same command to resume")
+    try:
+        return tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, manager,
+            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn))
+    except (ValueError, NotImplementedError, tf.errors.OpError) as e:
+        logging.warning("No preemption handler (%s): a preempted worker loses the steps "
+                        "since the last periodic checkpoint", e)
+        return None
+
+
+@contextlib.contextmanager
+def _read_errors(files: Sequence[str], manager):
+    """Turns a TFRecord read failure inside a compiled loop into a one-line RunError
+    naming the shard (and the last good checkpoint); nothing is saved on that path."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        bad = input_pipeline.explain_read_error(e, files)
+        if bad is None:
+            raise
+        last = manager.latest_checkpoint if manager is not None else None
+        raise RunError(f"{bad}" + (f"; last good checkpoint: {last or 'none'}"
+                                   if manager is not None else "")) from None
 
 
 def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
@@ -474,7 +534,8 @@ def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
     tc = cfg.train
     ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False))
     loop = trainer.make_eval_loop()
-    out = summarize(loop(iter(ds), tf.constant(tc.max_eval_steps)))
+    with _read_errors(files, None):
+        out = summarize(loop(iter(ds), tf.constant(tc.max_eval_steps)))
     step = int(trainer.global_step.numpy())
     metrics = dict(out.metrics, loss=out.loss)
     logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,

@@ -150,6 +150,11 @@ train.run(cfg, train.RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
                                 strategy="multi_worker"))
 """
 
+# As run_pretraining.py: a preemption exits with PREEMPTED_EXIT_CODE.
+PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("train.run(", "try:\n  train.run(").replace(
+    'strategy="multi_worker"))', 'strategy="multi_worker"))\n'
+    'except train.Preempted:\n  sys.exit(train.PREEMPTED_EXIT_CODE)')
+
 NO_DROPOUT = {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0}
 
 
@@ -162,6 +167,27 @@ def _free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+def _start_workers(script, model_dir, data, overrides, stdout=subprocess.PIPE):
+    """Two worker processes of one MultiWorkerMirroredStrategy job on localhost."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    return [subprocess.Popen(
+        [sys.executable, "-c", script, str(model_dir), data, overrides], cwd=REPO,
+        stdout=stdout, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}})))
+        for i in range(2)]
+
+
+def _finish(procs, timeout=420):
+    """The workers' stderr once they exit (killed if they outlive `timeout`)."""
+    try:
+        return [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 def test_two_workers_equal_one_process(tmp_path, sample_build):
@@ -177,20 +203,8 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
                      warmup_steps=2)
     override_text = ",".join(f"{k}={v}" for k, v in overrides.items())
     model_dir = tmp_path / "mw"
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-    procs = []
-    for index in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", WORKER_SCRIPT, str(model_dir), data, override_text],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        logs = [p.communicate(timeout=420)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    procs = _start_workers(WORKER_SCRIPT, model_dir, data, override_text)
+    logs = _finish(procs)
     for p, err in zip(procs, logs):
         assert p.returncode == 0, err[-3000:]
 
@@ -268,3 +282,66 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"(step {step})" in done.stderr  # resumed from the preemption checkpoint
     assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step + 2}")
+
+
+def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sample_build,
+                                                                    monkeypatch):
+    """A checkpoint write that fails (here: ENOSPC from the second save on) stops the run
+    with one line naming the directory and the last good checkpoint, which stays the
+    newest one a rerun would load."""
+    real_save = tf.train.CheckpointManager.save
+    calls = []
+
+    def failing_save(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", failing_save)
+    run_dir = tmp_path / "run"
+    with pytest.raises(train.RunError, match=r"could not write the step-6 checkpoint to "
+                       rf"{run_dir} \(No space left on device\); last good checkpoint: "
+                       rf"{run_dir}/ckpt-3; free space"):
+        train.run(_cfg(), _options(run_dir, sample_build[0], jit_compile=False))
+    assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-3")
+
+
+def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build):
+    """Multi-worker: SIGTERM to worker 1 -> TF's PreemptionCheckpointHandler makes both
+    workers save at the same step and exit 75; the same command then finishes the run."""
+    import signal
+    import threading
+
+    overrides = ",".join(f"{k}={v}" for k, v in dict(
+        train_batch_size=8, num_train_steps=40, save_checkpoints_steps=40, steps_per_loop=2,
+        log_every_steps=2, warmup_steps=2).items())
+    model_dir = tmp_path / "mw"
+
+    def start():
+        return _start_workers(PREEMPTIBLE_WORKER_SCRIPT, model_dir, sample_build[0],
+                              overrides, stdout=subprocess.DEVNULL)
+
+    procs = start()
+    # Drain the chief's stderr so that it never blocks on a full pipe.
+    reader = threading.Thread(target=lambda: procs[0].stderr.read(), daemon=True)
+    reader.start()
+    try:
+        for line in procs[1].stderr:  # worker 1 under way: preempt it
+            if "step 4/40" in line:
+                procs[1].send_signal(signal.SIGTERM)
+                break
+        procs[0].wait(timeout=240)
+        reader.join(timeout=30)
+    finally:
+        rest = _finish(procs, timeout=240)[1]
+    assert [p.returncode for p in procs] == [75, 75], rest[-2000:]
+    # The chief saved at the agreed step, between the periodic saves (every 40).
+    stopped = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+    assert 4 <= stopped < 40
+
+    procs = start()
+    logs = _finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:]
+    assert f"(step {stopped})" in logs[0]  # resumed where the preemption saved
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-40")

@@ -9,13 +9,15 @@ from absl import logging
 
 from electra_tf import configs, convert
 from electra_tf.distribute import StrategyError
+from electra_tf.train import RunError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
 from tfrecord_builder import BuildError
 
-USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError)
+USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError,
+               RunError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 

@@ -27,7 +27,7 @@ from electra_tf.finetune.tasks import Task, TaskData
 from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_global_norm,
                                      update_loss_scale)
 from electra_tf.pretraining import default_jit
-from electra_tf.train import Preempted, _format_time, _Progress, _sigterm_flag
+from electra_tf.train import Preempted, _format_time, _Progress, _sigterm_flag, save_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,12 +280,12 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
                     tf.summary.scalar("learning_rate", lr)
             progress.loop_done(step)
             if step % cfg.save_checkpoints_steps == 0 and step < total:
-                manager.save(checkpoint_number=step)
+                save_checkpoint(manager, step)
             if sigterm and step < total:
-                path = manager.save(checkpoint_number=step)
+                path = save_checkpoint(manager, step)
                 raise Preempted(f"SIGTERM at step {step} of the trial: saved {path}; rerun "
                                 "the same command to resume")
-    manager.save(checkpoint_number=step)
+    save_checkpoint(manager, step)
 
 
 def median_trial(scores: List[float]) -> int:
