@@ -544,9 +544,14 @@ def _fmt(x, spec=".4f") -> str:
     return str(x)
 
 
+INTERPRETATION_FILE = "interpretation.md"  # beside report.md: the human reading of it
+
+
 def render_report(results: Dict, command: str, machine_line: str,
-                  failures: Optional[Dict[str, str]] = None) -> str:
-    """report.md from `collect_results`'s dict (pure, for the tests)."""
+                  failures: Optional[Dict[str, str]] = None,
+                  interpretation: Optional[str] = None) -> str:
+    """report.md from `collect_results`'s dict (pure, for the tests); `interpretation`
+    (the text of OUT/interpretation.md) becomes the last section."""
     v_all = results["variants"]
     metric = next((p["metric"] for v in v_all.values() for p in v["points"] if p["metric"]),
                   "score")
@@ -614,7 +619,9 @@ def render_report(results: Dict, command: str, machine_line: str,
     lines += ["", "Plot: `score_vs_flops.png` (median over seeds, bars from the lowest to "
               "the highest seed). All numbers: `results.json`.", "",
               "## What this scale can and cannot show", "",
-              "TODO: fill in from the results of the real run.", ""]
+              interpretation.strip() if interpretation else
+              f"(Not written yet: put the reading of these numbers in {INTERPRETATION_FILE} "
+              "beside this report and rerun with --report_only.)", ""]
     return "\n".join(lines)
 
 
@@ -657,7 +664,9 @@ def write_outputs(args, plan: Dict, command: str, failures: Dict[str, str]) -> D
     results["machine"] = machine()
     results["failures"] = failures
     write_json_atomic(os.path.join(args.out_dir, "results.json"), results)
-    report = render_report(results, command, results["machine"], failures)
+    notes = os.path.join(args.out_dir, INTERPRETATION_FILE)
+    interpretation = open(notes, encoding="utf-8").read() if os.path.exists(notes) else None
+    report = render_report(results, command, results["machine"], failures, interpretation)
     with open(os.path.join(args.out_dir, "report.md.tmp"), "w", encoding="utf-8") as f:
         f.write(report)
     os.replace(os.path.join(args.out_dir, "report.md.tmp"),
@@ -691,7 +700,8 @@ def main(argv: Sequence[str]) -> int:
     except ExperimentError as e:
         print(f"compute_matched: error: {e}", file=sys.stderr)
         return 1
-    command = shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] + list(argv))
+    command = shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] +
+                         [a for a in argv if a != "--report_only"])
     command = "python " + command
     print_plan(plan, args.seeds)
     if args.dry_run:

@@ -145,7 +145,11 @@ def test_report_renders_every_part(plan):
     assert "| hp_correlation |" in text and "| disc_auc |" in text
     assert "## Failed jobs" in text and "boom" in text
     assert "## What this scale can and cannot show" in text
-    assert text.split("## What this scale can and cannot show")[1].strip().startswith("TODO")
+    assert text.split("## What this scale can and cannot show")[1].strip().startswith(
+        "(Not written yet: put the reading of these numbers in interpretation.md")
+    with_notes = cm.render_report(results, "python experiments/compute_matched.py --seeds=3",
+                                  "a machine", interpretation="\nChance level.\n")
+    assert with_notes.endswith("## What this scale can and cannot show\n\nChance level.\n")
 
 
 def test_outputs_from_markers_and_resume_without_rerunning(tmp_path, monkeypatch):
