@@ -13,7 +13,9 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import struct
+import sys
 import time
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -116,8 +118,24 @@ def _fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str:
 _WORKER = {}
 
 
+def _die_with_parent():
+    """Linux: the kernel sends this worker SIGKILL when the build process dies, so a
+    killed build (kill -9) leaves no orphaned workers behind. Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _init_worker(vocab: VocabInfo):
     from tfrecord_builder.tokenizers import Tokenizer
+    _die_with_parent()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _WORKER["tokenizer"] = Tokenizer(vocab)
 

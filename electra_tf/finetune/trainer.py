@@ -26,6 +26,7 @@ from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_
 from electra_tf.finetune.tasks import Task, TaskData
 from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_global_norm,
                                      update_loss_scale)
+from electra_tf.objective import step_seed
 from electra_tf.pretraining import default_jit
 from electra_tf.train import Preempted, _format_time, _Progress, _sigterm_flag, save_checkpoint
 
@@ -97,6 +98,9 @@ class Finetuner:
         self.task, self.cfg, self.strategy = task, cfg, strategy
         self.num_train_steps = num_train_steps
         keras.utils.set_random_seed(seed)
+        # Dropout masks are a function of this, the step and the row: a resumed trial
+        # redraws the masks an uninterrupted one would have drawn.
+        self.base_seed = tf.constant([seed, 0xF17E], tf.int32)
         with strategy.scope():
             head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
             self.model = FinetuningModel(model_config, head)
@@ -137,8 +141,11 @@ class Finetuner:
     def _step_fn(self, batch):
         self.trace_count += 1
         global_batch = float(self.cfg.train_batch_size)
+        ctx = tf.distribute.get_replica_context()
+        first_row = ctx.replica_id_in_sync_group * tf.shape(batch["weight"])[0]
+        seed = step_seed(self.base_seed, tf.cast(self.global_step, tf.int32), first_row)
         with tf.GradientTape() as tape:
-            outputs = self.model(batch, training=True)
+            outputs = self.model(batch, training=True, seed=seed)
             per_example = self.task.loss(outputs, batch)
             loss = tf.reduce_sum(per_example * batch["weight"]) / global_batch
             scaled = loss * tf.cast(self.loss_scale, tf.float32)
