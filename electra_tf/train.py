@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -243,6 +244,8 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
 
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     ckpt = trainer.checkpoint()
+    if chief:
+        remove_torn_checkpoints(options.model_dir)
     latest = tf.train.latest_checkpoint(options.model_dir)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
@@ -481,6 +484,27 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
                 preemption.save_checkpoint_if_preempted(checkpoint_number=step)
             progress.loop_done(step)
     return out_metrics
+
+
+_TORN_CHECKPOINT = re.compile(r"ckpt-\d+_temp$")
+
+
+def remove_torn_checkpoints(directory: str) -> int:
+    """Deletes what a killed checkpoint write left in `directory` (its `ckpt-N_temp/`
+    staging directories; a checkpoint only becomes visible once complete, so these are
+    never loaded) and returns the bytes freed. Call before writing there."""
+    if not tf.io.gfile.isdir(directory):
+        return 0
+    freed = 0
+    for name in tf.io.gfile.listdir(directory):
+        path = os.path.join(directory, name.rstrip("/"))
+        if _TORN_CHECKPOINT.match(name.rstrip("/")) and tf.io.gfile.isdir(path):
+            for root, _, files in tf.io.gfile.walk(path):
+                freed += sum(tf.io.gfile.stat(os.path.join(root, f)).length for f in files)
+            tf.io.gfile.rmtree(path)
+    if freed:
+        logging.info("Removed %d bytes of torn checkpoint writes from %s", freed, directory)
+    return freed
 
 
 def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:

@@ -345,3 +345,17 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:]
     assert f"(step {stopped})" in logs[0]  # resumed where the preemption saved
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-40")
+
+
+def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):
+    """What a kill during a save leaves (ckpt-N_temp/ staging) is deleted before the
+    next run writes there; complete checkpoints and other files stay."""
+    run_dir = tmp_path / "run"
+    torn = run_dir / "ckpt-30_temp"
+    torn.mkdir(parents=True)
+    (torn / "part-00000-of-00001.data-00000-of-00001.tempstate123").write_bytes(b"x" * 1000)
+    (run_dir / "ckpt-20.index").write_bytes(b"i" * 10)
+    (run_dir / "notes_temp").mkdir()
+    assert train.remove_torn_checkpoints(str(run_dir)) == 1000
+    assert sorted(os.listdir(run_dir)) == ["ckpt-20.index", "notes_temp"]
+    assert train.remove_torn_checkpoints(str(tmp_path / "missing")) == 0

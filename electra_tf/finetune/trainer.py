@@ -28,7 +28,8 @@ from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_globa
                                      update_loss_scale)
 from electra_tf.objective import step_seed
 from electra_tf.pretraining import default_jit
-from electra_tf.train import Preempted, _format_time, _Progress, _sigterm_flag, save_checkpoint
+from electra_tf.train import (Preempted, _format_time, _Progress, _sigterm_flag,
+                              remove_torn_checkpoints, save_checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +259,7 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
     and on SIGTERM (then raises Preempted); resumes from `trial_dir` if it holds one."""
     cfg, total = finetuner.cfg, finetuner.num_train_steps
+    remove_torn_checkpoints(trial_dir)
     manager = tf.train.CheckpointManager(finetuner.checkpoint(), trial_dir, max_to_keep=1,
                                          step_counter=finetuner.global_step)
     if manager.latest_checkpoint:
