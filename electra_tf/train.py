@@ -239,8 +239,10 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     special, counts = _special_ids_and_counts(manifest, files, cfg)
     os.makedirs(options.model_dir, exist_ok=True)
     if chief:
-        with open(os.path.join(options.model_dir, "config.json"), "w") as f:
+        path = os.path.join(options.model_dir, "config.json")
+        with open(path + ".tmp", "w") as f:  # a rename: never a torn config.json
             json.dump(cfg.to_json(), f, indent=2)
+        os.replace(path + ".tmp", path)
 
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     ckpt = trainer.checkpoint()
@@ -486,22 +488,29 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     return out_metrics
 
 
-_TORN_CHECKPOINT = re.compile(r"ckpt-\d+_temp$")
+# A checkpoint write's staging directory, and the checkpoint index's temporary file.
+_TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+)$")
 
 
 def remove_torn_checkpoints(directory: str) -> int:
     """Deletes what a killed checkpoint write left in `directory` (its `ckpt-N_temp/`
-    staging directories; a checkpoint only becomes visible once complete, so these are
-    never loaded) and returns the bytes freed. Call before writing there."""
+    staging directories and `checkpoint.tmp<hex>` index files; a checkpoint only becomes
+    visible once complete, so these are never loaded) and returns the bytes freed. Call
+    before writing there."""
     if not tf.io.gfile.isdir(directory):
         return 0
     freed = 0
     for name in tf.io.gfile.listdir(directory):
         path = os.path.join(directory, name.rstrip("/"))
-        if _TORN_CHECKPOINT.match(name.rstrip("/")) and tf.io.gfile.isdir(path):
+        if not _TORN_CHECKPOINT.match(name.rstrip("/")):
+            continue
+        if tf.io.gfile.isdir(path):
             for root, _, files in tf.io.gfile.walk(path):
                 freed += sum(tf.io.gfile.stat(os.path.join(root, f)).length for f in files)
             tf.io.gfile.rmtree(path)
+        else:
+            freed += tf.io.gfile.stat(path).length
+            tf.io.gfile.remove(path)
     if freed:
         logging.info("Removed %d bytes of torn checkpoint writes from %s", freed, directory)
     return freed

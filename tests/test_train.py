@@ -355,7 +355,8 @@ def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):
     torn.mkdir(parents=True)
     (torn / "part-00000-of-00001.data-00000-of-00001.tempstate123").write_bytes(b"x" * 1000)
     (run_dir / "ckpt-20.index").write_bytes(b"i" * 10)
+    (run_dir / "checkpoint.tmp0af3c9").write_bytes(b"c" * 7)
     (run_dir / "notes_temp").mkdir()
-    assert train.remove_torn_checkpoints(str(run_dir)) == 1000
+    assert train.remove_torn_checkpoints(str(run_dir)) == 1007
     assert sorted(os.listdir(run_dir)) == ["ckpt-20.index", "notes_temp"]
     assert train.remove_torn_checkpoints(str(tmp_path / "missing")) == 0
