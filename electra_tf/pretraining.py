@@ -208,7 +208,8 @@ class ElectraObjective(Objective):
             input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
             sampled_ids=sampled, mlm_logits=gen_logits if self.has_generator else None,
             disc_logits=disc_logits, disc_labels=labels,
-            masked_positions=masked["masked_positions"], sampling_logits=sampling_logits,
+            masked_positions=masked["masked_positions"],
+            sampling_logits=None if training else sampling_logits,
             hp_estimate=hp_estimate, hp_actual=slot_loss if hp_estimate is not None else None)
         return terms, sums
 
@@ -264,7 +265,7 @@ class MaskedLMObjective(Objective):
             input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
             sampled_ids=sampled,
             mlm_logits=gen_logits if (sampled is not None and self.has_generator) else None,
-            sampling_logits=gen_logits, main_loss=per_item,
+            sampling_logits=None if training else gen_logits, main_loss=per_item,
             main_correct=item_weights * tf.cast(correct, tf.float32),
             main_weights=item_weights)
         return terms, sums
