@@ -87,7 +87,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
     from electra_tf.finetune import cli
-    from electra_tf.train import PREEMPTED_EXIT_CODE, Preempted
+    from electra_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     try:
         cli.main(FLAGS, REPO)
     except Preempted as e:

@@ -99,7 +99,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
-    from electra_tf import configs, train
+    from electra_tf import configs, preemption, train
     from electra_tf.input_pipeline import InputDataError
     from tfrecord_builder import BuildError
     from tfrecord_builder.manifest import ManifestError
@@ -124,9 +124,9 @@ def main(argv):
             jit_compile=FLAGS.jit_compile, profile_steps=FLAGS.profile_steps,
             peak_flops=FLAGS.peak_flops)
         train.run(cfg, options)
-    except train.Preempted as e:
+    except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)
-        sys.exit(train.PREEMPTED_EXIT_CODE)
+        sys.exit(preemption.PREEMPTED_EXIT_CODE)
     except (configs.ConfigError, train.RunError, InputDataError, ManifestError, BuildError,
             StrategyError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)

@@ -12,8 +12,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
-import threading
 import time
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -22,6 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import distribute, flops, hardware, input_pipeline
+from electra_tf.preemption import PreemptionWatch
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
 from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
@@ -37,14 +36,6 @@ class RunError(ValueError):
 # With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss
 # scaling needs at most ~25 to come down from 2^15 after an overflow).
 MAX_CONSECUTIVE_SKIPS = 100
-
-# EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
-PREEMPTED_EXIT_CODE = 75
-
-
-class Preempted(Exception):
-    """SIGTERM arrived; the run saved a checkpoint at the current step and stopped."""
-
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
@@ -288,23 +279,6 @@ def export_discriminator(model, model_dir: str) -> str:
     return prefix
 
 
-@contextlib.contextmanager
-def _sigterm_flag():
-    """Yields a list that becomes non-empty when SIGTERM arrives (preemption notice).
-
-    The train loop checks it between host loops, so a signal costs at most one host
-    loop of waiting; the previous handler is restored afterwards."""
-    received = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received  # signal handlers can only be set from the main thread
-        return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _summary_writer(model_dir: str, name: str, chief: bool):
     if not chief:
         return tf.summary.create_noop_writer()
@@ -419,16 +393,14 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
     progress = _Progress(step, total, tc.train_batch_size)
+    last_saved = step  # a loop of only skipped (non-finite) steps does not save again
     out_metrics: Dict[str, float] = {}
     sums = None
     bad_run = 0  # consecutive skipped (non-finite) steps
     reported_shards = 0  # bad shards skipped (on_bad_shard=skip) and logged so far
-    # Preemption: SIGTERM stops the run at the end of the current host loop, after a
-    # checkpoint. In a multi-worker job a save needs every worker: there TF's
-    # PreemptionCheckpointHandler agrees on the step with the other workers first.
-    handle_sigterm = distribute.task(trainer.strategy)[0] is None
-    preemption = None if handle_sigterm else _preemption_handler(trainer.strategy, manager)
-    with (_sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm,
+    # A preemption notice stops the run at the end of the current host loop, after a
+    # checkpoint (multi-worker: at a step agreed with the other workers).
+    with (PreemptionWatch(trainer.strategy, manager) as preemption,
           _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
         while step < total:
             # Stop each host loop at the next log, checkpoint, phase or profile boundary.
@@ -475,15 +447,13 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
                                                    "input/skipped_shards": reported_shards,
                                                    **rates})
                 out_metrics = dict(out.metrics, loss=out.loss, **rates)
-            saved = step % tc.save_checkpoints_steps == 0 or step >= total
+            saved = step != last_saved and (step % tc.save_checkpoints_steps == 0 or
+                                            step >= total)
             if saved:
+                last_saved = step
                 logging.info("Saved checkpoint %s", save_checkpoint(manager, step))
-            if sigterm:
-                path = manager.latest_checkpoint if saved else save_checkpoint(manager, step)
-                raise Preempted(f"SIGTERM at step {step}: saved {path}; rerun the same "
-                                "command to resume")
-            if preemption is not None:
-                preemption.save_checkpoint_if_preempted(checkpoint_number=step)
+            preemption.stop_if_noticed(step, lambda: manager.latest_checkpoint if saved
+                                       else save_checkpoint(manager, step))
             progress.loop_done(step)
     return out_metrics
 
@@ -528,22 +498,6 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
                        f"({reason}); last good checkpoint: "
                        f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
                        "same command") from None
-
-
-def _preemption_handler(strategy, manager):
-    """TF's PreemptionCheckpointHandler for a multi-worker job: on a preemption notice
-    (SIGTERM on any worker) all workers save at the same step, then raise Preempted."""
-    def exit_fn():
-        raise Preempted(f"preemption notice: saved {manager.latest_checkpoint}; rerun the "
-                        "same command to resume")
-    try:
-        return tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, manager,
-            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn))
-    except (ValueError, NotImplementedError, tf.errors.OpError) as e:
-        logging.warning("No preemption handler (%s): a preempted worker loses the steps "
-                        "since the last periodic checkpoint", e)
-        return None
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import tensorflow as tf
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.text import TextEncoder
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig
-from electra_tf.train import PREEMPTED_EXIT_CODE
+from electra_tf.preemption import PREEMPTED_EXIT_CODE
 
 from conftest import REPO, sigterm_after
 from test_finetune_trainer import TINY, VOCAB, synthetic_polarity, write
@@ -204,3 +204,46 @@ def test_float16_finetuning_scales_the_loss(tmp_path, precision):
     assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, ft.variables))
     names = dict(tf.train.list_variables(ft.checkpoint().write(str(tmp_path / "ck"))))
     assert any(n.startswith("loss_scale/") for n in names)
+
+
+def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
+        tmp_path, precision, monkeypatch):
+    """float16 steps skipped for overflow consume batches without counting steps; the
+    trial's checkpoint records the batches consumed, so a trial stopped at its first
+    checkpoint and resumed ends with the weights of one trained straight through."""
+    from electra_tf.finetune import trainer
+    data_dir = str(tmp_path / "data")
+    write(f"{data_dir}/toy/train.tsv", synthetic_polarity(np.random.default_rng(3), 64))
+    task = get_task("toy", data_dir, ["sentence"], "label")
+    data = task.train_split(data_dir, TextEncoder(os.path.join(REPO, VOCAB)), 16)
+    cfg = dataclasses.replace(CFG, train_batch_size=8, steps_per_loop=2,
+                              save_checkpoints_steps=4)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    precision("float16")
+
+    def trial(trial_dir):
+        ft = Finetuner(task, NO_DROPOUT, cfg, strategy, 8, None, 1, jit_compile=False)
+        ft.loss_scale.assign(2.0 ** 40)  # the first steps overflow (restored on resume)
+        trainer.train_trial(ft, data, str(trial_dir), seed=5)
+        return ft
+
+    straight = trial(tmp_path / "straight")
+    skipped = int(straight.data_batches.numpy()) - 8
+    assert int(straight.global_step.numpy()) == 8 and skipped >= 1
+
+    real_save = trainer.save_checkpoint
+
+    def save_then_crash(manager, step):
+        path = real_save(manager, step)
+        raise KeyboardInterrupt(f"simulated crash after {path}")
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt, match="ckpt-4"):
+        trial(tmp_path / "resumed")
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    first = tf.train.load_checkpoint(str(tmp_path / "resumed"))
+    assert first.get_tensor("data_batches/.ATTRIBUTES/VARIABLE_VALUE") == 4 + skipped
+    resumed = trial(tmp_path / "resumed")
+    assert int(resumed.data_batches.numpy()) == 8 + skipped
+    for a, b in zip(straight.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import train
+from electra_tf import preemption, train
 from electra_tf.configs import load_config
 
 from conftest import REPO, sigterm_after
@@ -142,7 +142,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, sample_build, args, needle):
 WORKER_SCRIPT = """
 import sys
 from absl import logging
-from electra_tf import train
+from electra_tf import preemption, train
 from electra_tf.configs import load_config
 cfg = load_config("tiny", sys.argv[3])
 logging.set_verbosity(logging.INFO)
@@ -153,7 +153,7 @@ train.run(cfg, train.RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
 # As run_pretraining.py: a preemption exits with PREEMPTED_EXIT_CODE.
 PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("train.run(", "try:\n  train.run(").replace(
     'strategy="multi_worker"))', 'strategy="multi_worker"))\n'
-    'except train.Preempted:\n  sys.exit(train.PREEMPTED_EXIT_CODE)')
+    'except preemption.Preempted:\n  sys.exit(preemption.PREEMPTED_EXIT_CODE)')
 
 NO_DROPOUT = {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0}
 
@@ -271,7 +271,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build
     proc = subprocess.Popen([sys.executable, "run_pretraining.py", *args], cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
     _, rest = sigterm_after(proc, " step 4/400 ")
-    assert proc.returncode == train.PREEMPTED_EXIT_CODE, rest[-2000:]
+    assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, rest[-2000:]
     last = rest.strip().splitlines()[-1]
     assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last
     step = int(last.split("SIGTERM at step ")[1].split(":")[0])

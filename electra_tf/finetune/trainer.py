@@ -7,7 +7,6 @@ A trial already finished (its `result.json`) is not rerun; a trial stopped by SI
 saves its position and resumes from it.
 """
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -28,8 +27,8 @@ from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_globa
                                      update_loss_scale)
 from electra_tf.objective import step_seed
 from electra_tf.pretraining import default_jit
-from electra_tf.train import (Preempted, _format_time, _Progress, _sigterm_flag,
-                              remove_torn_checkpoints, save_checkpoint)
+from electra_tf.preemption import PreemptionWatch
+from electra_tf.train import _format_time, _Progress, remove_torn_checkpoints, save_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +122,10 @@ class Finetuner:
                                           name="loss_scale", aggregation=agg)
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="loss_scale_good_steps", aggregation=agg)
+            # Training batches consumed: the data position a resumed trial skips to. It
+            # runs ahead of global_step by the steps skipped for non-finite gradients.
+            self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="data_batches", aggregation=agg)
         multipliers = layerwise_lr_multipliers(self.model, cfg.layerwise_lr_decay,
                                                cfg.official_lr_bug)
         self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
@@ -135,7 +138,8 @@ class Finetuner:
     def checkpoint(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                    global_step=self.global_step, loss_scale=self.loss_scale,
-                                   loss_scale_good_steps=self.good_steps)
+                                   loss_scale_good_steps=self.good_steps,
+                                   data_batches=self.data_batches)
 
     # ------------------------------------------------------------------ replica functions
 
@@ -257,24 +261,31 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
                 writer=None) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
-    and on SIGTERM (then raises Preempted); resumes from `trial_dir` if it holds one."""
+    and on a preemption notice (then raises Preempted); resumes from `trial_dir` if it
+    holds one, at the data position it had reached."""
     cfg, total = finetuner.cfg, finetuner.num_train_steps
     remove_torn_checkpoints(trial_dir)
     manager = tf.train.CheckpointManager(finetuner.checkpoint(), trial_dir, max_to_keep=1,
                                          step_counter=finetuner.global_step)
     if manager.latest_checkpoint:
+        # A checkpoint from before data_batches existed restores global_step only.
+        finetuner.data_batches.assign(-1)
         finetuner.checkpoint().restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        if int(finetuner.data_batches.numpy()) < 0:
+            finetuner.data_batches.assign(finetuner.global_step)
         logging.info("Resumed trial from %s", manager.latest_checkpoint)
     step = int(finetuner.global_step.numpy())
-    iterator = iter(finetuner.train_dataset(train, seed, skip_batches=step))
+    skip = int(finetuner.data_batches.numpy())
+    iterator = iter(finetuner.train_dataset(train, seed, skip_batches=skip))
     loop = finetuner.make_train_loop()
     progress = _Progress(step, total, cfg.train_batch_size)
-    handle_sigterm = distribute.task(finetuner.strategy)[0] is None
-    with _sigterm_flag() if handle_sigterm else contextlib.nullcontext([]) as sigterm:
+    last_saved = step  # a loop of only skipped (non-finite) steps does not save again
+    with PreemptionWatch(finetuner.strategy, what="trial") as preemption:
         while step < total:
             n = min(cfg.steps_per_loop, total - step,
                     cfg.save_checkpoints_steps - step % cfg.save_checkpoints_steps)
             sums = loop(iterator, tf.constant(n))
+            finetuner.data_batches.assign_add(n)
             step = int(finetuner.global_step.numpy())
             loss = float(sums["loss"]) / n
             seqs, eta = progress.rates(step)
@@ -288,13 +299,11 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
                     tf.summary.scalar("loss", loss)
                     tf.summary.scalar("learning_rate", lr)
             progress.loop_done(step)
-            if step % cfg.save_checkpoints_steps == 0 and step < total:
-                save_checkpoint(manager, step)
-            if sigterm and step < total:
-                path = save_checkpoint(manager, step)
-                raise Preempted(f"SIGTERM at step {step} of the trial: saved {path}; rerun "
-                                "the same command to resume")
-    save_checkpoint(manager, step)
+            periodic = step != last_saved and (step % cfg.save_checkpoints_steps == 0 or
+                                               step >= total)
+            path = save_checkpoint(manager, step) if periodic else None
+            last_saved = step if periodic else last_saved
+            preemption.stop_if_noticed(step, lambda: path or save_checkpoint(manager, step))
 
 
 def median_trial(scores: List[float]) -> int:
