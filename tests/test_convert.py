@@ -1,7 +1,10 @@
 """electra_tf.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
 
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -210,10 +213,15 @@ def test_transformers_parity(tmp_path):
     np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
 
 
-def _torch_inputs(torch):
+def _inputs():
     ids = np.array([[2, 5, 7, 9, 1, 3], [4, 4, 8, 1, 0, 0]], np.int32)
     seg = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 0, 0]], np.int32)
     mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], np.int32)
+    return ids, seg, mask
+
+
+def _torch_inputs(torch):
+    ids, seg, mask = _inputs()
     as_torch = {"input_ids": torch.tensor(ids, dtype=torch.long),
                 "attention_mask": torch.tensor(mask, dtype=torch.long),
                 "token_type_ids": torch.tensor(seg, dtype=torch.long)}
@@ -281,3 +289,90 @@ def test_transformers_bert_as_our_encoder(tmp_path):
         theirs = bert(**inputs).last_hidden_state.numpy()
     ours = encoder(ids, mask, seg).numpy()
     np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)
+
+
+# transformers 5.x dropped its TF-checkpoint loader; 4.x lives in a side directory that
+# only a subprocess puts on its path (tests/legacy-transformers.txt).
+LEGACY_TRANSFORMERS = os.path.join(sys.prefix, "legacy-transformers")
+_LEGACY_LOAD = r"""
+import contextlib, io, json, sys
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers.models.electra.modeling_electra import load_tf_weights_in_electra
+job = json.loads(sys.argv[1])
+assert transformers.__version__.startswith("4."), transformers.__version__
+feed = {k: torch.tensor(job[k], dtype=torch.long)
+        for k in ("input_ids", "attention_mask", "token_type_ids")}
+for part, hf_dir, out in job["parts"]:
+    config = transformers.ElectraConfig.from_json_file(hf_dir + "/config.json")
+    config._attn_implementation = "eager"
+    cls = (transformers.ElectraForMaskedLM if part == "generator"
+           else transformers.ElectraForPreTraining)
+    model = cls(config)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the loader print()s what it loads and skips
+        load_tf_weights_in_electra(model, config, job["checkpoint"], part)
+    loaded = [l.split()[-1] for l in log.getvalue().splitlines()
+              if l.startswith("Initialize PyTorch weight ")]
+    skipped = [l.split()[1] for l in log.getvalue().splitlines() if l.startswith("Skipping ")]
+    model.eval()
+    with torch.no_grad():
+        logits = model(**feed).logits
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+              out + ".safetensors")
+    with open(out + ".json", "w") as f:
+        json.dump({"loaded": loaded, "skipped": skipped, "logits": logits.tolist()}, f)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir(LEGACY_TRANSFORMERS), reason=(
+    f"transformers 4.x (its load_tf_weights_in_electra) is not in {LEGACY_TRANSFORMERS}; "
+    f"install it with: python -m pip install -q --no-deps --target {LEGACY_TRANSFORMERS} "
+    "-r tests/legacy-transformers.txt"))
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_tf1_export_loads_in_transformers_tf_loader(tmp_path):
+    """Our TF1 export (the CLI's export-tf1 from a training model_dir, Adam slots included)
+    read by transformers 4.x's own load_tf_weights_in_electra: every weight of
+    ElectraForPreTraining / ElectraForMaskedLM found, the same tensors as our safetensors
+    export, and the same discriminator and MLM logits as our model."""
+    model, prefix, arrays = _ckpt(tmp_path / "src", WIDE)
+    convert.tf1_to_model_dir(prefix, str(tmp_path / "run"))
+    ckpt = str(tmp_path / "tf1" / "model.ckpt")
+    assert convert.main(["export-tf1", str(tmp_path / "run"), ckpt, "--include_optimizer"]) == 0
+    in_ckpt = set(tf.train.load_checkpoint(ckpt).get_variable_to_shape_map())
+    assert any(n.endswith("/adam_m") for n in in_ckpt) and "global_step" in in_ckpt
+
+    ids, seg, mask = _inputs()
+    parts = [(part, convert.export_hf(arrays, WIDE, str(tmp_path / part), part),
+              str(tmp_path / f"legacy_{part}")) for part in ("discriminator", "generator")]
+    job = {"checkpoint": ckpt, "parts": parts, "input_ids": ids.tolist(),
+           "attention_mask": mask.tolist(), "token_type_ids": seg.tolist()}
+    env = dict(os.environ, USE_TF="0", USE_TORCH="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(
+                   p for p in (LEGACY_TRANSFORMERS, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _LEGACY_LOAD, json.dumps(job)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    from safetensors.numpy import load_file
+    positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
+    ours = {"discriminator": model.discriminator(ids, mask, seg).numpy(),
+            "generator": model.generator_mlm_logits(ids, mask, seg, positions).numpy()}
+    for part, hf_dir, out in parts:
+        with open(out + ".json") as f:
+            got = json.load(f)
+        # every weight of this network loaded, once; all else skipped by the loader
+        needed = set(convert.hf_name_map(WIDE, part))
+        assert sorted(got["loaded"]) == sorted(needed), part
+        assert set(got["skipped"]) == in_ckpt - needed - {"global_step"}, part
+        # the same tensors as our safetensors export (whose keys are the model's own)
+        theirs, expected = load_file(out + ".safetensors"), load_file(
+            os.path.join(hf_dir, "model.safetensors"))
+        assert sorted(theirs) == sorted(expected), part
+        for key, value in expected.items():
+            np.testing.assert_array_equal(theirs[key], value, err_msg=f"{part} {key}")
+        logits = np.asarray(got["logits"], np.float32)
+        assert logits.shape == ours[part].shape, part
+        np.testing.assert_allclose(ours[part][mask == 1], logits[mask == 1], atol=1e-4,
+                                   err_msg=part)
