@@ -16,6 +16,9 @@ from conftest import REPO, sigterm_after
 
 
 def _options(model_dir, data, **kw):
+    """Run options on the CPU; no XLA unless asked for (a graph compiles in about half
+    the time, and the learning runs below cover XLA through the whole run)."""
+    kw.setdefault("jit_compile", False)
     return train.RunOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
 
 
@@ -82,8 +85,10 @@ def _learn(tmp_path, data, steps, **overrides):
     cfg = _cfg(train_batch_size=32, num_train_steps=steps, save_checkpoints_steps=steps,
                steps_per_loop=40, log_every_steps=40, **overrides)
     out = tmp_path / "learn"
-    before = train.run(cfg, _options(out, data, do_train=False, do_eval=True, eval_data=data))
-    after = train.run(cfg, _options(out, data, do_eval=True, eval_data=data))
+    xla = {"jit_compile": None}  # the default: XLA on the CPU
+    before = train.run(cfg, _options(out, data, do_train=False, do_eval=True, eval_data=data,
+                                     **xla))
+    after = train.run(cfg, _options(out, data, do_eval=True, eval_data=data, **xla))
     return before, after
 
 
@@ -267,7 +272,8 @@ def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monke
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build):
     args = [f"--model_dir={tmp_path / 'pre'}", f"--train_data={sample_build[0]}",
             "--num_train_steps=400", "--train_batch_size=8", "--steps_per_loop=2",
-            "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2"]
+            "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2",
+            "--nojit_compile"]
     proc = subprocess.Popen([sys.executable, "run_pretraining.py", *args], cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
     _, rest = sigterm_after(proc, " step 4/400 ")
@@ -303,7 +309,7 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
     with pytest.raises(train.RunError, match=r"could not write the step-6 checkpoint to "
                        rf"{run_dir} \(No space left on device\); last good checkpoint: "
                        rf"{run_dir}/ckpt-3; free space"):
-        train.run(_cfg(), _options(run_dir, sample_build[0], jit_compile=False))
+        train.run(_cfg(), _options(run_dir, sample_build[0]))
     assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-3")
 
 
