@@ -813,7 +813,13 @@ def profile_forward(cfg, batch_size: int = 1, training: bool = True,
             out[name] = Profiled(0.0, {}, {}, 0)
             continue
         fn, specs, calls = graphs[name]
-        flops, by_op, unregistered = profile_graph(_freeze(fn, specs))
+        # The model's own LayerNorm reductions, whatever a CPU run in this process chose.
+        matvec = modeling.use_matvec_means(False)
+        try:
+            frozen = _freeze(fn, specs)
+        finally:
+            modeling.use_matvec_means(matvec)
+        flops, by_op, unregistered = profile_graph(frozen)
         scale = calls / b
         out[name] = Profiled(flops * scale, {k: v * scale for k, v in by_op.items()},
                              unregistered, calls)

@@ -90,14 +90,16 @@ def _truncated_normal(stddev: float):
 _MATVEC_MEANS = False
 
 
-def use_matvec_means(enabled: bool):
+def use_matvec_means(enabled: bool) -> bool:
     """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots.
 
     XLA:CPU runs those as vectorised kernels, where its reductions cost ~4% of an
     ELECTRA-Small train step. Not for GPU or TPU, whose float32 matmuls may run in
-    TF32 / bfloat16 passes and would round the statistics. Set before tracing."""
+    TF32 / bfloat16 passes and would round the statistics. Set before tracing; returns
+    the previous setting."""
     global _MATVEC_MEANS
-    _MATVEC_MEANS = bool(enabled)
+    previous, _MATVEC_MEANS = _MATVEC_MEANS, bool(enabled)
+    return previous
 
 
 def _mean_last(x):

@@ -2,18 +2,17 @@
 one check per host loop (`PreemptionWatch.stop_if_noticed`), used by pre-training and by
 fine-tuning trials.
 
-Where each notice comes from:
-- **SIGTERM**, in a single-process job (one machine with its GPUs, the TPUStrategy client
-  on a Cloud TPU VM, a CPU): what schedulers, `kill` and a GCE preemption (a shutdown)
-  send.
-- **The GCE metadata server**, in a single-process job on a GCE VM (Cloud TPU VMs are GCE
-  VMs): `instance/maintenance-event` turning to TERMINATE_ON_HOST_MAINTENANCE, announced
-  ahead of a maintenance that stops the VM, or `instance/preempted` turning TRUE. A
-  background thread polls both. TensorFlow's own `PreemptionCheckpointHandler` handles
-  TPUs only inside Google and does nothing on a Cloud TPU VM, hence this watcher.
-- **TensorFlow's `PreemptionCheckpointHandler`**, in a multi-worker job: a save needs
-  every worker, so the handler agrees on a step with the others first; it watches SIGTERM
-  itself (and the maintenance events on GCE GPU VMs).
+Each process of a job watches two sources:
+- **SIGTERM**: what schedulers, `kill` and a GCE preemption (a shutdown) send.
+- **The GCE metadata server**, on a GCE VM (Cloud TPU VMs are GCE VMs):
+  `instance/maintenance-event` turning to TERMINATE_ON_HOST_MAINTENANCE, announced ahead
+  of a maintenance that stops the VM, or `instance/preempted` turning TRUE, polled by a
+  background thread. (TensorFlow's `PreemptionCheckpointHandler` handles TPUs only inside
+  Google and does nothing on a Cloud TPU VM.)
+
+In a multi-worker job a save needs every worker, so after each host loop the workers sum
+their notice flags in one collective: a notice to any worker stops all of them at the
+same step.
 
 On a notice the job saves a checkpoint at the current step and raises `Preempted`; the
 CLIs exit with `PREEMPTED_EXIT_CODE`, and rerunning the same command resumes.
@@ -77,17 +76,18 @@ def metadata_notice(host: Optional[str] = None, timeout: float = 2.0) -> Optiona
 
 
 class PreemptionWatch:
-    """A context for a training loop: collects preemption notices while it is open.
+    """A context for a training loop: collects preemption notices while it is open;
+    `what` names the loop in messages."""
 
-    `manager` (the loop's CheckpointManager) is only used in a multi-worker job, where
-    TensorFlow's handler saves through it (None: no coordinated save there; one handler
-    per process, so fine-tuning trials pass None); `what` names the loop in messages."""
-
-    def __init__(self, strategy: tf.distribute.Strategy,
-                 manager: Optional[tf.train.CheckpointManager] = None, what: str = ""):
-        self.strategy, self.manager, self.what = strategy, manager, what
+    def __init__(self, strategy: tf.distribute.Strategy, what: str = ""):
+        self.what = what
         self.notices: List[str] = []
-        self._handler = None
+        # Multi-worker: the number of workers with a notice, summed over the cluster.
+        self._count_workers = None
+        if distribute.task(strategy)[0] is not None:
+            self._count_workers = tf.function(lambda flag: strategy.reduce(
+                tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)),
+                axis=None))
         self._previous_sigterm = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -96,14 +96,6 @@ class PreemptionWatch:
     # ------------------------------------------------------------------ sources
 
     def __enter__(self) -> "PreemptionWatch":
-        if distribute.task(self.strategy)[0] is not None:
-            if self.manager is not None:
-                self._handler = _tf_handler(self.strategy, self.manager)
-            else:
-                logging.warning("Multi-worker %s: no coordinated preemption checkpoint; a "
-                                "preempted worker loses the steps since the last periodic "
-                                "checkpoint", self.what or "job")
-            return self
         if threading.current_thread() is threading.main_thread():
             # signal handlers can only be set from the main thread
             self._previous_sigterm = signal.signal(
@@ -149,29 +141,15 @@ class PreemptionWatch:
     # ------------------------------------------------------------------ the check
 
     def stop_if_noticed(self, step: int, save: Callable[[], str]) -> None:
-        """Call after each host loop: on a notice, `save()` (returns the checkpoint path)
-        and raise Preempted. In a multi-worker job TensorFlow's handler saves at an agreed
-        step through the manager instead."""
-        if self._handler is not None:
-            self._handler.save_checkpoint_if_preempted(checkpoint_number=step)
-            return
-        if self.notices:
+        """Call after each host loop (every worker of a job, the same number of times):
+        on a notice to this process, or to any worker of the job, `save()` (returns the
+        checkpoint path) and raise Preempted."""
+        reason = self.notices[0] if self.notices else None
+        if self._count_workers is not None:  # a collective: every worker gets here
+            noticed = int(self._count_workers(tf.constant(int(reason is not None))))
+            if noticed and reason is None:
+                reason = "a preemption notice to another worker"
+        if reason:
             where = f"step {step}" + (f" of the {self.what}" if self.what else "")
-            raise Preempted(f"{self.notices[0]} at {where}: saved {save()}; rerun the same "
-                            "command to resume")
-
-
-def _tf_handler(strategy, manager):
-    """TF's PreemptionCheckpointHandler for a multi-worker job: on a preemption notice
-    (SIGTERM on any worker) all workers save at the same step, then raise Preempted."""
-    def exit_fn():
-        raise Preempted(f"preemption notice: saved {manager.latest_checkpoint}; rerun the "
-                        "same command to resume")
-    try:
-        return tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, manager,
-            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn))
-    except (ValueError, NotImplementedError, tf.errors.OpError) as e:
-        logging.warning("No preemption handler (%s): a preempted worker loses the steps "
-                        "since the last periodic checkpoint", e)
-        return None
+            raise Preempted(f"{reason} at {where}: saved {save()}; rerun the same command "
+                            "to resume")

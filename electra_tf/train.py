@@ -400,7 +400,7 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     reported_shards = 0  # bad shards skipped (on_bad_shard=skip) and logged so far
     # A preemption notice stops the run at the end of the current host loop, after a
     # checkpoint (multi-worker: at a step agreed with the other workers).
-    with (PreemptionWatch(trainer.strategy, manager) as preemption,
+    with (PreemptionWatch(trainer.strategy) as preemption,
           _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
         while step < total:
             # Stop each host loop at the next log, checkpoint, phase or profile boundary.

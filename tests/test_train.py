@@ -158,7 +158,8 @@ train.run(cfg, train.RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
 # As run_pretraining.py: a preemption exits with PREEMPTED_EXIT_CODE.
 PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("train.run(", "try:\n  train.run(").replace(
     'strategy="multi_worker"))', 'strategy="multi_worker"))\n'
-    'except preemption.Preempted:\n  sys.exit(preemption.PREEMPTED_EXIT_CODE)')
+    'except preemption.Preempted as e:\n  print(e, file=sys.stderr)\n'
+    '  sys.exit(preemption.PREEMPTED_EXIT_CODE)')
 
 NO_DROPOUT = {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0}
 
@@ -314,8 +315,9 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
 
 
 def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build):
-    """Multi-worker: SIGTERM to worker 1 -> TF's PreemptionCheckpointHandler makes both
-    workers save at the same step and exit 75; the same command then finishes the run."""
+    """Multi-worker: SIGTERM to worker 1 -> the workers' notice flags, summed after each
+    host loop, make both save at the same step and exit 75; the same command then
+    finishes the run."""
     import signal
     import threading
 
@@ -330,7 +332,9 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
 
     procs = start()
     # Drain the chief's stderr so that it never blocks on a full pipe.
-    reader = threading.Thread(target=lambda: procs[0].stderr.read(), daemon=True)
+    chief_log = []
+    reader = threading.Thread(target=lambda: chief_log.append(procs[0].stderr.read()),
+                              daemon=True)
     reader.start()
     try:
         for line in procs[1].stderr:  # worker 1 under way: preempt it
@@ -345,6 +349,9 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     # The chief saved at the agreed step, between the periodic saves (every 40).
     stopped = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
     assert 4 <= stopped < 40
+    assert f"SIGTERM at step {stopped}: saved " in rest, rest[-2000:]
+    assert f"a preemption notice to another worker at step {stopped}: saved " \
+        f"{model_dir}/ckpt-{stopped}" in "".join(chief_log), "".join(chief_log)[-2000:]
 
     procs = start()
     logs = _finish(procs)
