@@ -1,6 +1,7 @@
 """The pre-training run: resume, learning, checkpoints and logs, and bad flags."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -81,41 +82,35 @@ def test_outputs_of_a_run(tmp_path, sample_build):
 
 
 def _learn(tmp_path, data, steps, **overrides):
-    """Eval metrics before and after `steps` steps of batch 32 (20 held-in batches)."""
+    """Eval metrics after `steps` steps of batch 32 (20 held-in batches), under XLA (the
+    default on the CPU). The metrics at initialisation are known: an MLM loss of ln V and
+    a discriminator loss near ln 2 (test_pretraining.test_losses_at_initialisation; on
+    these 20 batches 10.36 and 0.72, measured), a sampled-original rate near 1/V."""
     cfg = _cfg(train_batch_size=32, num_train_steps=steps, save_checkpoints_steps=steps,
                steps_per_loop=40, log_every_steps=40, **overrides)
-    out = tmp_path / "learn"
-    xla = {"jit_compile": None}  # the default: XLA on the CPU
-    before = train.run(cfg, _options(out, data, do_train=False, do_eval=True, eval_data=data,
-                                     **xla))
-    after = train.run(cfg, _options(out, data, do_eval=True, eval_data=data, **xla))
-    return before, after
+    return train.run(cfg, _options(tmp_path / "learn", data, do_eval=True, eval_data=data,
+                                   jit_compile=None))
 
 
 def test_learning_on_the_bundled_sample(tmp_path, sample_build):
     """ELECTRA on the tiny preset: within 100 steps the generator's MLM loss falls by
     several nats, it starts sampling the original token, and the discriminator's loss
     falls far below its initial ln 2 region."""
-    before, after = _learn(tmp_path, sample_build[0], 100, warmup_steps=10,
-                           learning_rate=2e-3)
-    assert before["masked_lm_loss"] > 10.0
-    assert after["masked_lm_loss"] < before["masked_lm_loss"] - 2.5
+    after = _learn(tmp_path, sample_build[0], 100, warmup_steps=10, learning_rate=2e-3)
+    assert after["masked_lm_loss"] < math.log(30522) - 2.5
     assert after["masked_lm_accuracy"] > 0.03
-    assert before["disc_loss"] > 0.6
-    assert after["disc_loss"] < 0.65 * before["disc_loss"]
+    assert after["disc_loss"] < 0.65 * math.log(2)
     # A generator that learns samples the original more often (such a sample counts as
     # "real"), where the near-uniform generator at initialisation almost never does.
-    assert before["sampled_masked_lm_accuracy"] < 0.002
     assert after["sampled_masked_lm_accuracy"] > 0.005
 
 
 def test_discriminator_learns_to_detect_replacements(tmp_path, sample_build):
     """With uniform replacements the discriminator must read the context: within 120 steps
     it beats the all-"original" baseline clearly and ranks replaced tokens first."""
-    before, after = _learn(tmp_path, sample_build[0], 120, warmup_steps=20,
-                           learning_rate=5e-4, generator="uniform")
+    after = _learn(tmp_path, sample_build[0], 120, warmup_steps=20, learning_rate=5e-4,
+                   generator="uniform")
     baseline = 1.0 - after["replaced_fraction"]
-    assert before["disc_accuracy"] < baseline
     assert after["disc_accuracy"] > baseline + 0.02, (after, baseline)
     assert after["disc_auc"] > 0.8
     assert after["disc_recall"] > 0.1 and after["disc_precision"] > 0.5
