@@ -4,7 +4,8 @@
 With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` on the
 bundled polarity set, prints dev accuracy, exports a SavedModel and answers one raw-text
 request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
-by SIGTERM after saving a checkpoint (rerun the same command to resume).
+by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/preemption.py) after
+saving a checkpoint (rerun the same command to resume).
 """
 
 import os

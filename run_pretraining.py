@@ -2,8 +2,9 @@
 
 With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (built into
 ./cache on first use) and writes checkpoints and TensorBoard logs to runs/pretrain_tiny.
-Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by SIGTERM after
-saving a checkpoint (rerun the same command to resume).
+Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by a preemption
+notice (SIGTERM, a GCE maintenance event; electra_tf/preemption.py) after saving a
+checkpoint (rerun the same command to resume).
 """
 
 import os
