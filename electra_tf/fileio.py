@@ -1,0 +1,188 @@
+"""File access for every user-given path, through TensorFlow's filesystem layer.
+
+Paths may be local, `gs://bucket/...` (Cloud Storage), `ram://...` (TensorFlow's
+in-memory filesystem, used by the tests) or any other scheme `tf.io.gfile` knows. Nothing
+here calls `open`, `os.makedirs`, `glob.glob` or `shutil` on a user path; the only local
+files are the temporary staging directories of `local_staging_dir`.
+
+Atomic outputs: `write_atomic` writes a sibling temp file and renames it over the
+target. On a local disk the rename is atomic. On Cloud Storage a rename is a copy plus a
+delete, and an object only becomes visible once its upload completes, so a reader never
+sees a torn file either way; what a bucket does not give is an atomic multi-file commit.
+Hence every output made of several files writes the file that marks completion (the
+manifest, a DONE marker, the checkpoint state) last, after everything it vouches for.
+"""
+
+import bz2
+import contextlib
+import gzip
+import io
+import json
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+from typing import Iterator, List, Optional, Union
+
+import tensorflow as tf
+
+# Suffix of the temp files write_atomic leaves behind if it is killed mid-write; readers
+# of a directory skip names that end with it.
+TMP_SUFFIX = ".tmp"
+
+
+def is_remote(path: str) -> bool:
+    """Whether `path` names a non-local filesystem (gs://, ram://, s3://, ...)."""
+    return "://" in path and not path.startswith("file://")
+
+
+def join(path: str, *parts: str) -> str:
+    """os.path.join for any filesystem (a URL's `//` is kept)."""
+    return posixpath.join(path, *parts) if is_remote(path) else os.path.join(path, *parts)
+
+
+def exists(path: str) -> bool:
+    return tf.io.gfile.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return tf.io.gfile.isdir(path)
+
+
+def makedirs(path: str):
+    """Creates `path` and its parents; nothing to do when it exists (or on a bucket, where
+    directories are implicit, beyond what TensorFlow does)."""
+    if path:
+        tf.io.gfile.makedirs(path)
+
+
+def listdir(path: str) -> List[str]:
+    """Names in `path` (without a trailing '/' for subdirectories)."""
+    return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(path))
+
+
+def glob(pattern: str) -> List[str]:
+    return sorted(tf.io.gfile.glob(pattern))
+
+
+def walk_files(directory: str) -> List[str]:
+    """Every file under `directory`, recursively, skipping dot files and dot folders."""
+    found = []
+    for root, dirs, names in tf.io.gfile.walk(directory):
+        dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
+        found.extend(join(root, n) for n in names if not n.startswith("."))
+    return sorted(found)
+
+
+def size(path: str) -> int:
+    return tf.io.gfile.stat(path).length
+
+
+def remove(path: str, missing_ok: bool = True):
+    try:
+        tf.io.gfile.remove(path)
+    except tf.errors.NotFoundError:
+        if not missing_ok:
+            raise
+
+
+def rmtree(path: str):
+    """Removes a directory tree; nothing when it is not there."""
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)
+
+
+def rename(src: str, dst: str, overwrite: bool = True):
+    tf.io.gfile.rename(src, dst, overwrite=overwrite)
+
+
+def copy(src: str, dst: str, overwrite: bool = True):
+    tf.io.gfile.copy(src, dst, overwrite=overwrite)
+
+
+def open_file(path: str, mode: str = "r"):
+    """A file object for `path` (any filesystem); modes as for `tf.io.gfile.GFile`."""
+    return tf.io.gfile.GFile(path, mode)
+
+
+def read_bytes(path: str) -> bytes:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_json(path: str):
+    return json.loads(read_text(path))
+
+
+def open_compressed(path: str):
+    """`path` opened for binary reading, decompressing `.gz` / `.bz2` by its extension."""
+    raw = tf.io.gfile.GFile(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if path.endswith(".bz2"):
+        return bz2.BZ2File(raw, "rb")
+    return raw
+
+
+def open_text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a (possibly compressed) text file, newlines kept."""
+    with open_compressed(path) as f:
+        yield from io.TextIOWrapper(f, encoding=encoding, newline="")
+
+
+def write_atomic(path: str, data: Union[str, bytes]):
+    """Writes `data` to `path` so that a reader sees the old file or the whole new one.
+
+    The temp file has a unique name (two writers never share one) and ends with
+    TMP_SUFFIX; a kill between the write and the rename leaves it behind, never a torn
+    `path`.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
+    with tf.io.gfile.GFile(tmp, "wb") as f:
+        f.write(data)
+    try:
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    except BaseException:
+        remove(tmp)
+        raise
+
+
+def write_json_atomic(path: str, obj, indent: Optional[int] = 2):
+    write_atomic(path, json.dumps(obj, indent=indent) + "\n")
+
+
+@contextlib.contextmanager
+def local_staging_dir(prefix: str = "electra-tf-") -> Iterator[str]:
+    """A local temporary directory, removed on exit: for libraries that only write to
+    local files (SentencePiece's trainer, multiprocessing builder workers) before their
+    output is copied to its destination with `copy_tree` / `copy`."""
+    directory = tempfile.mkdtemp(prefix=prefix)  # local staging, not a user path
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # local staging, not a user path
+
+
+def copy_tree(src: str, dst: str, last: Optional[List[str]] = None):
+    """Copies the files under `src` to `dst` (either may be on any filesystem); the names
+    in `last` (relative paths) are copied after all others, so that a marker of
+    completion lands last on a filesystem without atomic directory renames."""
+    last = list(last or [])
+    files = []
+    for root, _, names in tf.io.gfile.walk(src):
+        for n in names:
+            rel = posixpath.relpath(join(root, n), src) if is_remote(src) else \
+                os.path.relpath(os.path.join(root, n), src)
+            files.append(rel)
+    ordered = sorted(f for f in files if f not in last) + [f for f in last if f in files]
+    for rel in ordered:
+        target = join(dst, *rel.split(os.sep))
+        makedirs(posixpath.dirname(target) if is_remote(target) else os.path.dirname(target))
+        tf.io.gfile.copy(join(src, rel), target, overwrite=True)
