@@ -5,11 +5,14 @@ builds the tf.data pipeline that yields static-shape int32 batches for each repl
 import concurrent.futures
 import dataclasses
 import os
+import random
 import re
 import struct
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from google.protobuf.message import DecodeError
@@ -648,6 +651,188 @@ def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tens
     return {name: tf.cast(parsed[name], tf.int32) for name in FEATURE_NAMES}
 
 
+# ----------------------------------------------------------------------------- order
+
+# Records each open shard reads ahead in the background: the shards of a group are read
+# in turn, so without it a slow read of one would stall the others.
+_SLOT_PREFETCH = 64
+# The count the selector gives a shard whose count is unknown (no manifest): it stays in
+# the turn until it runs out (an exhausted shard drops out of choose_from_datasets).
+_UNKNOWN_COUNT = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPosition:
+    """Where record `records` of a pipeline's stream is, found from the shards' record
+    counts alone (`StreamOrder.locate`): the epoch; the group of shards being read, with
+    the round of its round robin (records each of its shards had given) and how many of
+    that round's records were taken; the shuffle window and how many of its records were
+    consumed."""
+    epoch: int
+    group: int
+    round: int
+    slot: int
+    window: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOrder:
+    """The order of (shard, record) in one input pipeline, a function of its key and the
+    epoch, so that the position of any record is found without reading what precedes it.
+
+    Epoch e reads the shards in a permutation drawn from (key, e), `cycle_length` at a
+    time: the shards of a group give one record each in turn (round robin; a shard that
+    has run out leaves the turn) until all are done, then the next group opens. The
+    epoch's stream is then shuffled in consecutive windows of `window` records, each by a
+    permutation drawn from (key, e, window index); window 1 is no shuffle. The next epoch
+    follows with fresh draws. Resuming at record p therefore costs the shard counts'
+    arithmetic, reading the current group's shards up to their place (never the shards
+    before them) and one window; not the p records before.
+
+    With the manifest's counts exact, a shard that ends early (skipped as bad) leaves the
+    other shards' order unchanged; the stream after it is shorter, so a resumed run
+    reproduces the order only if the same shards are bad at the same points.
+    """
+    num_shards: int
+    cycle_length: int
+    window: int
+    key: Tuple[int, int]
+
+    def _epoch_seed(self, epoch) -> tf.Tensor:
+        return tf.random.experimental.stateless_fold_in(
+            tf.constant(self.key, tf.int32), tf.cast(epoch, tf.int32), alg="philox")
+
+    def _permutation(self, size, seed) -> tf.Tensor:
+        return tf.argsort(tf.random.stateless_uniform(size, seed=seed, alg="philox"),
+                          stable=True)
+
+    def shard_order(self, epoch) -> tf.Tensor:
+        """The epoch's permutation of the shards, int32 [num_shards] (graph or eager)."""
+        seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), 0,
+                                                        alg="philox")
+        return self._permutation([self.num_shards], seed)
+
+    def locate(self, records: int, counts: Sequence[int]) -> StreamPosition:
+        """The position of record `records` (0-based, counted over repeated epochs) of the
+        stream whose shards hold `counts` records; arithmetic on the counts only."""
+        counts = np.asarray(counts, np.int64)
+        if counts.shape != (self.num_shards,) or (counts < 0).any():
+            raise ValueError(f"locate needs the record count of each of the "
+                             f"{self.num_shards} shards, got {counts.tolist()[:8]}")
+        total = int(counts.sum())
+        if total == 0:
+            raise InputDataError(f"the {self.num_shards} input file(s) hold no records")
+        epoch, within = divmod(int(records), total)
+        window, offset = divmod(within, self.window)
+        start = window * self.window  # the stream is read from the window's start
+        with tf.init_scope():  # eager even when called while a graph is built
+            ordered = counts[self.shard_order(epoch).numpy()]
+        c = self.cycle_length
+        groups = [ordered[i:i + c] for i in range(0, self.num_shards, c)]
+        ends = np.cumsum([g.sum() for g in groups])
+        group = int(np.searchsorted(ends, start, side="right"))
+        into = start - (int(ends[group - 1]) if group else 0)
+        m = groups[group]
+        lo, hi = 0, int(m.max())  # the last round r with sum(min(m, r)) <= into
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(np.minimum(m, mid).sum()) <= into:
+                lo = mid
+            else:
+                hi = mid - 1
+        return StreamPosition(epoch, group, lo, into - int(np.minimum(m, lo).sum()),
+                              window, offset)
+
+    def dataset(self, counts: Sequence[int], read,
+                position: Optional[StreamPosition] = None,
+                repeat: bool = True) -> tf.data.Dataset:
+        """The stream of serialized records from `position` (the start by default).
+
+        counts: each shard's record count for the order (-1: unknown, read to its end);
+        read(i): the dataset of shard i's records (given as an int64 tensor).
+        """
+        c, num_groups = self.cycle_length, -(-self.num_shards // self.cycle_length)
+        pad = num_groups * c - self.num_shards
+        counts_t = tf.constant(list(counts), tf.int64)
+        slots_range = tf.range(c, dtype=tf.int64)
+
+        def group_records(shards, n, active, r, j):
+            # A group with a shard of unknown count (no manifest) turns until every shard
+            # is exhausted (choose_from_datasets then ends): the same order as the counts
+            # give, when they are right.
+            n = tf.where(tf.reduce_any(n < 0), tf.where(active, _UNKNOWN_COUNT, 0), n)
+            # Round r of the turn had given its first j records (those of the shards
+            # still in the turn, in group order) before the stream starts here.
+            alive = n > r
+            rank = tf.cumsum(tf.cast(alive, tf.int64)) - 1
+            skips = tf.minimum(n, r) + tf.cast(alive & (rank < j), tf.int64)
+            slots = [tf.data.Dataset.from_tensors(shards[i]).take(tf.cast(active[i], tf.int64))
+                     .flat_map(read).skip(skips[i]).prefetch(_SLOT_PREFETCH)
+                     for i in range(c)]
+            turns = tf.data.Dataset.range(r, tf.reduce_max(n)).map(
+                lambda t: tf.where(n > t, slots_range, -1)).unbatch()
+            turns = turns.filter(lambda i: i >= 0).skip(j)
+            # The padding slots of a short last group are chosen once first: empty, they
+            # are then known exhausted, so an endless turn still ends with the shards.
+            padding = tf.data.Dataset.from_tensor_slices(
+                tf.boolean_mask(slots_range, tf.logical_not(active)))
+            return tf.data.Dataset.choose_from_datasets(slots, padding.concatenate(turns),
+                                                        stop_on_empty_dataset=False)
+
+        def epoch_records(epoch, group, r, j, window):
+            grid = tf.reshape(tf.concat([tf.cast(self.shard_order(epoch), tf.int64),
+                                         tf.fill([pad], tf.constant(-1, tf.int64))], 0),
+                              [num_groups, c])
+
+            def group_args(g):
+                shards = grid[g]
+                active = shards >= 0
+                shards = tf.maximum(shards, 0)
+                first = tf.equal(g, group)
+                n = tf.where(active, tf.gather(counts_t, shards), 0)
+                return (shards, n, active, tf.where(first, r, tf.constant(0, tf.int64)),
+                        tf.where(first, j, tf.constant(0, tf.int64)))
+
+            ds = tf.data.Dataset.range(group, num_groups).map(group_args).flat_map(
+                group_records)
+            if self.window > 1:
+                seed = self._epoch_seed(epoch)
+
+                def shuffle(k, records):
+                    s = tf.random.experimental.stateless_fold_in(
+                        seed, tf.cast(k, tf.int32) + 1, alg="philox")
+                    return tf.gather(records, self._permutation(tf.shape(records), s))
+
+                ds = ds.batch(self.window).enumerate(start=window).map(shuffle)
+                ds = ds.prefetch(2).unbatch()  # windows ahead hide a group's opening reads
+            return ds
+
+        p = position or StreamPosition(0, 0, 0, 0, 0, 0)
+        as_int = lambda v: tf.constant(v, tf.int64)  # noqa: E731
+        first = epoch_records(as_int(p.epoch), as_int(p.group), as_int(p.round),
+                              as_int(p.slot), as_int(p.window)).skip(p.offset)
+        if not repeat:
+            return first if p.epoch == 0 else first.take(0)
+        zero = as_int(0)
+        rest = tf.data.Dataset.counter(p.epoch + 1).flat_map(
+            lambda e: epoch_records(e, zero, zero, zero, zero))
+        return first.concatenate(rest)
+
+
+def count_records(paths: Sequence[str]) -> Dict[str, int]:
+    """{path: records read before its end or first unreadable record}, read in parallel
+    (for files no manifest lists; a missing file counts 0)."""
+    def count(path):
+        ds = tf.data.TFRecordDataset(tf.io.matching_files(path),
+                                     buffer_size=_READ_BUFFER_BYTES).ignore_errors()
+        return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    if len(paths) <= 1:
+        return {p: count(p) for p in paths}
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(paths))) as pool:
+        return dict(zip(paths, pool.map(count, paths)))
+
+
 # ----------------------------------------------------------------------------- dataset
 
 
@@ -689,8 +874,11 @@ def make_dataset(config: InputConfig,
     if config.check_data:
         check_sequence_length(files, config.max_seq_length, config.on_bad_shard)
 
-    # Hosts hold disjoint files; distinct seeds keep their shuffles from being lockstep.
-    seed = None if config.seed is None else config.seed + pipeline_id
+    # Hosts hold disjoint files; their own keys keep their orders from being lockstep.
+    seed = config.seed
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 31)  # a fresh order per pipeline
+    key = (seed % (1 << 31), pipeline_id)
 
     # What each shard should yield, to tell a shard that ended early (a read error,
     # skipped or stopped on in _read_shard) from one read through: the manifest's record
@@ -703,34 +891,45 @@ def make_dataset(config: InputConfig,
                       for f in files]
     pipeline = _SKIPPED.new_pipeline(len(files))
 
-    ds = tf.data.Dataset.from_tensor_slices(
-        (files, tf.constant(expected_records, tf.int64), tf.constant(expected_bytes, tf.int64)))
-    if len(files) > 1:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(
-        lambda f, n, b: _read_shard(f, n, b, config.on_bad_shard, pipeline),
-        cycle_length=min(config.cycle_length, len(files)), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE)
-    if config.shuffle_buffer > 1:
-        ds = ds.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if config.repeat:
-        # Repeating after the shuffles (each reshuffled per epoch) keeps epochs exact: a
-        # buffer larger than a small dataset would otherwise hold several copies of an
-        # example at once. The drain at each epoch end is negligible on real data sizes.
-        ds = ds.repeat()
-    # Parsing a whole batch in one parse_example call is much cheaper than per record.
-    ds = ds.batch(batch_size, drop_remainder=True)
+    order = StreamOrder(num_shards=len(files), cycle_length=min(config.cycle_length, len(files)),
+                        window=config.shuffle_buffer if config.shuffle_buffer > 1 else 1,
+                        key=key)
+    records = 0
     if config.skip_batches:
         replicas_per_pipeline = 1
         if input_context is not None:
             replicas_per_pipeline = max(1, input_context.num_replicas_in_sync // num_pipelines)
-        ds = ds.skip(config.skip_batches * replicas_per_pipeline)
+        records = config.skip_batches * replicas_per_pipeline * batch_size
+    if records and unlisted:
+        # The position needs every shard's record count: without a manifest they are
+        # counted once, a read of the data (not of the `records` consumed before).
+        start = time.perf_counter()
+        found = count_records(unlisted)
+        logging.warning("No manifest.json lists %d of the %d input files: counted their "
+                        "records to find the resume position (%.1f s; a manifest would "
+                        "spare this read).", len(unlisted), len(files),
+                        time.perf_counter() - start)
+        counts = dict(counts, **found)
+    position = order.locate(records, [counts.get(f, -1) for f in files]) if records else None
+
+    files_t = tf.constant(files)
+    expected_records = tf.constant(expected_records, tf.int64)
+    expected_bytes = tf.constant(expected_bytes, tf.int64)
+
+    def read(i):
+        return _read_shard(tf.gather(files_t, i), tf.gather(expected_records, i),
+                           tf.gather(expected_bytes, i), config.on_bad_shard, pipeline)
+
+    ds = order.dataset([counts.get(f, -1) for f in files], read, position,
+                       repeat=config.repeat)
+    # Parsing a whole batch in one parse_example call is much cheaper than per record.
+    ds = ds.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda s: parse_batch(s, config.max_seq_length),
                 num_parallel_calls=tf.data.AUTOTUNE)
 
     options = tf.data.Options()
-    # Parallel interleave/map keep their round-robin order only when deterministic; the
-    # non-deterministic default lets a slow file not stall the others.
+    # The record order is fixed by the seed; a non-deterministic map may still hand the
+    # parsed batches over out of order, which lets a slow batch not stall the others.
     options.deterministic = config.deterministic
     ds = ds.with_options(options)
     return ds.prefetch(tf.data.AUTOTUNE)
