@@ -2,31 +2,321 @@
 
 `--strategy=auto|tpu|gpu|multi_worker|cpu` maps to TPUStrategy, MirroredStrategy,
 MultiWorkerMirroredStrategy or OneDeviceStrategy; `auto` takes what the machine has.
+
+Which TPU, and how TensorFlow reaches it (`resolve_tpu_target`, a pure function of the
+flags, the environment and what `probe_tpu_host` saw; README: Cloud TPU quickstart):
+
+- **A Cloud TPU VM** (the chips are attached to this host: `/dev/accel*` on v2-v4 and
+  v5p, numbered `/dev/vfio/*` groups with libtpu installed on v5e/v6e): `--tpu=local`, or
+  no `--tpu` at all with `--strategy=auto|tpu`. TensorFlow uses
+  `TPUClusterResolver(tpu="local")` and no network.
+- **A multi-host TPU VM slice** (v4-16 and larger, v5litepod-16 and larger, ...): with
+  TensorFlow ONE program drives the whole slice. It runs on worker 0 only, with
+  `TPU_LOAD_LIBRARY=0` (so that it leaves the chips to the TPU runtime that the TF pod
+  image runs on every host) and the TPU's name (`--tpu=NAME` or `TPU_NAME`);
+  `TPUClusterResolver(tpu=NAME)` asks the Cloud TPU API for every host's address, and the
+  hosts' TPU runtimes run the compiled steps and one input pipeline each
+  (`distribute_datasets_from_function` calls the dataset function once per host). That
+  one program is the chief: it writes every output (`is_chief`). The slice's size and this
+  host's worker number come from the GCE metadata server, asked only on a TPU VM.
+- **A TPU Node** (the older architecture: a TPU reached over the network from a separate
+  GCE VM): `--tpu=NAME` with `--tpu_zone`/`--gcp_project` (asked of the GCE metadata server
+  when left out), or `--tpu=grpc://HOST:8470`.
+
+Every refusal is a one-line `StrategyError`.
 """
 
+import dataclasses
+import glob
+import importlib.util
 import json
+import math
 import os
-from typing import Optional
+import re
+import urllib.request
+from typing import Mapping, Optional
 
 import tensorflow as tf
 from absl import logging
 
 STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")
 
+# resolve_tpu_target's kinds
+NO_TPU = "none"          # no TPU: MultiWorkerMirrored, Mirrored or OneDevice as before
+TPU_VM = "tpu_vm"        # this host's chips: TPUClusterResolver(tpu="local")
+TPU_POD = "tpu_vm_pod"   # a multi-host TPU VM slice, driven from worker 0 by its name
+TPU_NODE = "tpu_node"    # a TPU reached by name through the Cloud TPU API (a TPU Node)
+TPU_GRPC = "tpu_grpc"    # a TPU worker address, grpc://HOST:PORT
+
+# Accelerator types count 8 units per host for every generation: TensorCores on v2-v4 and
+# v5p (4 chips of 2), chips on v5e and v6e (8 of 1); a smaller slice is one host.
+_ACCELERATOR_TYPE = re.compile(r"^v(\d+)([a-z]*)-(\d+)$")
+_UNITS_PER_HOST = 8
+
 
 class StrategyError(ValueError):
     """The requested strategy cannot run here; the message is one line."""
 
 
-def _tpu_strategy(tpu: Optional[str], zone: Optional[str], project: Optional[str]):
+@dataclasses.dataclass(frozen=True)
+class TpuHost:
+    """What this machine says about TPUs (`probe_tpu_host`)."""
+    chips: int = 0                       # TPU chips attached to this host
+    tf_tpu_devices: int = 0              # TPU devices TensorFlow already lists
+    accelerator_type: Optional[str] = None  # the slice this TPU VM belongs to, e.g. v4-32
+    worker_id: Optional[int] = None      # this TPU VM's index in its slice
+    on_gce: bool = False                 # a GCE VM (the metadata server answers here)
+    api_client: bool = True              # the Cloud TPU API client TensorFlow needs by name
+
+    @property
+    def tpu_vm(self) -> bool:
+        return self.chips > 0 or self.tf_tpu_devices > 0
+
+    @property
+    def hosts(self) -> Optional[int]:
+        """Hosts of the slice, or None when its accelerator type is unknown."""
+        return slice_hosts(self.accelerator_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTarget:
+    """resolve_tpu_target's answer: `kind` and the TPUClusterResolver keyword arguments."""
+    kind: str
+    resolver_args: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    source: str = ""  # what chose it, for the log and the messages
+
+    def describe(self) -> str:
+        where = {TPU_VM: "this TPU VM's chips", TPU_POD: "TPU VM slice",
+                 TPU_NODE: "Cloud TPU", TPU_GRPC: "TPU worker"}.get(self.kind, "no TPU")
+        name = self.resolver_args.get("tpu")
+        return f"{where}{'' if name in (None, 'local') else ' ' + name} ({self.source})"
+
+
+def slice_hosts(accelerator_type: Optional[str]) -> Optional[int]:
+    """Hosts of a TPU slice from its accelerator type ('v4-8' -> 1, 'v4-32' -> 4,
+    'v5litepod-16' -> 2, 'v5litepod-4' -> 1), or None if it is not one."""
+    match = _ACCELERATOR_TYPE.match((accelerator_type or "").strip().lower())
+    if not match:
+        return None
+    return max(1, math.ceil(int(match.group(3)) / _UNITS_PER_HOST))
+
+
+def _tpu_from_env(env: Mapping[str, str]):
+    """The TPU the environment names, as TensorFlow's Cloud TPU client reads it:
+    (value, variable) or (None, None)."""
+    for var in ("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_NAME"):
+        if env.get(var, "").strip():
+            return env[var].strip(), var
+    return None, None
+
+
+def resolve_tpu_target(strategy: str, tpu: Optional[str], tpu_zone: Optional[str],
+                       gcp_project: Optional[str], env: Mapping[str, str],
+                       host: TpuHost) -> TpuTarget:
+    """Decides whether and how the run uses a TPU, without side effects.
+
+    strategy: the --strategy flag; tpu, tpu_zone, gcp_project: the flags (None or '' when
+    not given); env: the environment (TPU_NAME, KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS,
+    TPU_LOAD_LIBRARY); host: what this machine has (`probe_tpu_host`). Raises
+    StrategyError for contradictions and for a TPU that cannot be used from here."""
+    tpu, tpu_zone, gcp_project = (v.strip() if v else None for v in (tpu, tpu_zone, gcp_project))
+    location = " ".join(f"--{k}" for k, v in (("tpu_zone", tpu_zone),
+                                             ("gcp_project", gcp_project)) if v)
+    if strategy not in ("auto", "tpu"):
+        given = " ".join(f"--{k}={v}" for k, v in (("tpu", tpu), ("tpu_zone", tpu_zone),
+                                                 ("gcp_project", gcp_project)) if v)
+        if given:
+            raise StrategyError(f"--strategy={strategy} contradicts {given}: those flags "
+                                "choose a TPU (use --strategy=tpu or auto, or drop them)")
+        return TpuTarget(NO_TPU, source=f"--strategy={strategy}")
+    source = "--tpu"
+    if not tpu:
+        tpu, source = _tpu_from_env(env)
+    load_library = env.get("TPU_LOAD_LIBRARY", "").strip()
+
+    if tpu and tpu.lower() == "local":
+        if location:
+            raise StrategyError(f"--tpu=local uses the TPU attached to this machine; {location} "
+                                "only locate a TPU by name (drop them)")
+        if not host.tpu_vm:
+            raise StrategyError(
+                f"{_flag(source, 'local')}: no TPU is attached to this machine (no /dev/accel* "
+                "or TPU /dev/vfio devices): run on a Cloud TPU VM, or give a TPU Node's name "
+                "with --tpu=NAME")
+        return _local(host, load_library, _flag(source, "local"))
+    if tpu and tpu.startswith("grpc://"):
+        if location:
+            raise StrategyError(f"--tpu={tpu} is an address; {location} only locate a TPU by "
+                                "name (drop them)")
+        return TpuTarget(TPU_GRPC, {"tpu": tpu}, _flag(source, tpu))
+    if tpu:  # a TPU's name
+        if host.tpu_vm:
+            if host.hosts == 1 and source != "--tpu":  # e.g. a TPU_NAME left in the shell
+                return _local(host, load_library, f"this TPU VM ({host.accelerator_type}); "
+                                                  f"{source} ignored")
+            if host.hosts == 1:
+                raise StrategyError(
+                    f"--tpu={tpu}: this TPU VM ({host.accelerator_type}) is a single host: "
+                    "use --tpu=local (or no --tpu); a name is for a multi-host slice (from its "
+                    "worker 0) or a TPU Node")
+            _check_pod_host(host, load_library, _flag(source, tpu))
+            _check_api(host, _flag(source, tpu))
+            return TpuTarget(TPU_POD, {"tpu": tpu, "zone": tpu_zone, "project": gcp_project},
+                             f"{_flag(source, tpu)} from worker 0 of "
+                             f"{host.accelerator_type or 'a multi-host slice'}")
+        _check_api(host, _flag(source, tpu))
+        if not host.on_gce and not (tpu_zone and gcp_project):
+            raise StrategyError(
+                f"{_flag(source, tpu)}: outside Google Cloud give --tpu_zone and --gcp_project "
+                "(TensorFlow otherwise asks the GCE metadata server), or --tpu=grpc://HOST:8470")
+        return TpuTarget(TPU_NODE, {"tpu": tpu, "zone": tpu_zone, "project": gcp_project},
+                         _flag(source, tpu))
+
+    # No TPU named: what is attached to this machine.
+    if host.tpu_vm:
+        if host.hosts is not None and host.hosts > 1:
+            _check_worker_0(host, "auto-detected TPU VM slice")
+            raise StrategyError(
+                f"this TPU VM is worker 0 of a {host.hosts}-host {host.accelerator_type} slice: "
+                "give the TPU's name (--tpu=NAME or TPU_NAME) so that one program drives every "
+                "host, with TPU_LOAD_LIBRARY=0 (README: Cloud TPU quickstart)")
+        if location:
+            raise StrategyError(f"{location} locate a TPU by name: give --tpu=NAME too, or drop "
+                                "them to use this TPU VM's own chips")
+        return _local(host, load_library, "auto-detected TPU VM")
+    if location:
+        raise StrategyError(f"{location} locate a TPU by name: give --tpu=NAME too")
+    if strategy == "tpu":
+        raise StrategyError(
+            "--strategy=tpu: no TPU here: none is attached to this machine (no /dev/accel* "
+            "or TPU /dev/vfio devices) and neither --tpu nor TPU_NAME names one")
+    return TpuTarget(NO_TPU, source="no TPU attached or named")
+
+
+def _flag(source: str, value: str) -> str:
+    return f"--tpu={value}" if source == "--tpu" else f"{source}={value}"
+
+
+def _local(host: TpuHost, load_library: str, source: str) -> TpuTarget:
+    if host.hosts is not None and host.hosts > 1:
+        worker = "?" if host.worker_id is None else host.worker_id
+        raise StrategyError(
+            f"{source}: this TPU VM is worker {worker} of a {host.hosts}-host "
+            f"{host.accelerator_type} slice and 'local' drives one host: "
+            "on worker 0 run with --tpu=<the TPU's name> and TPU_LOAD_LIBRARY=0 "
+            "(README: Cloud TPU quickstart)")
+    if load_library == "0":
+        raise StrategyError(f"{source}: TPU_LOAD_LIBRARY=0 keeps TensorFlow from loading the TPU "
+                            "library this host's chips need (unset it)")
+    return TpuTarget(TPU_VM, {"tpu": "local"}, source)
+
+
+def _check_worker_0(host: TpuHost, what: str):
+    if host.worker_id not in (None, 0):
+        raise StrategyError(
+            f"{what}: this is worker {host.worker_id} of a multi-host TPU slice; with "
+            "TensorFlow one program on worker 0 drives every host: run it there only "
+            "(gcloud compute tpus tpu-vm ssh NAME --worker=0)")
+
+
+def _check_pod_host(host: TpuHost, load_library: str, what: str):
+    _check_worker_0(host, what)
+    if load_library != "0":
+        raise StrategyError(
+            f"{what}: driving a multi-host slice from worker 0 needs TPU_LOAD_LIBRARY=0 "
+            "(export it before starting) so that this program leaves the chips to the TPU "
+            "runtime; for this host's chips alone use --tpu=local")
+
+
+def _check_api(host: TpuHost, what: str):
+    if not host.api_client:
+        raise StrategyError(f"{what}: finding a TPU by name needs the Cloud TPU API client: "
+                            "pip install cloud-tpu-client")
+
+
+# ---------------------------------------------------------------------- the machine
+
+
+def tpu_chips() -> int:
+    """TPU chips attached to this host, from /dev and without the network: /dev/accelN
+    (v2-v4, v5p) or, where libtpu is installed, the numbered /dev/vfio groups (v5e, v6e;
+    VFIO alone also serves GPU passthrough, hence the libtpu condition)."""
+    accel = [p for p in glob.glob("/dev/accel*") if re.fullmatch(r"/dev/accel\d+", p)]
+    if accel:
+        return len(accel)
     try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=tpu or "", zone=zone, project=project)
+        groups = [e for e in os.listdir("/dev/vfio") if e.isdigit()]
+    except OSError:
+        return 0
+    return len(groups) if groups and _libtpu_installed() else 0
+
+
+def _libtpu_installed() -> bool:
+    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
+        return True
+    for var in ("TPU_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        if "libtpu" in os.environ.get(var, ""):
+            return True
+    return _module_exists("libtpu")
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _metadata(path: str, timeout: float = 2.0) -> Optional[str]:
+    """A GCE metadata value of this VM, or None."""
+    host = (os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP")
+            or "metadata.google.internal")
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode("utf-8").strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
+    """What this machine has: TPU chips from /dev (no network); on a TPU VM only, the
+    slice's accelerator type and this host's worker number from TPU_ACCELERATOR_TYPE /
+    TPU_WORKER_ID (GKE) or the GCE metadata server (instance/attributes/accelerator-type,
+    agent-worker-number)."""
+    from electra_tf.preemption import on_gce  # here: preemption imports this module
+    env = os.environ if env is None else env
+    chips = tpu_chips()
+    tf_devices = 0 if chips else len(tf.config.list_logical_devices("TPU"))
+    gce = on_gce()
+    accelerator_type = env.get("TPU_ACCELERATOR_TYPE") or None
+    worker = env.get("TPU_WORKER_ID") or None
+    if (chips or tf_devices) and gce:
+        accelerator_type = accelerator_type or _metadata(
+            "instance/attributes/accelerator-type")
+        if worker is None:
+            worker = _metadata("instance/attributes/agent-worker-number")
+    api = _module_exists("cloud_tpu_client") or (
+        _module_exists("googleapiclient") and _module_exists("oauth2client"))
+    return TpuHost(chips=chips, tf_tpu_devices=tf_devices, accelerator_type=accelerator_type,
+                   worker_id=int(worker) if worker and worker.isdigit() else None,
+                   on_gce=gce, api_client=api)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _tpu_strategy(target: TpuTarget) -> tf.distribute.TPUStrategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**target.resolver_args)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, tf.errors.OpError) as e:
-        raise StrategyError(f"--strategy=tpu: cannot reach TPU {tpu or '(local)'}: "
-                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except (ValueError, RuntimeError, OSError, ImportError, tf.errors.OpError) as e:
+        raise StrategyError(f"cannot start the TPU: {target.describe()}: "
+                            f"{_first_line(e)}") from None
     return tf.distribute.TPUStrategy(resolver)
 
 
@@ -35,10 +325,13 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     """Builds the strategy; call once, before creating any variable."""
     if name not in STRATEGIES:
         raise StrategyError(f"--strategy={name}: expected one of {', '.join(STRATEGIES)}")
-    if name == "auto":
-        if tpu or os.environ.get("TPU_NAME") or tf.config.list_logical_devices("TPU"):
-            name = "tpu"
-        elif os.environ.get("TF_CONFIG") and len(
+    host = probe_tpu_host() if name in ("auto", "tpu") else TpuHost()
+    target = resolve_tpu_target(name, tpu, tpu_zone, gcp_project, os.environ, host)
+    if target.kind != NO_TPU:
+        logging.info("TPU: %s", target.describe())
+        name = "tpu"
+    elif name == "auto":
+        if os.environ.get("TF_CONFIG") and len(
                 json.loads(os.environ["TF_CONFIG"]).get("cluster", {}).get("worker", [])) > 1:
             name = "multi_worker"
         elif tf.config.list_physical_devices("GPU"):
@@ -46,7 +339,7 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
         else:
             name = "cpu"
     if name == "tpu":
-        strategy = _tpu_strategy(tpu or os.environ.get("TPU_NAME"), tpu_zone, gcp_project)
+        strategy = _tpu_strategy(target)
     elif name == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
             raise StrategyError("--strategy=multi_worker needs TF_CONFIG describing the cluster")
@@ -77,7 +370,8 @@ def task(strategy: tf.distribute.Strategy):
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes the run's outputs: the chief, or worker 0 of a cluster
-    without one; always true outside multi-worker training (TPU: the one host program)."""
+    without one; always true outside multi-worker training. On TPU, a multi-host slice
+    included, one program (on worker 0 of a slice) drives every host: it is the chief."""
     task_type, task_id = task(strategy)
     return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and
                                             not _has_chief(strategy))
