@@ -653,11 +653,7 @@ def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tens
 
 # ----------------------------------------------------------------------------- order
 
-# Records each open shard reads ahead in the background: the shards of a group are read
-# in turn, so without it a slow read of one would stall the others.
-_SLOT_PREFETCH = 64
-# The count the selector gives a shard whose count is unknown (no manifest): it stays in
-# the turn until it runs out (an exhausted shard drops out of choose_from_datasets).
+# The count a shard without a manifest is given (it is read to its end).
 _UNKNOWN_COUNT = 1 << 62
 
 
@@ -758,27 +754,25 @@ class StreamOrder:
         slots_range = tf.range(c, dtype=tf.int64)
 
         def group_records(shards, n, active, r, j):
-            # A group with a shard of unknown count (no manifest) turns until every shard
-            # is exhausted (choose_from_datasets then ends): the same order as the counts
-            # give, when they are right.
-            n = tf.where(tf.reduce_any(n < 0), tf.where(active, _UNKNOWN_COUNT, 0), n)
-            # Round r of the turn had given its first j records (those of the shards
-            # still in the turn, in group order) before the stream starts here.
+            # The turn is TF's deterministic interleave over the group's shards (one
+            # record from each in order; an exhausted shard leaves the cycle). Resuming
+            # after the first j records of round r (j counted over the shards still in
+            # the turn), the cycle starts at the shard with rank j, those before it one
+            # record further on: a rotation of a round robin is the same sequence.
+            n = tf.where(n < 0, _UNKNOWN_COUNT, n)  # no manifest: read to its end
             alive = n > r
             rank = tf.cumsum(tf.cast(alive, tf.int64)) - 1
-            skips = tf.minimum(n, r) + tf.cast(alive & (rank < j), tf.int64)
-            slots = [tf.data.Dataset.from_tensors(shards[i]).take(tf.cast(active[i], tf.int64))
-                     .flat_map(read).skip(skips[i]).prefetch(_SLOT_PREFETCH)
-                     for i in range(c)]
-            turns = tf.data.Dataset.range(r, tf.reduce_max(n)).map(
-                lambda t: tf.where(n > t, slots_range, -1)).unbatch()
-            turns = turns.filter(lambda i: i >= 0).skip(j)
-            # The padding slots of a short last group are chosen once first: empty, they
-            # are then known exhausted, so an endless turn still ends with the shards.
-            padding = tf.data.Dataset.from_tensor_slices(
-                tf.boolean_mask(slots_range, tf.logical_not(active)))
-            return tf.data.Dataset.choose_from_datasets(slots, padding.concatenate(turns),
-                                                        stop_on_empty_dataset=False)
+            start = tf.where(j > 0, tf.argmax(tf.cast(alive & (rank == j), tf.int64),
+                                              output_type=tf.int64), 0)
+            skips = tf.where(slots_range >= start, tf.minimum(n, r), tf.minimum(n, r + 1))
+            rotation = tf.roll(slots_range, shift=-start, axis=0)
+            keep = tf.gather(active, rotation)
+            ds = tf.data.Dataset.from_tensor_slices(
+                (tf.boolean_mask(tf.gather(shards, rotation), keep),
+                 tf.boolean_mask(tf.gather(skips, rotation), keep)))
+            return ds.interleave(lambda i, k: read(i).skip(k), cycle_length=c,
+                                 block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=True)
 
         def epoch_records(epoch, group, r, j, window):
             grid = tf.reshape(tf.concat([tf.cast(self.shard_order(epoch), tf.int64),
