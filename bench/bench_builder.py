@@ -3,6 +3,7 @@
     python bench/bench_builder.py                      # bundled sample x4, 1 process
     python bench/bench_builder.py --workers 2          # also time the process pool
     python bench/bench_builder.py --corpus_gb 1        # peak RSS on a 1 GB corpus
+    python bench/bench_builder.py --output_root gs://BUCKET/tmp/bench  # remote output
 
 End to end = read + decode + normalise + tokenize + pack + serialize + write pieces +
 assemble shards + manifest. Process start-up (importing TensorFlow, loading the
@@ -85,6 +86,10 @@ def main():
                     help="build a corpus of this many GB (sample repeated) in a subprocess "
                          "and report its peak RSS per process")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--output_root", default=None,
+                    help="where the builds go (default: the local temp dir); a URL such "
+                         "as gs://bucket/dir times a remote --output_dir, to which worker "
+                         "processes stage their pieces locally")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="bench_builder_")
@@ -105,8 +110,13 @@ def main():
               f"(bundled Wikipedia sample x{args.repeat})")
         print(f"process start-up (import TensorFlow + tokenizer): {startup:.2f} s")
 
+        from electra_tf import fileio
+        root = args.output_root or work
+        if args.output_root:
+            print(f"output: {root}")
         for workers in sorted({1, args.workers}):
-            out = os.path.join(work, f"out{workers}")
+            out = fileio.join(root, f"bench_builder_out{workers}")
+            fileio.rmtree(out)
             t0 = time.perf_counter()
             m = build(BuildConfig(output_dir=out, inputs=(corpus,), vocab_file=VOCAB,
                                   num_workers=workers, num_shards=16))
@@ -116,6 +126,8 @@ def main():
                 f"{workers} worker processes (includes their start-up)"
             print(f"builder, {label}: {rate / 1e6:.2f} M tokens/s "
                   f"({m['corpus_tokens']} tokens, {m['examples']} examples in {dt:.2f} s)")
+            if args.output_root and not args.keep:
+                fileio.rmtree(out)
         tokens, stages = stage_breakdown(corpus, 1 << 19)
         total = sum(stages.values())
         print("stage breakdown (1 process): " + ", ".join(

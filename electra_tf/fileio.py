@@ -98,6 +98,8 @@ def rename(src: str, dst: str, overwrite: bool = True):
 
 
 def copy(src: str, dst: str, overwrite: bool = True):
+    if overwrite and dst.startswith("ram://") and tf.io.gfile.exists(dst):
+        tf.io.gfile.remove(dst)  # ram:// appends to an existing file instead of replacing it
     tf.io.gfile.copy(src, dst, overwrite=overwrite)
 
 
@@ -132,7 +134,11 @@ def open_compressed(path: str):
 def open_text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:
     """The lines of a (possibly compressed) text file, newlines kept."""
     with open_compressed(path) as f:
-        yield from io.TextIOWrapper(f, encoding=encoding, newline="")
+        if isinstance(f, tf.io.gfile.GFile):  # no readable(): TextIOWrapper cannot wrap it
+            for line in f:
+                yield line.decode(encoding)
+        else:
+            yield from io.TextIOWrapper(f, encoding=encoding, newline="")
 
 
 def write_atomic(path: str, data: Union[str, bytes]):
@@ -185,4 +191,40 @@ def copy_tree(src: str, dst: str, last: Optional[List[str]] = None):
     for rel in ordered:
         target = join(dst, *rel.split(os.sep))
         makedirs(posixpath.dirname(target) if is_remote(target) else os.path.dirname(target))
-        tf.io.gfile.copy(join(src, rel), target, overwrite=True)
+        copy(join(src, rel), target)
+
+
+def isfile(path: str) -> bool:
+    """An existing path that is not a directory (any filesystem)."""
+    return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
+
+
+def error_reason(e: BaseException) -> str:
+    """The one-line reason of a file error, without the path: `No such file or directory`
+    for a local or TensorFlow NotFoundError (whose message is `path; reason`, or empty on
+    some filesystems), the strerror of an OSError, else the first line of the message."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    message = (getattr(e, "message", None) or str(e) or "").strip()
+    first = message.splitlines()[0] if message else ""
+    if isinstance(e, tf.errors.OpError) and "; " in first:
+        message = first.split("; ", 1)[1]
+    if not message:
+        defaults = {tf.errors.NotFoundError: "No such file or directory",
+                    tf.errors.PermissionDeniedError: "Permission denied"}
+        return next((v for k, v in defaults.items() if isinstance(e, k)), type(e).__name__)
+    return message.splitlines()[0]
+
+
+def fsync(path: str):
+    """Flushes a written local file's data to disk (TensorFlow's writers do not); nothing
+    to do on a remote filesystem, where an object is durable once its upload completes.
+    For a file that must be whole on disk before a file that vouches for it is written."""
+    if is_remote(path):
+        return
+    local = path[len("file://"):] if path.startswith("file://") else path
+    fd = os.open(local, os.O_RDONLY)  # local file only (remote paths returned above)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

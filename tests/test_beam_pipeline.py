@@ -5,7 +5,6 @@ Needs the optional [beam] extra; without Apache Beam only the error message is c
 
 import gzip
 import os
-import shutil
 import sys
 
 import pytest
@@ -113,121 +112,73 @@ def test_beam_build_equals_local_build(corpus_dir, local_build, tmp_path):
         build_with_beam(_config(tmp_path / "other", [corpus_dir]), "NoSuchRunner", [])
 
 
-_FAKE_FS = []
+def _ram_root(name):
+    """A fresh ram:// directory (TensorFlow's in-memory filesystem, reached by URL as
+    gs:// would be). Its names are prefix-matched, so each root is unique."""
+    import uuid
+    return f"ram://{name}_{uuid.uuid4().hex}"
 
 
-def _url_filesystem():
-    """Registers `fakefs://` + absolute local path: a Beam filesystem reached by URL,
-    like gs://, so the URL code paths (remote inputs, remote --output_dir) run here."""
-    if _FAKE_FS:
-        return _FAKE_FS[0]
-    from apache_beam.io.filesystem import FileMetadata
-    from apache_beam.io.localfilesystem import LocalFileSystem
-
-    prefix = "fakefs://"
-
-    def local(path):
-        assert path.startswith(prefix), path
-        return path[len(prefix):]
-
-    class FakeUrlFileSystem(LocalFileSystem):
-        @classmethod
-        def scheme(cls):
-            return "fakefs"
-
-        def join(self, basepath, *paths):
-            return prefix + os.path.join(local(basepath), *paths)
-
-        def split(self, path):
-            head, tail = os.path.split(local(path))
-            return prefix + head, tail
-
-        def mkdirs(self, path):
-            os.makedirs(local(path), exist_ok=True)
-
-        def _list(self, dir_or_prefix):
-            root = local(dir_or_prefix)
-            found = [root] if os.path.isfile(root) else [
-                os.path.join(d, name) for d, _, names in os.walk(root) for name in names]
-            for path in found:
-                yield FileMetadata(prefix + path, os.path.getsize(path),
-                                   os.path.getmtime(path))
-
-        def create(self, path, *args, **kwargs):  # object stores have no directories
-            os.makedirs(os.path.dirname(local(path)), exist_ok=True)
-            return super().create(local(path), *args, **kwargs)
-
-        def open(self, path, *args, **kwargs):
-            return super().open(local(path), *args, **kwargs)
-
-        def copy(self, src, dst):
-            return super().copy([local(p) for p in src], [local(p) for p in dst])
-
-        def rename(self, src, dst):
-            for p in dst:
-                os.makedirs(os.path.dirname(local(p)), exist_ok=True)
-            return super().rename([local(p) for p in src], [local(p) for p in dst])
-
-        def exists(self, path):  # objects only: a "directory" does not exist
-            return os.path.isfile(local(path))
-
-        def size(self, path):
-            return super().size(local(path))
-
-        def last_updated(self, path):
-            return super().last_updated(local(path))
-
-        def checksum(self, path):
-            return super().checksum(local(path))
-
-        def metadata(self, path):
-            return FileMetadata(path, os.path.getsize(local(path)),
-                                os.path.getmtime(local(path)))
-
-        def delete(self, paths):
-            for p in paths:
-                if os.path.isdir(local(p)):
-                    shutil.rmtree(local(p))
-                else:
-                    os.remove(local(p))
-
-    _FAKE_FS.append(FakeUrlFileSystem)  # Beam finds it among the live subclasses
-    return FakeUrlFileSystem
+def _ram_objects(root):
+    """Every file under a ram:// directory, relative to it."""
+    import tensorflow as tf
+    return sorted(os.path.join(d, n)[len(root) + 1:]
+                  for d, _, names in tf.io.gfile.walk(root) for n in names)
 
 
-def test_beam_build_with_urls(corpus_dir, local_build, tmp_path):
-    """Gzipped input and output directory given as filesystem URLs (as gs:// would be)."""
+def test_beam_build_with_urls(corpus_dir, local_build, tmp_path, monkeypatch):
+    """Gzipped input and output directory given as filesystem URLs (as gs:// would be):
+    the launcher and the (in-process) workers reach both through TensorFlow."""
     _beam()
-    _url_filesystem()
+    import tensorflow as tf
     from tfrecord_builder.beam_pipeline import build_with_beam
+    monkeypatch.chdir(tmp_path)
     local_dir, local = local_build
-    remote_in = tmp_path / "bucket" / "corpus"
-    remote_in.mkdir(parents=True)
-    with gzip.open(remote_in / "wiki.txt.gz", "wb") as f:
-        f.write((corpus_dir / "wiki.txt").read_bytes())
-    (remote_in / "empty.txt").write_bytes(b"")
-    (remote_in / ".hidden").write_bytes(b"not an input\n")
-    out = tmp_path / "bucket" / "out"
+    root = _ram_root("test_beam_urls")
+    remote_in = root + "/corpus"
+    tf.io.gfile.makedirs(remote_in)
+    for name, data in [("wiki.txt.gz", gzip.compress((corpus_dir / "wiki.txt").read_bytes())),
+                       ("empty.txt", b""), (".hidden", b"not an input\n")]:
+        with tf.io.gfile.GFile(f"{remote_in}/{name}", "wb") as f:
+            f.write(data)
+    out = root + "/out"
 
-    manifest = build_with_beam(
-        _config("fakefs://" + str(out), ["fakefs://" + str(remote_in)], num_shards=2),
-        "DirectRunner", [])
-    assert manifest["inputs"] == ["fakefs://" + str(remote_in / n)
-                                  for n in ("empty.txt", "wiki.txt.gz")]
-    assert manifest["empty_inputs"] == ["fakefs://" + str(remote_in / "empty.txt")]
+    manifest = build_with_beam(_config(out, [remote_in], num_shards=2), "DirectRunner", [])
+    assert manifest["inputs"] == [f"{remote_in}/{n}" for n in ("empty.txt", "wiki.txt.gz")]
+    assert manifest["empty_inputs"] == [f"{remote_in}/empty.txt"]
     assert manifest["skipped_line_examples"] == [
-        s.replace(str(corpus_dir / "wiki.txt"), "fakefs://" + str(remote_in / "wiki.txt.gz"))
+        s.replace(str(corpus_dir / "wiki.txt"), f"{remote_in}/wiki.txt.gz")
         for s in local["skipped_line_examples"]]
     for key in ("examples", "corpus_tokens", "example_tokens", "retention", "tokenizer"):
         assert manifest[key] == local[key], key
-    beam_examples, counts = _read_build(str(out), manifest)
+    beam_examples, counts = _read_build(out, manifest)
     assert beam_examples == _read_build(local_dir, local)[0]
     assert [s["examples"] for s in manifest["shards"]] == counts
-    # Every object under the output (an object store keeps no empty directories).
-    objects = [os.path.relpath(os.path.join(d, n), out)
-               for d, _, names in os.walk(out) for n in names]
-    assert sorted(objects) == sorted(
+    with tf.io.gfile.GFile(out + "/token_counts.txt", "rb") as f:
+        with open(os.path.join(local_dir, "token_counts.txt"), "rb") as g:
+            assert f.read() == g.read()
+    assert _ram_objects(out) == sorted(
         ["manifest.json", "token_counts.txt"] + [shard_name(i, 2) for i in range(2)])
+    # A rerun finds the finished build in the bucket.
+    assert build_with_beam(_config(out, [remote_in], num_shards=2), "DirectRunner", []) == manifest
+    assert not os.path.exists(tmp_path / "ram:")  # nothing local named after the URL
+
+
+def test_beam_build_of_more_shards_than_examples(tmp_path):
+    """Every shard exists, empty ones too, and the counts say so."""
+    _beam()
+    from tfrecord_builder.beam_pipeline import build_with_beam
+    text = tmp_path / "tiny.txt"
+    text.write_text("A short document.\nIt has two sentences.\n\nAnother one here.\n")
+    out = tmp_path / "out"
+    manifest = build_with_beam(_config(out, [text], num_shards=4), "DirectRunner", [])
+    assert manifest["examples"] == 2
+    names = [shard_name(i, 4) for i in range(4)]
+    assert [s["name"] for s in manifest["shards"]] == names
+    _, counts = _read_build(str(out), manifest)
+    assert [s["examples"] for s in manifest["shards"]] == counts
+    assert sorted(counts) == [0, 0, 1, 1]
+    assert sorted(os.listdir(out)) == sorted(["manifest.json", "token_counts.txt"] + names)
 
 
 def test_failed_beam_build_publishes_nothing(corpus_dir, tmp_path):

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -291,3 +292,206 @@ def test_cli_errors_are_one_line(tmp_path, args, needle):
     assert "Traceback" not in done.stderr
     errors = [l for l in done.stderr.splitlines() if "error" in l]
     assert len(errors) == 1 and needle in errors[0]
+
+
+# ------------------------------------------------------------------ remote paths (ram://)
+# TensorFlow's in-memory filesystem stands in for gs://: reached by URL, private to its
+# process (so worker processes cannot see it), and with prefix-matched names (each test
+# gets its own root).
+
+
+def _ram_root(name):
+    import uuid
+    return f"ram://{name}_{uuid.uuid4().hex}"
+
+
+def _ram_put(path, data):
+    import tensorflow as tf
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+
+
+def _ram_get(path):
+    import tensorflow as tf
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+def _ram_files(root):
+    """Every file under a ram:// directory, relative to it."""
+    import tensorflow as tf
+    return sorted(os.path.join(d, n)[len(root) + 1:]
+                  for d, _, names in tf.io.gfile.walk(root) for n in names)
+
+
+# Manifest fields that name paths; the rest must equal the local build's.
+_PATH_FIELDS = ("inputs", "empty_inputs", "skipped_line_examples", "build_fingerprint")
+_REMOTE_CFG = dict(chunk_bytes=8192, num_shards=3)
+
+
+@pytest.fixture(scope="module")
+def remote_case(tmp_path_factory):
+    """Three inputs (plain, .gz, .bz2) as local files and their local build."""
+    import bz2
+    import gzip
+    d = tmp_path_factory.mktemp("remote_case")
+    with open(WIKI, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    texts = ["\n".join(lines[i:i + 500]).encode("utf-8") + b"\n" for i in (0, 500, 1000)]
+    files = {"a.txt": texts[0], "b.txt.gz": gzip.compress(texts[1]),
+             "c.txt.bz2": bz2.compress(texts[2])}
+    (d / "corpus").mkdir()
+    for name, data in files.items():
+        (d / "corpus" / name).write_bytes(data)
+    ref = build(_cfg(d / "ref", [d / "corpus"], **_REMOTE_CFG))
+    assert ref["examples"] > 100 and len(ref["inputs"]) == 3
+    return files, str(d / "ref"), ref
+
+
+def _assert_same_build(remote_out, m, local_out, ref, remote_inputs):
+    assert m["inputs"] == remote_inputs
+    for key in ref:
+        if key not in _PATH_FIELDS:
+            assert m[key] == ref[key], key
+    assert read_manifest(remote_out) == m
+    for shard in ref["shards"]:
+        with open(os.path.join(local_out, shard["name"]), "rb") as f:
+            assert _ram_get(f"{remote_out}/{shard['name']}") == f.read(), shard["name"]
+    with open(os.path.join(local_out, "token_counts.txt"), "rb") as f:
+        assert _ram_get(f"{remote_out}/token_counts.txt") == f.read()
+    assert _ram_files(remote_out) == sorted(
+        [s["name"] for s in ref["shards"]] + ["manifest.json", "token_counts.txt"])
+
+
+def test_remote_input_and_output_dir_equal_local_build(remote_case, tmp_path, monkeypatch):
+    """--input (a directory of plain, .gz, .bz2 files), --vocab_file and --output_dir
+    under ram://: the same shards, byte for byte, as the local build, and nothing local
+    named after the URL."""
+    monkeypatch.chdir(tmp_path)
+    files, local_out, ref = remote_case
+    root = _ram_root("test_build_remote")
+    for name, data in files.items():
+        _ram_put(f"{root}/corpus/{name}", data)
+    with open(VOCAB, "rb") as f:
+        _ram_put(f"{root}/bert_uncased_vocab.txt", f.read())
+    out = f"{root}/out"
+    cfg = BuildConfig(output_dir=out, inputs=(f"{root}/corpus",),
+                      vocab_file=f"{root}/bert_uncased_vocab.txt", num_workers=1, **_REMOTE_CFG)
+    m = build(cfg)
+    _assert_same_build(out, m, local_out, ref, [f"{root}/corpus/{n}" for n in sorted(files)])
+    assert build(cfg) == m  # a rerun finds the finished build
+    with pytest.raises(BuildError, match="--overwrite"):
+        build(dataclasses.replace(cfg, num_shards=2))
+    assert os.listdir(tmp_path) == []  # no local "ram:" directory
+
+
+def test_remote_build_interrupted_then_resumed_by_workers(remote_case, tmp_path,
+                                                          monkeypatch):
+    """--input (a glob), --vocab_file and --output_dir on ram://. An in-process build is
+    interrupted after three pieces and the records (no marker) of a fourth: only
+    `.building/` is there. The rerun has two worker processes, which cannot see ram://:
+    they stage their pieces locally and the main process publishes each into
+    `.building/`. It reuses the three finished pieces, redoes the fourth, and ends with
+    the local build's bytes; the local staging directory is gone."""
+    import tempfile
+    monkeypatch.chdir(tmp_path)
+    staging = tmp_path.parent / (tmp_path.name + "_staging")
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    files, local_out, ref = remote_case
+    root = _ram_root("test_build_resume")
+    for name, data in files.items():
+        _ram_put(f"{root}/corpus/{name}", data)
+    with open(VOCAB, "rb") as f:
+        _ram_put(f"{root}/bert_uncased_vocab.txt", f.read())
+    out = f"{root}/out"
+    cfg = BuildConfig(output_dir=out, inputs=(f"{root}/corpus/*.*",),
+                      vocab_file=f"{root}/bert_uncased_vocab.txt", num_workers=1,
+                      **_REMOTE_CFG)
+
+    real = build_lib._process_chunk
+    chunks = []
+
+    def killed_at_the_fourth(chunk, pieces_dir, *args):
+        stats = real(chunk, pieces_dir, *args)
+        chunks.append((chunk.file_index, chunk.index))
+        if len(chunks) == 4:  # killed after the records, before the marker
+            build_lib.fileio.remove(build_lib._piece_paths(pieces_dir, chunk)[1])
+            raise KeyboardInterrupt
+        return stats
+
+    monkeypatch.setattr(build_lib, "_process_chunk", killed_at_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        build(cfg)
+    done = [f".building/pieces/f{f:06d}-c{c:07d}" for f, c in chunks]
+    left = _ram_files(out)
+    assert [n for n in left if not n.startswith(".building/")] == []
+    assert sorted(n for n in left if n.endswith(".tfrecord")) == [s + ".tfrecord" for s in done]
+    assert sorted(n for n in left if n.endswith(".npz")) == [s + ".stats.npz" for s in done[:3]]
+
+    monkeypatch.setattr(build_lib, "_process_chunk", real)
+    real_load = build_lib._load_stats
+    reused = []
+    monkeypatch.setattr(build_lib, "_load_stats",
+                        lambda marker: reused.append(marker) or real_load(marker))
+    real_publish = build_lib._publish_piece
+    published = []
+
+    def publish(staging_dir, pieces_dir, chunk, stale=False):
+        assert not staging_dir.startswith("ram://") and pieces_dir == f"{out}/.building/pieces"
+        published.append((chunk.file_index, chunk.index, stale))
+        real_publish(staging_dir, pieces_dir, chunk, stale)
+
+    monkeypatch.setattr(build_lib, "_publish_piece", publish)
+    m = build(dataclasses.replace(cfg, num_workers=2))
+    assert sorted(reused) == [f"{out}/{s}.stats.npz" for s in done[:3]]
+    # Every other chunk was made by the workers; the fourth replaced its stale records.
+    assert len(published) > 5 and published[0] == chunks[3] + (True,)
+    assert not any(stale for _, _, stale in published[1:])
+    _assert_same_build(out, m, local_out, ref, [f"{root}/corpus/{n}" for n in sorted(files)])
+    assert [n for n in os.listdir(staging) if n.startswith("tfrecord_builder-")] == []
+    assert os.listdir(tmp_path) == []
+
+
+def test_publish_piece_writes_records_before_marker(tmp_path, monkeypatch):
+    """A kill while a staged piece is published leaves its records without its marker,
+    never a marker without its records."""
+    from tfrecord_builder.corpus import Chunk
+    chunk = Chunk(2, 5, "x.txt", 1, b"", False)
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    piece, marker = build_lib._piece_paths(str(staged), chunk)
+    with open(piece, "wb") as f:
+        f.write(b"records")
+    with open(marker, "wb") as f:
+        f.write(b"marker")
+    pieces_dir = _ram_root("test_build_publish") + "/.building/pieces"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_lib.fileio, "write_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_lib._publish_piece(str(staged), pieces_dir, chunk)
+    assert _ram_files(pieces_dir) == ["f000002-c0000005.tfrecord"]
+    monkeypatch.undo()
+    _ram_put(f"{pieces_dir}/f000002-c0000005.tfrecord", b"torn")  # ram:// appends
+    build_lib._publish_piece(str(staged), pieces_dir, chunk, stale=True)
+    assert _ram_get(f"{pieces_dir}/f000002-c0000005.tfrecord") == b"records"
+    assert _ram_get(f"{pieces_dir}/f000002-c0000005.stats.npz") == b"marker"
+    assert sorted(os.listdir(staged)) == []
+
+
+def test_remote_input_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = _ram_root("test_build_errors")
+    with pytest.raises(BuildError, match=f"--input: no such file or directory: {root}/x.txt$"):
+        build(_cfg(f"{root}/out", [f"{root}/x.txt"]))
+    with pytest.raises(BuildError, match=r"--input: .*/\*\.txt matches no files"):
+        build(_cfg(f"{root}/out", [f"{root}/*.txt"]))
+    with pytest.raises(BuildError, match=f"--vocab_file: cannot read {root}/v.txt"):
+        build(BuildConfig(output_dir=f"{root}/out", inputs=(WIKI,), vocab_file=f"{root}/v.txt"))
+    with pytest.raises(BuildError, match="--output_dir nosuchfs://b/out: .*nosuchfs"):
+        build(_cfg("nosuchfs://b/out", [WIKI]))
+    assert os.listdir(tmp_path) == []

@@ -177,3 +177,87 @@ def test_cli_bad_input_is_one_line(tmp_path, content, needle):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert needle in done.stderr.strip().splitlines()[-1]
     assert not os.path.exists(tmp_path / "o" / "manifest.json")
+
+
+# ------------------------------------------------------------------ any filesystem
+
+
+def _tree(make_dir, write):
+    """The same small tree through `make_dir` / `write`: files, a hidden file, a hidden
+    directory and a nested one."""
+    for d in ("sub", "sub/deep", ".hid"):
+        make_dir(d)
+    for name, data in [("a.txt", GOOD), ("b.txt.gz", GOOD), (".dot.txt", GOOD),
+                       ("sub/c.txt", GOOD), ("sub/deep/d.txt", GOOD), (".hid/e.txt", GOOD),
+                       ("sub/f.log", GOOD)]:
+        write(name, data.encode())
+
+
+def test_expand_inputs_on_ram_equals_local(tmp_path, monkeypatch):
+    """Directories, globs (hidden names skipped, `**` recursive) and files list the same
+    files on ram:// as on a local disk, where they match glob.glob(recursive=True)."""
+    import glob
+    import uuid
+    import tensorflow as tf
+    monkeypatch.chdir(tmp_path)
+    local = tmp_path / "local"
+    root = f"ram://test_corpus_{uuid.uuid4().hex}"
+
+    def write_ram(name, data):
+        with tf.io.gfile.GFile(f"{root}/{name}", "wb") as f:
+            f.write(data)
+
+    _tree(lambda d: (local / d).mkdir(parents=True),
+          lambda name, data: (local / name).write_bytes(data))
+    _tree(lambda d: tf.io.gfile.makedirs(f"{root}/{d}"), write_ram)
+    cases = ["", "/*.txt", "/*", "/**", "/**/*.txt", "/s*/**/*.txt", "/sub/?.txt",
+             "/.*", "/a.txt", "/sub"]
+    for case in cases:
+        got_local = expand_inputs([f"{local}{case}"])
+        got_ram = expand_inputs([f"{root}{case}"])
+        assert [p[len(str(local)):] for p in got_local] == \
+            [p[len(root):] for p in got_ram], case
+        if glob.has_magic(case):
+            assert got_local == sorted(p for p in glob.glob(f"{local}{case}", recursive=True)
+                                       if os.path.isfile(p)), case
+    assert [p[len(root):] for p in expand_inputs([root])] == [
+        "/.hid/e.txt", "/a.txt", "/b.txt.gz", "/sub/c.txt", "/sub/deep/d.txt", "/sub/f.log"]
+    assert [p[len(root):] for p in expand_inputs([f"{root}/**/*.txt"])] == [
+        "/a.txt", "/sub/c.txt", "/sub/deep/d.txt"]
+    # Relative local paths come back absolute.
+    assert expand_inputs(["local/sub/*.txt"]) == [str(local / "sub" / "c.txt")]
+    with pytest.raises(BuildError, match=f"--input: no such file or directory: {root}/nope$"):
+        expand_inputs([f"{root}/nope"])
+    with pytest.raises(BuildError, match=r"--input: .*/\*\.zzz matches no files"):
+        expand_inputs([f"{root}/*.zzz"])
+    with pytest.raises(BuildError, match="--input: cannot list nosuchfs://b/x: .*nosuchfs"):
+        expand_inputs(["nosuchfs://b/x"])
+    assert sorted(os.listdir(tmp_path)) == ["local"]
+
+
+def test_chunks_of_a_ram_file_equal_a_local_file(tmp_path):
+    """Plain, .gz and .bz2 inputs on ram:// read into the same chunks as local copies."""
+    import bz2
+    import uuid
+    import tensorflow as tf
+    with open(WIKI, "rb") as f:
+        text = f.read()[:200_000]
+    root = f"ram://test_chunks_{uuid.uuid4().hex}"
+    tf.io.gfile.makedirs(root)
+    for name, data in [("w.txt", text), ("w.txt.gz", gzip.compress(text)),
+                       ("w.txt.bz2", bz2.compress(text))]:
+        (tmp_path / name).write_bytes(data)
+        with tf.io.gfile.GFile(f"{root}/{name}", "wb") as f:
+            f.write(data)
+        local = list(iter_file_chunks(str(tmp_path / name), 0, 16384))
+        remote = list(iter_file_chunks(f"{root}/{name}", 0, 16384))
+        assert len(local) >= 3, name
+        assert [(c.index, c.first_line, c.data, c.raw_pos) for c in remote] == \
+            [(c.index, c.first_line, c.data, c.raw_pos) for c in local], name
+        assert b"".join(c.data for c in remote) == text
+    # A truncated .gz names the file, on one line.
+    with tf.io.gfile.GFile(f"{root}/cut.txt.gz", "wb") as f:
+        f.write(gzip.compress(text)[:5000])
+    with pytest.raises(BuildError) as e:
+        list(iter_file_chunks(f"{root}/cut.txt.gz", 0, 16384))
+    assert f"cannot read {root}/cut.txt.gz" in str(e.value) and "\n" not in str(e.value)

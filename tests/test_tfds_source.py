@@ -116,6 +116,27 @@ def test_build_counts_every_token(prepared, tmp_path):
         assert json.load(f)["build_fingerprint"] == manifest["build_fingerprint"]
 
 
+def test_build_to_ram_output_dir_equals_local(prepared, tmp_path, monkeypatch):
+    """--output_dir on ram:// (as on gs://): the same manifest and shards, byte for byte,
+    as the local build, and nothing local named after the URL."""
+    import uuid
+    import tensorflow as tf
+    from tfrecord_builder import build
+    name, data_dir = prepared
+    local = build.build(_cfg(name, data_dir, tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out = f"ram://test_tfds_{uuid.uuid4().hex}/out"
+    manifest = build.build(_cfg(name, data_dir, tmp_path, output_dir=out))
+    assert manifest == local
+    names = sorted(n for n in tf.io.gfile.listdir(out))
+    assert names == sorted([s["name"] for s in local["shards"]]
+                           + ["manifest.json", "token_counts.txt"])
+    for n in names:
+        with tf.io.gfile.GFile(f"{out}/{n}", "rb") as f, open(tmp_path / "out" / n, "rb") as g:
+            assert f.read() == g.read(), n
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
 def test_chunks_are_ordered_document_aligned_and_deterministic(prepared, tmp_path):
     import tensorflow_datasets as tfds
     name, data_dir = prepared

@@ -289,3 +289,66 @@ def test_cli_sentencepiece(tmp_path, corpus_slice):
     info = vocab_info(spm_model=str(tmp_path / "m" / "sp.model"))
     assert info.vocab_size == 500 and info.special_ids["[MASK]"] == 4
     assert os.path.exists(tmp_path / "m" / "sp.vocab")
+
+
+# ----------------------------------------------------------------------------- remote paths
+
+
+def _ram_root(name):
+    import uuid
+    return f"ram://{name}_{uuid.uuid4().hex}"
+
+
+def _ram_files(root):
+    import tensorflow as tf
+    return sorted(os.path.join(d, n)[len(root) + 1:]
+                  for d, _, names in tf.io.gfile.walk(root) for n in names)
+
+
+def _ram_get(path):
+    import tensorflow as tf
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("vocab_type", ["wordpiece", "sentencepiece"])
+def test_learn_vocab_from_and_to_ram(vocab_type, corpus_slice, request, tmp_path, monkeypatch):
+    """The corpus slice as a .gz input and the output directory on ram:// (as on gs://).
+    WordPiece: the same vocab.txt, byte for byte, as learned from and to local paths.
+    SentencePiece (whose multithreaded training is not bit-reproducible): a model and
+    its .vocab from the same training, trained in a local staging directory that is gone
+    afterwards. Either result builds from ram:// too; nothing local is named ram:."""
+    import tempfile
+    import tensorflow as tf
+    from tfrecord_builder.build import BuildConfig, build
+    monkeypatch.chdir(tmp_path)
+    staging = tmp_path.parent / (tmp_path.name + "_staging")
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    root = _ram_root(f"test_learn_{vocab_type}")
+    tf.io.gfile.makedirs(f"{root}/in")
+    with open(corpus_slice, "rb") as f, tf.io.gfile.GFile(f"{root}/in/c.txt.gz", "wb") as g:
+        g.write(gzip.compress(f.read()))
+    path = vocab_learning.learn_vocab(inputs=[f"{root}/in"], output=f"{root}/out/",
+                                      vocab_type=vocab_type, vocab_size=VOCAB_SIZE,
+                                      do_lower_case=True, max_sentences=100_000)
+    names = ["vocab.txt"] if vocab_type == "wordpiece" else ["spm.model", "spm.vocab"]
+    assert path == f"{root}/out/{names[0]}"
+    assert _ram_files(f"{root}/out") == names
+    kind = {"spm_model": path} if vocab_type == "sentencepiece" else {"vocab_file": path}
+    info = vocab_info(**kind)
+    assert info.vocab_size == VOCAB_SIZE and info.special_ids["[MASK]"] == 4
+    if vocab_type == "wordpiece":  # the same input and flags as the local fixture's
+        with open(request.getfixturevalue("wordpiece_vocab"), "rb") as f:
+            assert _ram_get(path) == f.read()
+    else:
+        import sentencepiece as spm
+        proc = spm.SentencePieceProcessor(model_proto=_ram_get(path))
+        pieces = [line.split("\t")[0]
+                  for line in _ram_get(f"{root}/out/spm.vocab").decode().splitlines()]
+        assert pieces == [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+    assert [n for n in os.listdir(staging) if n.startswith("learn_vocab-")] == []
+    m = build(BuildConfig(output_dir=f"{root}/build", inputs=(f"{root}/in",), num_shards=2,
+                          num_workers=1, **kind))
+    assert m["tokenizer"]["vocab_size"] == VOCAB_SIZE and m["examples"] > 300
+    assert os.listdir(tmp_path) == []

@@ -9,7 +9,8 @@ import os
 __version__ = "0.2.0"
 
 # The bundled sample (a fresh clone's defaults): data/ beside the package.
-REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # repo-internal, not a user path
+REPO_DATA = os.path.join(os.path.dirname(_PACKAGE_DIR), "data")
 DEFAULT_CORPUS = os.path.join(REPO_DATA, "corpus", "enwiki_sample.txt")
 DEFAULT_VOCAB = os.path.join(REPO_DATA, "vocab", "bert_uncased_vocab.txt")
 

@@ -2,26 +2,29 @@
 
     input files (one element each) -> Reshuffle -> read chunks -> Reshuffle
       -> encode chunk (one tokenizer per DoFn instance, built in setup())
-           -> serialized examples -> WriteToTFRecord into a staging directory
-                                     -> count the records of each shard
-           -> chunk stats          -> CombineGlobally -> totals, unigram counts
+           -> (shard, serialized example) -> GroupByKey -> write each shard into a
+                                              staging directory -> records per shard
+           -> chunk stats -> CombineGlobally -> totals, unigram counts
 
 Every chunk is encoded exactly as in the local build (`examples.encode_chunk` with the
 RNG keyed by seed, file index and chunk index), so both builds hold the same multiset of
-examples for the same seed; only which shard an example lands in differs. The runner is
+examples for the same seed; only which shard an example lands in differs (a chunk deals
+its examples round-robin from a shard fixed by its file and chunk index). The runner is
 any Beam runner (DirectRunner by default; DataflowRunner, FlinkRunner, SparkRunner, ...)
 with its options passed through `beam_options`.
 
 Nothing appears under a final name until the pipeline has succeeded: the shards are
 written under `<output_dir>/.building-beam/` and moved into place afterwards, then
-token_counts.txt, and the manifest last. A failed run leaves no partial build; rerunning
-starts over (the runner retries failed work items itself).
+token_counts.txt, and the manifest last (on a bucket, where a move is a copy, the
+manifest still lands after every file it names). A failed run leaves no partial build;
+rerunning starts over (the runner retries failed work items itself).
 
-Inputs and --output_dir may be local paths visible to every worker (a shared mount) or
-any Beam filesystem URL such as gs://bucket/dir; a remote input file is copied to the
-worker's local disk before it is read, so one input file is one unit of reading. The
-vocabulary is read on the launching machine and shipped to the workers with the job.
-Apache Beam is an optional extra and is imported only when a pipeline is built.
+Every file access, on the launcher and on the workers, goes through TensorFlow's
+filesystem layer (`electra_tf.fileio`, `tf.io.TFRecordWriter`), as in the local build:
+inputs and --output_dir may be local paths visible to every worker (a shared mount) or
+any URL TensorFlow knows, such as gs://bucket/dir. The vocabulary is read on the
+launching machine and shipped to the workers with the job. Apache Beam is an optional
+extra and is imported only when a pipeline is built.
 """
 
 import dataclasses
@@ -29,20 +32,21 @@ import hashlib
 import heapq
 import json
 import os
-import shutil
-import struct
-import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+import uuid
+import zlib
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 from absl import logging
 
+from electra_tf import fileio
 from tfrecord_builder import BuildError, corpus, manifest as manifest_lib
-from tfrecord_builder.build import (SHARD_PREFIX, TOKEN_COUNTS_NAME, BuildConfig, Source,
-                                    _fingerprint, make_manifest, open_source, shard_name)
+from tfrecord_builder.build import (TOKEN_COUNTS_NAME, BuildConfig, Source, _fingerprint,
+                                    make_manifest, open_source, shard_name)
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
-from tfrecord_builder.tokenizers import VocabInfo, vocab_info
+from tfrecord_builder.tokenizers import VocabInfo, read_vocab_data, vocab_info
 
 DEFAULT_RUNNER = "DirectRunner"
 STAGING_DIR = ".building-beam"
@@ -61,220 +65,54 @@ def _import_beam():
 
 
 # ----------------------------------------------------------------------------- files
-# Local paths go through os/shutil; URLs (gs://, s3://, hdfs://, ...) through Beam's
-# FileSystems, which the workers use in the same way.
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
-def _fs():
-    from apache_beam.io.filesystems import FileSystems
-    return FileSystems
-
-
-def _join(base: str, *parts: str) -> str:
-    return _fs().join(base, *parts) if _is_url(base) else os.path.join(base, *parts)
-
-
-def _basename(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1] if _is_url(path) else os.path.basename(path)
-
-
-def _exists(path: str) -> bool:
-    return _fs().exists(path) if _is_url(path) else os.path.exists(path)
-
-
-def _open_read(path: str):
-    if not _is_url(path):
-        return open(path, "rb")
-    from apache_beam.io.filesystem import CompressionTypes
-    return _fs().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _file_size(path: str) -> int:
-    if not _is_url(path):
-        return os.path.getsize(path)
-    return _fs().match([path])[0].metadata_list[0].size_in_bytes
-
-
-def _write_file(path: str, data: bytes):
-    """Writes `path` whole: temp file + rename locally; object stores commit on close."""
-    if _is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
-        with _fs().create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write(data)
-        return
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-
-
-def _move(src: Sequence[str], dst: Sequence[str]):
-    if src and _is_url(src[0]):
-        _fs().rename(list(src), list(dst))
-    else:
-        for s, d in zip(src, dst):
-            os.replace(s, d)
-
-
-def _remove(paths: Sequence[str]):
-    """Deletes files, ignoring those that are not there."""
-    for path in paths:
-        try:
-            if _is_url(path):
-                if _fs().exists(path):
-                    _fs().delete([path])
-            elif os.path.exists(path):
-                os.remove(path)
-        except OSError:
-            pass
-
-
-def _remove_tree(path: str):
-    if not _is_url(path):
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    found = [m.path for r in _fs().match([path.rstrip("/") + "/**"]) for m in r.metadata_list]
-    if found:
-        _fs().delete(found)
 
 
 def _discard(path: str):
-    """_remove_tree, best effort (while another error is on its way)."""
+    """Removes a directory tree, best effort (while another error is on its way)."""
     try:
-        _remove_tree(path)
+        fileio.rmtree(path)
     except Exception as e:  # pylint: disable=broad-except
         logging.warning("Could not remove %s: %s", path, e)
 
 
-def _makedirs(path: str):
-    if _is_url(path):
-        if not _fs().exists(path):
-            _fs().mkdirs(path)  # a no-op on object stores
-    else:
-        os.makedirs(path, exist_ok=True)
-
-
-def _read_json(path: str) -> dict:
-    with _open_read(path) as f:
-        return json.loads(f.read().decode("utf-8"))
-
-
-def _read_manifest(path: str) -> dict:
-    if not _is_url(path):
-        return manifest_lib.read_manifest(path)
-    try:
-        manifest = _read_json(path)
-    except (OSError, ValueError) as e:
-        raise manifest_lib.ManifestError(f"{path}: unreadable manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != manifest_lib.FORMAT:
-        raise manifest_lib.ManifestError(f"{path}: not a tfrecord_builder manifest")
-    return manifest
-
-
-def _write_manifest(output_dir: str, manifest: dict):
-    if not _is_url(output_dir):
-        manifest_lib.write_manifest(output_dir, manifest)
-        return
-    text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"  # as write_manifest does
-    _write_file(_join(output_dir, manifest_lib.MANIFEST_NAME), text.encode("utf-8"))
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-def _open_source(cfg: BuildConfig) -> Source:
-    """build.open_source, plus inputs given as filesystem URLs (gs://bucket/dir/*.txt)."""
-    if cfg.tfds_name or not any(_is_url(p) for p in cfg.inputs):
-        return open_source(cfg)
-    found: Dict[str, Tuple[int, float]] = {}
-    local = [p for p in cfg.inputs if p.strip() and not _is_url(p.strip())]
-    if local:
-        for path in corpus.expand_inputs(local):
-            if not os.access(path, os.R_OK):
-                raise BuildError(f"cannot read {path}: permission denied")
-            st = os.stat(path)
-            found[path] = (st.st_size, st.st_mtime_ns)
-    for pattern in (p.strip() for p in cfg.inputs):
-        if not _is_url(pattern):
-            continue
-        metas = _match(pattern)
-        if not metas and not any(c in pattern for c in "*?["):  # a "directory"
-            metas = _match(pattern.rstrip("/") + "/**")
-        metas = [m for m in metas if not m.path.endswith("/")
-                 and not _basename(m.path).startswith(".")]
-        if not metas:
-            raise BuildError(f"--input: {pattern} matches no files")
-        for m in metas:
-            found[m.path] = (m.size_in_bytes, m.last_updated_in_seconds)
-    names = sorted(found)
-    return Source(tuple(names), tuple(found[n][0] for n in names),
-                  {"files": [[n, found[n][0], found[n][1]] for n in names]})
-
-
-def _match(pattern: str):
-    try:
-        return [m for r in _fs().match([pattern]) for m in r.metadata_list]
-    except Exception as e:  # BeamIOError, or no filesystem for the scheme
-        raise BuildError(f"--input: cannot list {pattern}: {e}") from None
-
-
-def _iter_input_chunks(path: str, file_index: int, chunk_bytes: int):
-    """corpus.iter_file_chunks, also for a URL (copied to a local temp file first)."""
-    if not _is_url(path):
-        yield from corpus.iter_file_chunks(path, file_index, chunk_bytes)
-        return
-    tmp_dir = tempfile.mkdtemp(prefix="tfrecord_builder-input-")
-    suffix = next((s for s in (".gz", ".bz2") if path.endswith(s)), "")
-    local = os.path.join(tmp_dir, "input" + suffix)  # keeps the decompression by extension
-    try:
-        with _open_read(path) as src, open(local, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
-        try:
-            for chunk in corpus.iter_file_chunks(local, file_index, chunk_bytes):
-                yield dataclasses.replace(chunk, path=path)
-        except BuildError as e:
-            raise BuildError(str(e).replace(local, path)) from None
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+def _read_json(path: str):
+    return fileio.read_json(path)
 
 
 # ----------------------------------------------------------------------------- pipeline
 # Functions used by the pipeline live at module level, so they pickle by reference.
 
 
-def _shard_paths(_, directory: str, num_shards: int) -> List[str]:
-    return [_join(directory, shard_name(i, num_shards)) for i in range(num_shards)]
+def _first_shard(file_index: int, chunk_index: int, num_shards: int) -> int:
+    """The shard of a chunk's first example; the next ones follow round-robin."""
+    return zlib.crc32(f"{file_index}:{chunk_index}".encode()) % num_shards
 
 
-def count_records(path: str) -> int:
-    """The number of records of a TFRecord file, read from the length headers only."""
-    size = _file_size(path)
-    n, pos = 0, 0
-    with _open_read(path) as f:
-        while pos < size:
-            f.seek(pos)
-            header = f.read(12)
-            if len(header) < 12:
-                break
-            (length,) = struct.unpack("<Q", header[:8])
-            pos += 12 + length + 4
-            n += 1
-    if pos != size:
-        raise BuildError(f"{path}: truncated TFRecord file ({size} bytes, records end at {pos})")
-    return n
-
-
-def _count_shard(path: str) -> Tuple[str, int]:
-    return _basename(path), count_records(path)
+def _write_shard(item: Tuple[int, Iterable[bytes]], directory: str,
+                 num_shards: int) -> Tuple[str, int]:
+    """(shard, its records) -> the shard file under `directory`, written whole (temp file
+    + rename, each attempt its own temp file); returns (name, records written). Empty
+    records are the placeholders that make every shard exist."""
+    shard, records = item
+    name = shard_name(shard, num_shards)
+    path = fileio.join(directory, name)
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
+    n = 0
+    try:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for record in records:
+                if record:
+                    writer.write(record)
+                    n += 1
+        fileio.rename(tmp, path, overwrite=True)
+    except BaseException:
+        fileio.remove(tmp)
+        raise
+    return name, n
 
 
 def _write_json(value, path: str):
-    _write_file(path, json.dumps(value).encode("utf-8"))
+    fileio.write_atomic(path, json.dumps(value))
 
 
 def _first_skips(skips: List[tuple]) -> List[tuple]:
@@ -303,43 +141,40 @@ def _beam_fns() -> dict:
             if self.cfg.tfds_name:
                 from tfrecord_builder import tfds_source
                 chunks = tfds_source.iter_tfds_chunks(self.cfg)
-            else:
-                chunks = _iter_input_chunks(path, file_index, self.cfg.chunk_bytes)
+            else:  # any filesystem TensorFlow knows, read on the worker
+                chunks = corpus.iter_file_chunks(path, file_index, self.cfg.chunk_bytes)
             counter = beam.metrics.Metrics.counter("tfrecord_builder", "chunks")
             for chunk in chunks:
                 counter.inc()
                 yield chunk
 
     class EncodeChunk(beam.DoFn):
-        """Chunk -> its serialized examples (main output) and (file_index, chunk index,
-        ChunkStats) on the "stats" output. The tokenizer is built once per instance."""
+        """Chunk -> its (shard, serialized example) pairs (main output) and (file_index,
+        chunk index, ChunkStats) on the "stats" output. The tokenizer is built once per
+        instance."""
 
         def __init__(self, vocab: VocabInfo, vocab_bytes: bytes, max_seq_length: int,
-                     seed: int):
+                     seed: int, num_shards: int):
             super().__init__()
             self.vocab, self.vocab_bytes = vocab, vocab_bytes
             self.max_seq_length, self.seed = max_seq_length, seed
+            self.num_shards = num_shards
             self.tokenizer = None
 
         def setup(self):
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             from tfrecord_builder.tokenizers import Tokenizer
             # The vocabulary travels with the job: workers need not see the launcher's disk.
-            tmp_dir = tempfile.mkdtemp(prefix="tfrecord_builder-vocab-")
-            try:
-                path = os.path.join(tmp_dir, os.path.basename(self.vocab.path) or "vocab")
-                with open(path, "wb") as f:
-                    f.write(self.vocab_bytes)
-                self.tokenizer = Tokenizer(dataclasses.replace(self.vocab, path=path))
-            finally:
-                shutil.rmtree(tmp_dir, ignore_errors=True)
+            self.tokenizer = Tokenizer(self.vocab, self.vocab_bytes)
             metrics = beam.metrics.Metrics
             self.examples = metrics.counter("tfrecord_builder", "examples")
             self.tokens = metrics.counter("tfrecord_builder", "corpus_tokens")
 
         def process(self, chunk):
             packed, stats = encode_chunk(chunk, self.tokenizer, self.max_seq_length, self.seed)
-            yield from serialize_examples(packed)
+            first = _first_shard(chunk.file_index, chunk.index, self.num_shards)
+            for j, record in enumerate(serialize_examples(packed)):
+                yield (first + j) % self.num_shards, record
             self.examples.inc(stats.examples)
             self.tokens.inc(stats.corpus_tokens)
             yield beam.pvalue.TaggedOutput("stats", (chunk.file_index, chunk.index, stats))
@@ -400,7 +235,6 @@ def _pipeline_options(runner: str, beam_options: Sequence[str], num_workers: int
 
 def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
                     vocab_bytes: bytes, staging: str):
-    from apache_beam.io.filesystem import CompressionTypes
     fns = _beam_fns()
     if cfg.tfds_name:
         inputs = [(0, cfg.tfds_name)]
@@ -412,24 +246,21 @@ def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
               | "ReadChunks" >> beam.ParDo(fns["ReadChunks"](cfg))
               | "SpreadChunks" >> beam.Reshuffle())
     encoded = chunks | "Encode" >> beam.ParDo(
-        fns["EncodeChunk"](vocab, vocab_bytes, cfg.max_seq_length, cfg.seed)
-    ).with_outputs("stats", main="records")
-    written = encoded.records | "WriteShards" >> beam.io.WriteToTFRecord(
-        file_path_prefix=_join(staging, SHARD_PREFIX), num_shards=cfg.num_shards,
-        shard_name_template="-SSSSS-of-NNNNN",
-        compression_type=CompressionTypes.UNCOMPRESSED)
-    # Count each shard once all are written: the expected names, not the writer's output
-    # (which may omit shards a retried finalize step had already renamed).
-    _ = (written
-         | "ShardsWritten" >> beam.combiners.Count.Globally()
-         | "ShardNames" >> beam.FlatMap(_shard_paths, staging, cfg.num_shards)
-         | "SpreadShards" >> beam.Reshuffle()
-         | "CountRecords" >> beam.Map(_count_shard)
+        fns["EncodeChunk"](vocab, vocab_bytes, cfg.max_seq_length, cfg.seed, cfg.num_shards)
+    ).with_output_types(Tuple[int, bytes]).with_outputs("stats", main="records")
+    # One (shard, b"") placeholder each, so that a shard no example lands in is written
+    # (empty) too. Each shard is written by one worker through TensorFlow's filesystem
+    # layer, and the records it holds are counted as they are written.
+    placeholders = p | "EveryShard" >> beam.Create([(i, b"") for i in range(cfg.num_shards)])
+    _ = ((encoded.records, placeholders)
+         | "AllRecords" >> beam.Flatten()
+         | "GroupByShard" >> beam.GroupByKey()
+         | "WriteShards" >> beam.Map(_write_shard, staging, cfg.num_shards)
          | "AllCounts" >> beam.combiners.ToList()
-         | "WriteCounts" >> beam.Map(_write_json, _join(staging, SHARD_COUNTS_NAME)))
+         | "WriteCounts" >> beam.Map(_write_json, fileio.join(staging, SHARD_COUNTS_NAME)))
     _ = (encoded.stats
          | "CombineStats" >> beam.CombineGlobally(fns["CombineStats"](vocab.vocab_size))
-         | "WriteStats" >> beam.Map(_write_json, _join(staging, STATS_NAME)))
+         | "WriteStats" >> beam.Map(_write_json, fileio.join(staging, STATS_NAME)))
 
 
 # ----------------------------------------------------------------------------- build
@@ -437,11 +268,11 @@ def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
 
 def _prepare_output(cfg: BuildConfig, fingerprint: str, staging: str) -> Optional[dict]:
     """Returns the existing manifest when this exact build is already complete."""
-    _makedirs(cfg.output_dir)
-    path = _join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
-    if _exists(path):
+    fileio.makedirs(cfg.output_dir)
+    path = fileio.join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
+    if fileio.exists(path):
         try:
-            old = _read_manifest(path)
+            old = manifest_lib.read_manifest(path)
         except manifest_lib.ManifestError:
             old = {}
         if old.get("build_fingerprint") == fingerprint and not cfg.overwrite:
@@ -451,9 +282,10 @@ def _prepare_output(cfg: BuildConfig, fingerprint: str, staging: str) -> Optiona
                              f"({path}); pass --overwrite to replace it or choose another "
                              "directory")
         # The marker of completeness goes first, then the old shards.
-        _remove([path])
-        _remove([_join(cfg.output_dir, s["name"]) for s in old.get("shards", [])])
-    _remove_tree(staging)  # what a failed run left
+        fileio.remove(path)
+        for shard in old.get("shards", []):
+            fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
+    fileio.rmtree(staging)  # what a failed run left
     return None
 
 
@@ -463,43 +295,27 @@ def _beam_fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str
     return hashlib.sha256(f"beam:{local}".encode()).hexdigest()
 
 
-def _check_crc32c():
-    """Beam's TFRecord writer needs a CRC32C implementation; say so before the job runs."""
-    from apache_beam.io import tfrecordio
-    crc = getattr(tfrecordio, "_default_crc32c_fn", None)
-    if crc is None:
-        return
-    try:
-        crc(b"")
-    except RuntimeError:
-        raise BuildError("Beam's TFRecord writer needs a CRC32C library: "
-                         "pip install google-crc32c (or pip install -e .[beam])") from None
-
-
 def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
                     beam_options: Sequence[str] = ()) -> dict:
     """Builds the dataset of `cfg` as a Beam pipeline on `runner`; returns the manifest."""
     beam = _import_beam()
     runner = runner or DEFAULT_RUNNER
     cfg.check()
-    _check_crc32c()
     vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
-    with open(vocab.path, "rb") as f:
-        vocab_bytes = f.read()
-    if hashlib.sha256(vocab_bytes).hexdigest() != vocab.sha256:
-        raise BuildError(f"{vocab.path} changed while it was read; run again")
-    source = _open_source(cfg)
+    vocab_bytes = read_vocab_data(vocab)
+    source = open_source(cfg)
     fingerprint = _beam_fingerprint(cfg, source, vocab)
-    staging = _join(cfg.output_dir, STAGING_DIR)
+    staging = fileio.join(cfg.output_dir, STAGING_DIR)
     try:
         done = _prepare_output(cfg, fingerprint, staging)
-    except ValueError as e:  # no Beam filesystem for the URL's scheme
-        raise BuildError(f"--output_dir {cfg.output_dir}: {e}") from None
+        if done is None:
+            fileio.makedirs(staging)
+    except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
+        raise BuildError(f"--output_dir {cfg.output_dir}: {fileio.error_reason(e)}") from None
     if done is not None:
         logging.info("%s already holds this build (%d examples); nothing to do.",
                      cfg.output_dir, done["examples"])
         return done
-    _makedirs(staging)
 
     t0 = time.monotonic()
     try:
@@ -521,16 +337,16 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
                          f"nothing was published in {cfg.output_dir}")
     run_s = time.monotonic() - t0
 
-    result = _read_json(_join(staging, STATS_NAME))
+    result = _read_json(fileio.join(staging, STATS_NAME))
     stats = ChunkStats.from_json(result["totals"])
     vocab_counts = result["vocab_counts"]
     tokens_per_input = dict((int(k), v) for k, v in result["tokens_per_input"])
     if stats.examples == 0:
-        _remove_tree(staging)
+        _discard(staging)
         raise BuildError(f"no text to build from: {', '.join(source.names)} "
                          "hold no tokenizable lines")
     names = [shard_name(i, cfg.num_shards) for i in range(cfg.num_shards)]
-    shard_counts = dict(_read_json(_join(staging, SHARD_COUNTS_NAME)))
+    shard_counts = dict(_read_json(fileio.join(staging, SHARD_COUNTS_NAME)))
     missing = [n for n in names if n not in shard_counts]
     if missing:
         raise BuildError(f"the Beam pipeline did not write {', '.join(missing)}")
@@ -540,13 +356,15 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
                          f"{stats.examples} examples; nothing was published")
     empty_inputs = [name for i, name in enumerate(source.names) if not tokens_per_input.get(i)]
 
-    _move([_join(staging, n) for n in names], [_join(cfg.output_dir, n) for n in names])
-    _write_file(_join(cfg.output_dir, TOKEN_COUNTS_NAME),
-                ("\n".join(map(str, vocab_counts)) + "\n").encode("ascii"))
+    for name in names:
+        fileio.rename(fileio.join(staging, name), fileio.join(cfg.output_dir, name))
+    fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
+                        "\n".join(map(str, vocab_counts)) + "\n")
+    # Last: the manifest vouches for every file above.
     manifest = make_manifest(cfg, vocab, source, stats, names, counts, empty_inputs,
                              fingerprint)
-    _write_manifest(cfg.output_dir, manifest)
-    _remove_tree(staging)
+    manifest_lib.write_manifest(cfg.output_dir, manifest)
+    _discard(staging)
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "
                  "(pipeline %.1fs on %s)", stats.examples, stats.example_tokens,
                  manifest["retention"], cfg.num_shards, cfg.output_dir,

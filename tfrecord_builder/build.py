@@ -4,29 +4,45 @@ Work is cut into document-aligned chunks whose examples depend only on the chunk
 the seed, so the shards are byte-identical whatever --num_workers is. Each finished
 chunk is kept as a piece under `.building/`; a rerun reuses them (resume), and nothing
 with a final name appears until every shard is complete. The manifest comes last.
+
+Inputs and --output_dir may be local or on any filesystem TensorFlow knows (gs://...):
+every access goes through `electra_tf.fileio` / TensorFlow ops. A piece is its records
+(`.tfrecord`) plus a marker (`.stats.npz`) written after them, so a marker always vouches
+for a complete piece. Worker processes write their pieces straight into `.building/`
+when --output_dir is local; for a remote one they write into a local staging directory
+and the main process copies each finished piece there, records first, marker last (a
+`ram://` path, for one, is private to its process). Shards are dealt under
+`.building/shards/`, renamed into place, then token_counts.txt, and manifest.json last:
+where a rename is a copy (Cloud Storage) a kill at any moment leaves either no manifest
+or one whose shards are all there.
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import struct
 import sys
 import time
+import uuid
+import zipfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 from absl import logging
 
+from electra_tf import fileio
 from tfrecord_builder import BuildError, __version__
 from tfrecord_builder import corpus, manifest as manifest_lib
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
 from tfrecord_builder.progress import Progress
-from tfrecord_builder.tokenizers import VocabInfo, vocab_info
+from tfrecord_builder.tokenizers import VocabInfo, read_vocab_data, vocab_info
 
 STATE_DIR = ".building"
 SHARD_PREFIX = "pretrain_data.tfrecord"
@@ -93,15 +109,31 @@ def open_source(cfg: BuildConfig) -> Source:
         from tfrecord_builder import tfds_source
         return tfds_source.open_tfds_source(cfg)
     files = corpus.expand_inputs(cfg.inputs)
-    sizes = []
-    stamps = []
-    for path in files:
-        if not os.access(path, os.R_OK):
-            raise BuildError(f"cannot read {path}: permission denied")
-        st = os.stat(path)
-        sizes.append(st.st_size)
-        stamps.append([path, st.st_size, st.st_mtime_ns])
+    # Remote metadata is one request per file: ask for many at once.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        found = list(pool.map(_stat_input, files))
+    sizes = [size for size, _ in found]
+    stamps = [[path, size, mtime] for path, (size, mtime) in zip(files, found)]
     return Source(tuple(files), tuple(sizes), {"files": stamps})
+
+
+def _stat_input(path: str) -> Tuple[int, int]:
+    """(size, modification time in ns) of an input, for the build's fingerprint."""
+    if "://" not in path:
+        # Local: os.stat keeps the nanoseconds that gfile's stat rounds to whole seconds,
+        # so a local build's fingerprint stays what it was.
+        if not os.access(path, os.R_OK):  # local path only (URLs above)
+            raise BuildError(f"cannot read {path}: permission denied")
+        try:
+            st = os.stat(path)  # local path only (URLs above)
+        except OSError as e:
+            raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
+        return st.st_size, st.st_mtime_ns
+    try:
+        st = tf.io.gfile.stat(path)
+    except tf.errors.OpError as e:
+        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
+    return st.length, st.mtime_nsec
 
 
 def _fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str:
@@ -133,64 +165,115 @@ def _die_with_parent():
         os._exit(1)
 
 
-def _init_worker(vocab: VocabInfo):
+def _init_worker(vocab: VocabInfo, vocab_data: Optional[bytes] = None):
+    """`vocab_data`: the vocabulary file's bytes, so that a worker process need not see
+    the file (tokenizers.read_vocab_data); read from `vocab.path` when None."""
     from tfrecord_builder.tokenizers import Tokenizer
     _die_with_parent()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    _WORKER["tokenizer"] = Tokenizer(vocab)
+    _WORKER["tokenizer"] = Tokenizer(vocab, vocab_data)
+
+
+PIECE_SUFFIX = ".tfrecord"
+MARKER_SUFFIX = ".stats.npz"
+
+
+def _piece_stem(chunk: corpus.Chunk) -> str:
+    return f"f{chunk.file_index:06d}-c{chunk.index:07d}"
 
 
 def _piece_paths(pieces_dir: str, chunk: corpus.Chunk) -> Tuple[str, str]:
-    stem = os.path.join(pieces_dir, f"f{chunk.file_index:06d}-c{chunk.index:07d}")
-    return stem + ".tfrecord", stem + ".stats.npz"
+    stem = fileio.join(pieces_dir, _piece_stem(chunk))
+    return stem + PIECE_SUFFIX, stem + MARKER_SUFFIX
 
 
 def _process_chunk(chunk: corpus.Chunk, pieces_dir: str, max_seq_length: int,
                    seed: int) -> ChunkStats:
     """Worker: encode a chunk, write its records as a piece, then its stats (the marker)."""
-    import tensorflow as tf
     packed, stats = encode_chunk(chunk, _WORKER["tokenizer"], max_seq_length, seed)
     records = serialize_examples(packed)
     piece, marker = _piece_paths(pieces_dir, chunk)
-    with tf.io.TFRecordWriter(piece + ".tmp") as writer:
+    # A temp name of its own: never one a killed run left (ram:// appends to a file it
+    # reopens for writing).
+    tmp = f"{piece}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
+    with tf.io.TFRecordWriter(tmp) as writer:
         for record in records:
             writer.write(record)
-    os.replace(piece + ".tmp", piece)
-    with open(marker + ".tmp", "wb") as f:
-        np.savez(f, stats=np.array(json.dumps(stats.to_json())),
-                 count_ids=stats.count_ids, counts=stats.counts)
-    os.replace(marker + ".tmp", marker)
+    fileio.rename(tmp, piece)
+    buf = io.BytesIO()
+    np.savez(buf, stats=np.array(json.dumps(stats.to_json())),
+             count_ids=stats.count_ids, counts=stats.counts)
+    fileio.write_atomic(marker, buf.getvalue())
     return stats
 
 
 def _load_stats(marker: str) -> Optional[ChunkStats]:
+    """The stats of a finished piece, None when its marker is missing or unreadable."""
     try:
-        with np.load(marker) as z:
+        data = fileio.read_bytes(marker)
+        with np.load(io.BytesIO(data)) as z:
             return ChunkStats.from_json(json.loads(str(z["stats"])), z["count_ids"], z["counts"])
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, tf.errors.OpError):
         return None
 
 
-class _Runner:
-    """Runs chunks in order, in-process or on a bounded pool of spawned workers."""
+def _publish_piece(staging_dir: str, pieces_dir: str, chunk: corpus.Chunk,
+                   stale: bool = False):
+    """Main process: copies a piece a worker staged locally into `pieces_dir` (the output
+    dir's `.building/pieces`), the records first and their marker last, then drops the
+    local copy. A kill in between leaves records without a marker: redone on resume.
+    `stale`: a killed run left records under the piece's name (removed first: ram://
+    appends to a file it reopens for writing)."""
+    src_piece, src_marker = _piece_paths(staging_dir, chunk)
+    dst_piece, dst_marker = _piece_paths(pieces_dir, chunk)
+    if stale:
+        fileio.remove(dst_piece)
+    fileio.copy(src_piece, dst_piece, overwrite=True)
+    fileio.write_atomic(dst_marker, fileio.read_bytes(src_marker))
+    fileio.remove(src_piece)
+    fileio.remove(src_marker)
 
-    def __init__(self, cfg: BuildConfig, vocab: VocabInfo, pieces_dir: str):
+
+class _Runner:
+    """Runs chunks in order, in-process or on a bounded pool of spawned workers.
+
+    Workers of a pool write to `pieces_dir` directly when it is local (every process
+    sees it), else to a local staging directory from which the main process publishes
+    each finished piece (`_publish_piece`) before it is yielded."""
+
+    def __init__(self, cfg: BuildConfig, vocab: VocabInfo, vocab_data: bytes, pieces_dir: str):
         self.cfg, self.pieces_dir = cfg, pieces_dir
         self.pool = None
-        if cfg.num_workers > 1:
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=cfg.num_workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(vocab,))
-        else:
-            _init_worker(vocab)
+        self.staging_dir = None
+        self._stack = contextlib.ExitStack()
+        # One listing instead of a (remote) read per chunk to find the finished pieces.
+        self.finished = set(fileio.listdir(pieces_dir))
+        try:
+            if cfg.num_workers > 1:
+                if fileio.is_remote(pieces_dir):
+                    self.staging_dir = self._stack.enter_context(
+                        fileio.local_staging_dir("tfrecord_builder-pieces-"))
+                self.pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=cfg.num_workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker, initargs=(vocab, vocab_data))
+            else:
+                _init_worker(vocab, vocab_data)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _reuse(self, chunk: corpus.Chunk) -> Optional[ChunkStats]:
+        if _piece_stem(chunk) + MARKER_SUFFIX not in self.finished:
+            return None
+        return _load_stats(_piece_paths(self.pieces_dir, chunk)[1])
 
     def run(self, chunks: Iterator[corpus.Chunk]) -> Iterator[Tuple[corpus.Chunk, ChunkStats, bool]]:
         """Yields (chunk, stats, reused) in chunk order; at most 2 x workers in flight."""
-        args = (self.pieces_dir, self.cfg.max_seq_length, self.cfg.seed)
+        args = (self.staging_dir or self.pieces_dir, self.cfg.max_seq_length, self.cfg.seed)
         pending: List[Tuple[corpus.Chunk, object, bool]] = []
         limit = 2 * self.cfg.num_workers
         for chunk in chunks:
-            stats = _load_stats(_piece_paths(self.pieces_dir, chunk)[1]) if self.cfg.resume else None
+            stats = self._reuse(chunk) if self.cfg.resume else None
             if stats is not None:
                 pending.append((chunk, stats, True))
             elif self.pool is None:
@@ -198,24 +281,29 @@ class _Runner:
             else:
                 pending.append((chunk, self.pool.submit(_process_chunk, chunk, *args), False))
             while len(pending) > limit or (pending and not _is_future(pending[0][1])):
-                yield _resolve(pending.pop(0))
+                yield self._resolve(pending.pop(0))
         while pending:
-            yield _resolve(pending.pop(0))
+            yield self._resolve(pending.pop(0))
+
+    def _resolve(self, item):
+        chunk, result, reused = item
+        if _is_future(result):
+            result = result.result()
+            if self.staging_dir is not None:
+                stale = _piece_stem(chunk) + PIECE_SUFFIX in self.finished
+                _publish_piece(self.staging_dir, self.pieces_dir, chunk, stale=stale)
+        return dataclasses.replace(chunk, data=b""), result, reused
 
     def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self._stack.close()
 
 
 def _is_future(x) -> bool:
     return isinstance(x, concurrent.futures.Future)
-
-
-def _resolve(item):
-    chunk, result, reused = item
-    if _is_future(result):
-        result = result.result()
-    return dataclasses.replace(chunk, data=b""), result, reused
 
 
 # ----------------------------------------------------------------------------- shards
@@ -224,8 +312,7 @@ def _resolve(item):
 def iter_framed_records(path: str) -> Iterator[bytes]:
     """Yields each TFRecord of `path` with its framing (length, CRCs) intact, so it can
     be copied into another TFRecord file byte for byte."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = fileio.read_bytes(path)
     pos = 0
     while pos < len(data):
         if pos + 12 > len(data):
@@ -238,29 +325,42 @@ def iter_framed_records(path: str) -> Iterator[bytes]:
         pos = end
 
 
+WRITE_BUFFER = 1 << 18  # bytes gathered per shard before one write call
+
+
 def _assemble_shards(pieces: Sequence[str], shards_dir: str, num_shards: int) -> List[int]:
     """Deals the records of `pieces` (in order) round-robin into `num_shards` files."""
-    os.makedirs(shards_dir, exist_ok=True)
+    fileio.makedirs(shards_dir)
     counts = [0] * num_shards
     group = 512  # shards open at once; more shards take more passes over the pieces
     for lo in range(0, num_shards, group):
         hi = min(num_shards, lo + group)
-        files = [open(os.path.join(shards_dir, shard_name(i, num_shards)), "wb")
+        files = [fileio.open_file(fileio.join(shards_dir, shard_name(i, num_shards)), "wb")
                  for i in range(lo, hi)]
+        buffers = [[] for _ in files]
+        buffered = [0] * len(files)
         try:
             g = 0
             for piece in pieces:
                 for record in iter_framed_records(piece):
                     s = g % num_shards
                     if lo <= s < hi:
-                        files[s - lo].write(record)
+                        j = s - lo
+                        buffers[j].append(record)
+                        buffered[j] += len(record)
+                        if buffered[j] >= WRITE_BUFFER:
+                            files[j].write(b"".join(buffers[j]))
+                            buffers[j], buffered[j] = [], 0
                         counts[s] += 1
                     g += 1
+            for f, buf in zip(files, buffers):
+                if buf:
+                    f.write(b"".join(buf))
         finally:
             for f in files:
-                f.flush()
-                os.fsync(f.fileno())
                 f.close()
+        for i in range(lo, hi):  # on disk before the manifest vouches for them
+            fileio.fsync(fileio.join(shards_dir, shard_name(i, num_shards)))
     return counts
 
 
@@ -269,9 +369,16 @@ def _assemble_shards(pieces: Sequence[str], shards_dir: str, num_shards: int) ->
 
 def _prepare_output(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
     """Returns the existing manifest when this exact build is already complete."""
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    path = os.path.join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
-    if os.path.exists(path):
+    try:
+        return _prepare_output_dir(cfg, fingerprint)
+    except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
+        raise BuildError(f"--output_dir {cfg.output_dir}: {fileio.error_reason(e)}") from None
+
+
+def _prepare_output_dir(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
+    fileio.makedirs(cfg.output_dir)
+    path = fileio.join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
+    if fileio.exists(path):
         try:
             old = manifest_lib.read_manifest(path)
         except manifest_lib.ManifestError:
@@ -282,29 +389,32 @@ def _prepare_output(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
             raise BuildError(f"--output_dir {cfg.output_dir} already holds a different build "
                              f"({path}); pass --overwrite to replace it or choose another directory")
         # Remove the marker of completeness first, then the old shards.
-        os.remove(path)
+        fileio.remove(path)
         for shard in old.get("shards", []):
             try:
-                os.remove(os.path.join(cfg.output_dir, shard["name"]))
-            except OSError:
+                fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
+            except tf.errors.OpError:
                 pass
-    state_dir = os.path.join(cfg.output_dir, STATE_DIR)
-    state_file = os.path.join(state_dir, "state.json")
+    state_dir = fileio.join(cfg.output_dir, STATE_DIR)
+    state_file = fileio.join(state_dir, "state.json")
     state = {}
-    if os.path.exists(state_file):
+    if fileio.exists(state_file):
         try:
-            with open(state_file) as f:
-                state = json.load(f)
-        except (OSError, ValueError):
+            state = fileio.read_json(state_file)
+        except (tf.errors.OpError, ValueError):
             state = {}
-    if state.get("fingerprint") != fingerprint or not cfg.resume or cfg.overwrite:
-        if os.path.exists(state_dir):
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint \
+            or not cfg.resume or cfg.overwrite:
+        if fileio.exists(state_dir):
             logging.info("Discarding an unfinished build in %s", state_dir)
-            shutil.rmtree(state_dir)
-    os.makedirs(os.path.join(state_dir, "pieces"), exist_ok=True)
-    with open(state_file + ".tmp", "w") as f:
-        json.dump({"fingerprint": fingerprint}, f)
-    os.replace(state_file + ".tmp", state_file)
+            # The state first: a kill mid-way (a bucket deletes file by file) leaves
+            # pieces without a state that vouches for them, which the next run discards.
+            fileio.remove(state_file)
+            fileio.rmtree(state_dir)
+    fileio.makedirs(fileio.join(state_dir, "pieces"))
+    # The state vouches that the pieces to come belong to this build; each piece's own
+    # marker vouches for that piece.
+    fileio.write_atomic(state_file, json.dumps({"fingerprint": fingerprint}))
     return None
 
 
@@ -312,6 +422,7 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     """Builds the dataset described by `cfg`; returns the manifest."""
     cfg.check()
     vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
+    vocab_data = read_vocab_data(vocab)
     source = open_source(cfg)
     fingerprint = _fingerprint(cfg, source, vocab)
     done = _prepare_output(cfg, fingerprint)
@@ -320,8 +431,8 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
                      cfg.output_dir, done["examples"])
         return done
 
-    state_dir = os.path.join(cfg.output_dir, STATE_DIR)
-    pieces_dir = os.path.join(state_dir, "pieces")
+    state_dir = fileio.join(cfg.output_dir, STATE_DIR)
+    pieces_dir = fileio.join(state_dir, "pieces")
     total_bytes = sum(source.sizes)
     offsets = np.concatenate([[0], np.cumsum(source.sizes)]).tolist()
     progress = Progress(total_bytes, "tfrecord_builder", stream=progress_stream)
@@ -330,7 +441,7 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     pieces, reused = [], 0
     tokens_per_input = [0] * len(source.names)
     t0 = time.monotonic()
-    runner = _Runner(cfg, vocab, pieces_dir)
+    runner = _Runner(cfg, vocab, vocab_data, pieces_dir)
     try:
         for chunk, stats, was_reused in runner.run(source.chunks(cfg)):
             merge_stats(totals, stats, vocab_counts)
@@ -347,22 +458,23 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
         raise BuildError(f"no text to build from: {', '.join(source.names)} "
                          "hold no tokenizable lines")
 
-    shards_dir = os.path.join(state_dir, "shards")
-    if os.path.exists(shards_dir):
-        shutil.rmtree(shards_dir)
+    shards_dir = fileio.join(state_dir, "shards")
+    fileio.rmtree(shards_dir)
     counts = _assemble_shards(pieces, shards_dir, cfg.num_shards)
     names = [shard_name(i, cfg.num_shards) for i in range(cfg.num_shards)]
     for name in names:
-        os.replace(os.path.join(shards_dir, name), os.path.join(cfg.output_dir, name))
-    with open(os.path.join(cfg.output_dir, TOKEN_COUNTS_NAME + ".tmp"), "w") as f:
-        f.write("\n".join(map(str, vocab_counts.tolist())) + "\n")
-    os.replace(os.path.join(cfg.output_dir, TOKEN_COUNTS_NAME + ".tmp"),
-               os.path.join(cfg.output_dir, TOKEN_COUNTS_NAME))
+        fileio.rename(fileio.join(shards_dir, name), fileio.join(cfg.output_dir, name))
+    fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
+                        "\n".join(map(str, vocab_counts.tolist())) + "\n")
 
+    # Last: the manifest vouches for every file above.
     manifest = make_manifest(cfg, vocab, source, totals, names, counts, empty_inputs,
                              fingerprint)
     manifest_lib.write_manifest(cfg.output_dir, manifest)
-    shutil.rmtree(state_dir, ignore_errors=True)
+    try:
+        fileio.rmtree(state_dir)
+    except tf.errors.OpError as e:
+        logging.warning("Could not remove %s: %s", state_dir, fileio.error_reason(e))
     elapsed = time.monotonic() - t0
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "
                  "(%d chunks reused; encode %.1fs)", totals.examples, totals.example_tokens,

@@ -15,9 +15,11 @@ DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("input", [DEFAULT_CORPUS],
-                  "Input files, directories or glob patterns (plain text, .gz, .bz2): one "
+                  "Input files, directories or glob patterns (plain text, .gz, .bz2), local "
+                  "or on any filesystem TensorFlow knows (gs://bucket/dir/*.txt): one "
                   "sentence per line, a blank line between documents.")
-flags.DEFINE_string("output_dir", DEFAULT_OUTPUT, "Where shards and manifest.json go.")
+flags.DEFINE_string("output_dir", DEFAULT_OUTPUT,
+                    "Where shards and manifest.json go (a local directory or gs://...).")
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, [CLS] and [SEP]s included.")
 flags.DEFINE_integer("num_shards", 16, "Number of output TFRecord files.")
 flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
@@ -109,6 +111,9 @@ def main(argv):
     if len(argv) > 2 or (len(argv) == 2 and argv[1] not in SUBCOMMANDS):
         raise app.UsageError(f"unknown arguments {argv[1:]}; subcommands: {', '.join(SUBCOMMANDS)}")
     command = argv[1] if len(argv) == 2 else "build"
+    # Here rather than before app.run: imported once absl has parsed the flags,
+    # TensorFlow probes for GPUs during the import (a CUDA error line where none is).
+    _import_tensorflow_quietly()
     logging.set_verbosity(logging.INFO)
     try:
         _build() if command == "build" else _learn_vocab()
@@ -118,6 +123,31 @@ def main(argv):
     except KeyboardInterrupt:
         print("tfrecord_builder: interrupted; rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
+
+
+def _import_tensorflow_quietly():
+    """Imports TensorFlow with file descriptor 2 pointed at /dev/null, unless the user
+    asked for its C++ logs (TF_CPP_MIN_LOG_LEVEL below 2).
+
+    Every path goes through TensorFlow's filesystem layer, so even a bad flag reaches
+    TensorFlow; its start-up lines (no CUDA driver found, CPU features) are written
+    before its logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says, and would bury the
+    one-line error. A failed import raises again, visibly, where TensorFlow is used."""
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") < "2":
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)  # /dev/null, not a user path
+    try:
+        os.dup2(devnull, 2)
+        try:
+            import tensorflow  # noqa: F401
+        except Exception:  # pylint: disable=broad-except
+            pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def run():

@@ -2,15 +2,19 @@
 
 The main process only finds chunk boundaries in raw bytes; decoding and line checks run
 in the workers (`clean_lines`), so the reader stays cheap and memory stays bounded.
+
+Every input goes through TensorFlow's filesystem layer (`electra_tf.fileio`), so files,
+directories and globs may be local or on any filesystem TensorFlow knows (gs://...).
 """
 
-import bz2
 import dataclasses
 import glob
-import gzip
 import os
 from typing import Iterator, List, Sequence, Tuple
 
+import tensorflow as tf
+
+from electra_tf import fileio
 from tfrecord_builder import BuildError
 
 # A chunk closes at the first document boundary after this many bytes ...
@@ -35,40 +39,100 @@ class Chunk:
 
 
 def expand_inputs(patterns: Sequence[str]) -> List[str]:
-    """Files, directories (recursively) and glob patterns -> sorted unique file list."""
+    """Files, directories (recursively) and glob patterns -> sorted unique file list.
+
+    As the shell's glob does: wildcards skip names that start with '.', and `**` spans any
+    number of directories. Local paths are made absolute; URLs (gs://...) stay as given.
+    """
     files = []
     for pattern in patterns:
         pattern = pattern.strip()
         if not pattern:
             continue
-        if os.path.isdir(pattern):
-            found = [os.path.join(root, name)
-                     for root, _, names in os.walk(pattern) for name in names
-                     if not name.startswith(".")]
-        elif glob.has_magic(pattern):
-            found = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
-        elif os.path.exists(pattern):
-            found = [pattern]
-        else:
-            raise BuildError(f"--input: no such file or directory: {pattern}")
+        try:
+            if fileio.isdir(pattern):
+                found = _walk_files(pattern)
+            elif glob.has_magic(pattern):
+                found = [p for p in _glob(pattern) if not fileio.isdir(p)]
+            elif fileio.exists(pattern):
+                found = [pattern]
+            else:
+                raise BuildError(f"--input: no such file or directory: {pattern}")
+        except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
+            raise BuildError(f"--input: cannot list {pattern}: "
+                             f"{fileio.error_reason(e)}") from None
         if not found:
             raise BuildError(f"--input: {pattern} matches no files")
         files.extend(found)
     if not files:
         raise BuildError("--input: no input files given")
-    return sorted(set(os.path.abspath(f) for f in files))
+    return sorted(set(absolute(f) for f in files))
+
+
+def absolute(path: str) -> str:
+    """An absolute local path; a URL (gs://b/x, ram://x) as it is."""
+    if "://" in path:
+        return path
+    return os.path.abspath(path)  # local path only: URLs returned above
+
+
+def _walk_files(directory: str) -> List[str]:
+    """Every file under `directory`, recursively, but for names that start with '.'."""
+    return [fileio.join(root, name)
+            for root, _, names in tf.io.gfile.walk(directory) for name in names
+            if not name.startswith(".")]
+
+
+def _hidden(name: str, pattern_part: str) -> bool:
+    return name.startswith(".") and not pattern_part.startswith(".")
+
+
+def _glob(pattern: str) -> List[str]:
+    """What Python's recursive glob finds, on any filesystem (files and directories)."""
+    parts = pattern.split("/")
+    if "**" not in parts:
+        found = []
+        for path in fileio.glob(pattern):
+            got = path.split("/")
+            if len(got) == len(parts) and any(
+                    glob.has_magic(p) and _hidden(g, p) for g, p in zip(got, parts)):
+                continue
+            found.append(path)
+        return found
+    i = parts.index("**")
+    head, rest = "/".join(parts[:i]), "/".join(parts[i + 1:])
+    if head and glob.has_magic(head):
+        bases = [p for p in _glob(head) if fileio.isdir(p)]
+    else:
+        bases = [head] if fileio.isdir(head or ".") else []
+    found = []
+    for base in bases:
+        root = base or "."
+        below = [root]  # the base and every directory under it, hidden ones skipped
+        for top, dirs, _ in tf.io.gfile.walk(root):
+            dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
+            below.extend(fileio.join(top, d.rstrip("/")) for d in dirs)
+        for d in below:
+            if rest:
+                found.extend(_glob(fileio.join(d, rest)))
+            elif d != root:
+                found.append(d)
+        if not rest:  # "dir/**": also every (non-hidden) file below
+            found.extend(p for p in _walk_files(root)
+                         if not any(part.startswith(".") for part in
+                                    p[len(root):].split("/")))
+    if not head:  # "**/x" names paths relative to the working directory
+        found = [p[2:] if p.startswith("./") else p for p in found]
+    return sorted(set(found))
 
 
 def open_binary(path: str):
-    """Opens `path` for binary reading, decompressing .gz / .bz2 by extension."""
+    """Opens `path` (any filesystem) for binary reading, decompressing .gz / .bz2 by
+    extension. The file is opened on the first read; errors come from there."""
     try:
-        if path.endswith(".gz"):
-            return gzip.open(path, "rb")
-        if path.endswith(".bz2"):
-            return bz2.open(path, "rb")
-        return open(path, "rb")
-    except OSError as e:
-        raise BuildError(f"cannot read {path}: {e.strerror or e}") from None
+        return fileio.open_compressed(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
 
 
 def _doc_boundary(buf: bytes, start: int) -> int:
@@ -129,6 +193,9 @@ def iter_file_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[C
                 index += 1
     except (OSError, EOFError, ValueError) as e:  # truncated .gz/.bz2, I/O errors
         raise BuildError(f"cannot read {path} (near line {line_no}): {e}") from None
+    except tf.errors.OpError as e:  # what TensorFlow's filesystem layer raises
+        raise BuildError(f"cannot read {path} (near line {line_no}): "
+                         f"{fileio.error_reason(e)}") from None
 
 
 def _raw_tell(f, raw) -> int:
@@ -140,9 +207,9 @@ def _raw_tell(f, raw) -> int:
 
 def input_size(path: str) -> int:
     try:
-        return os.path.getsize(path)
-    except OSError as e:
-        raise BuildError(f"cannot read {path}: {e.strerror}") from None
+        return fileio.size(path)
+    except tf.errors.OpError as e:
+        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
 
 
 @dataclasses.dataclass

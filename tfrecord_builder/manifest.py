@@ -2,11 +2,16 @@
 
 The manifest is written last, so its presence marks a complete build; the trainer
 compares vocabulary size and sequence length with its config before reading a record.
+It is read and written through TensorFlow's filesystem layer (local, gs://, ...).
 """
 
 import json
-import os
+import uuid
 from typing import Optional
+
+import tensorflow as tf
+
+from electra_tf import fileio
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "electra-tf/pretraining-tfrecords"
@@ -18,29 +23,33 @@ class ManifestError(ValueError):
 
 
 def write_manifest(output_dir: str, manifest: dict):
-    """Atomically writes the manifest (temp file + rename), the build's last step."""
-    path = os.path.join(output_dir, MANIFEST_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Atomically writes the manifest (temp file, fsync when local, rename), the build's
+    last step: on a bucket, where a rename is a copy, it still lands after every file it
+    names."""
+    path = fileio.join(output_dir, MANIFEST_NAME)
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
+    try:
+        with fileio.open_file(tmp, "wb") as f:
+            f.write((json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+        fileio.fsync(tmp)
+        fileio.rename(tmp, path, overwrite=True)
+    except BaseException:
+        fileio.remove(tmp)
+        raise
 
 
 def read_manifest(path: str) -> dict:
-    """Reads a manifest from a file or from a build directory."""
-    if os.path.isdir(path):
-        path = os.path.join(path, MANIFEST_NAME)
+    """Reads a manifest from a file or from a build directory (any filesystem)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
+        if fileio.isdir(path):
+            path = fileio.join(path, MANIFEST_NAME)
+        manifest = json.loads(fileio.read_text(path))
+    except (FileNotFoundError, tf.errors.NotFoundError):
         raise ManifestError(f"{path}: no manifest (the build is incomplete or was not made "
                             "by tfrecord_builder)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ManifestError(f"{path}: unreadable manifest ({e})") from None
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        reason = fileio.error_reason(e) if isinstance(e, tf.errors.OpError) else e
+        raise ManifestError(f"{path}: unreadable manifest ({reason})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ManifestError(f"{path}: not a tfrecord_builder manifest")
     if manifest.get("format_version", 0) > FORMAT_VERSION:

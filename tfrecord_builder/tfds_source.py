@@ -117,11 +117,11 @@ def _data_dir_root(builder, cfg) -> str:
 
 
 def _is_prepared(builder) -> bool:
-    import tensorflow as tf
     try:
         if hasattr(builder, "is_prepared"):
             return bool(builder.is_prepared())
-        return tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json"))
+        from electra_tf import fileio
+        return fileio.exists(fileio.join(str(builder.data_dir), "dataset_info.json"))
     except Exception:
         return False
 

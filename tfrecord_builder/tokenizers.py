@@ -2,6 +2,8 @@
 
 Both tokenize whole batches of lines in C++ and hand back flat ids plus row splits; the
 vocabulary is checked for the special tokens ELECTRA needs before any work starts.
+Vocabulary files and SentencePiece models are read through TensorFlow's filesystem layer,
+so they may be local or on any filesystem TensorFlow knows (gs://...).
 """
 
 import dataclasses
@@ -13,7 +15,9 @@ import unicodedata
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
 
+from electra_tf import fileio
 from tfrecord_builder import BuildError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -21,19 +25,23 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with fileio.open_file(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 
 
-def read_wordpiece_vocab(path: str) -> List[str]:
-    """One token per line, id = line number (the BERT vocab.txt layout)."""
+def _read(path: str, flag: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise BuildError(f"--vocab_file: cannot read {path}: {e.strerror}") from None
+        return fileio.read_bytes(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise BuildError(f"{flag}: cannot read {path}: {fileio.error_reason(e)}") from None
+
+
+def read_wordpiece_vocab(path: str, data: Optional[bytes] = None) -> List[str]:
+    """One token per line, id = line number (the BERT vocab.txt layout). `data`: the
+    file's bytes when they are at hand (then `path` only names it in errors)."""
+    raw = _read(path, "--vocab_file") if data is None else data
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -56,7 +64,7 @@ def _special_ids(lookup: Dict[str, int], path: str, flag: str) -> Dict[str, int]
 
 @dataclasses.dataclass(frozen=True)
 class VocabInfo:
-    """What the manifest records of a vocabulary; read without TensorFlow."""
+    """What the manifest records of a vocabulary."""
     kind: str  # "wordpiece" or "sentencepiece"
     path: str
     vocab_size: int
@@ -70,14 +78,12 @@ class VocabInfo:
                 "do_lower_case": self.do_lower_case, "special_token_ids": self.special_ids}
 
 
-def _read_spm(path: str):
+def _read_spm(path: str, data: Optional[bytes] = None):
+    """(model bytes, SentencePieceProcessor) of the model at `path` (or in `data`)."""
     import sentencepiece as spm
+    model = _read(path, "--spm_model") if data is None else data
     try:
-        with open(path, "rb") as f:
-            model = f.read()
         return model, spm.SentencePieceProcessor(model_proto=model)
-    except OSError as e:
-        raise BuildError(f"--spm_model: cannot read {path}: {e.strerror}") from None
     except RuntimeError as e:
         raise BuildError(f"--spm_model: {path} is not a SentencePiece model "
                          f"({str(e).splitlines()[0]})") from None
@@ -85,21 +91,34 @@ def _read_spm(path: str):
 
 def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None,
                do_lower_case: bool = True) -> VocabInfo:
-    """Reads and checks a WordPiece vocab or SentencePiece model (no TensorFlow)."""
+    """Reads and checks a WordPiece vocab or SentencePiece model."""
     if spm_model:
-        _, proc = _read_spm(spm_model)
+        model, proc = _read_spm(spm_model)
         pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
         lookup = {p: i for i, p in enumerate(pieces)}
-        return VocabInfo("sentencepiece", spm_model, len(pieces), file_sha256(spm_model),
+        return VocabInfo("sentencepiece", spm_model, len(pieces),
+                         hashlib.sha256(model).hexdigest(),
                          _special_ids(lookup, spm_model, "--spm_model"), do_lower_case)
     if not vocab_file:
         raise BuildError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
-    tokens = read_wordpiece_vocab(vocab_file)
+    raw = _read(vocab_file, "--vocab_file")
+    tokens = read_wordpiece_vocab(vocab_file, raw)
     lookup = {}
     for i, t in enumerate(tokens):
         lookup.setdefault(t, i)
-    return VocabInfo("wordpiece", vocab_file, len(tokens), file_sha256(vocab_file),
+    return VocabInfo("wordpiece", vocab_file, len(tokens), hashlib.sha256(raw).hexdigest(),
                      _special_ids(lookup, vocab_file, "--vocab_file"), do_lower_case)
+
+
+def read_vocab_data(info: VocabInfo) -> bytes:
+    """The bytes of `info`'s vocabulary, checked against its sha256. Worker processes get
+    these rather than the path: they need not see the file (a ram:// file is private to
+    its process; a Beam worker may not see the launcher's disk)."""
+    flag = "--spm_model" if info.kind == "sentencepiece" else "--vocab_file"
+    data = _read(info.path, flag)
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        raise BuildError(f"{flag}: {info.path} changed while it was read; run again")
+    return data
 
 
 @functools.lru_cache(maxsize=65536)
@@ -144,18 +163,19 @@ def bert_normalize(lines: List[str], lower: bool) -> List[str]:
 class Tokenizer:
     """Batched C++ tokenization: FastBertTokenizer (WordPiece) or SentencepieceTokenizer."""
 
-    def __init__(self, info: VocabInfo):
-        import tensorflow as tf
+    def __init__(self, info: VocabInfo, data: Optional[bytes] = None):
+        """`data`: the vocabulary file's bytes (`read_vocab_data`); read from
+        `info.path` when not given."""
         import tensorflow_text as tf_text
         self.info = info
         self.special_ids = info.special_ids
         self._tf = tf
         if info.kind == "sentencepiece":
-            model, proc = _read_spm(info.path)
+            model, proc = _read_spm(info.path, data)
             self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
             self._tok = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
         else:
-            self.vocab = read_wordpiece_vocab(info.path)
+            self.vocab = read_wordpiece_vocab(info.path, data)
             self._tok = tf_text.FastBertTokenizer(
                 self.vocab, suffix_indicator="##", max_bytes_per_word=100,
                 token_out_type=tf.int32, unknown_token="[UNK]",

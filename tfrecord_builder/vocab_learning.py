@@ -14,19 +14,26 @@ Text is normalised as the builder's `Tokenizer` does before tokenizing: for Word
 `tokenizers.bert_normalize` (drop control characters; if lower-casing, lower + NFD +
 strip accents); for SentencePiece `str.lower()` when lower-casing (the model's own
 NFKC normaliser does the rest). Results go to their final names atomically.
+
+Inputs and the output may be local or on any filesystem TensorFlow knows (gs://...).
+SentencePiece's trainer writes local files only: it trains into a local staging
+directory, and the results are then copied to the output (PREFIX.vocab first,
+PREFIX.model, the file `build` is given, last).
 """
 
 import collections
 import math
 import os
+import posixpath
 import random
 import re
-import shutil
-import tempfile
+import uuid
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+import tensorflow as tf
 from absl import logging
 
+from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
 from tfrecord_builder.tokenizers import SPECIAL_TOKENS, vocab_info
@@ -218,29 +225,8 @@ def _trim(vocab: List[str], vocab_size: int, chars) -> List[str]:
 
 
 def write_lines_atomically(lines: Iterable[str], path: str):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """One line each, '\n'-terminated, to `path` (any filesystem) via temp file + rename."""
+    fileio.write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 # ----------------------------------------------------------------------------- SentencePiece
@@ -256,7 +242,8 @@ def train_sentencepiece(lines: Sequence[str], vocab_size: int, model_prefix: str
                         do_lower_case: bool, model_type: str = "unigram",
                         seed: int = DEFAULT_SEED):
     """Trains PREFIX.model / PREFIX.vocab: [PAD]=0 (pad), [UNK]=1 (unk), [CLS]=2,
-    [SEP]=3, [MASK]=4 (control symbols), no BOS/EOS."""
+    [SEP]=3, [MASK]=4 (control symbols), no BOS/EOS. `model_prefix` is a LOCAL path:
+    SentencePiece writes with the C++ standard library (learn_vocab stages there)."""
     import sentencepiece as spm
     text = (line.lower() for line in lines) if do_lower_case else iter(lines)
     spm.set_random_generator_seed(seed)
@@ -281,26 +268,38 @@ def resolve_output(output: str, vocab_type: str) -> str:
     gets vocab.txt / spm.model inside it; a SentencePiece PREFIX may end in .model."""
     if not output or not output.strip():
         raise BuildError("--vocab_output: give an output path")
-    is_dir = output.endswith(("/", os.sep)) or os.path.isdir(output)
+    try:
+        is_dir = output.endswith(("/", os.sep)) or fileio.isdir(output)
+    except tf.errors.OpError as e:
+        raise BuildError(f"--vocab_output: cannot use {output}: "
+                         f"{fileio.error_reason(e)}") from None
     if vocab_type == "wordpiece":
-        return os.path.join(output, WORDPIECE_FILE) if is_dir else output
-    prefix = os.path.join(output, SPM_PREFIX) if is_dir else output
+        return fileio.join(output, WORDPIECE_FILE) if is_dir else output
+    prefix = fileio.join(output, SPM_PREFIX) if is_dir else output
     if prefix.endswith(".model"):
         prefix = prefix[:-len(".model")]
     return prefix + ".model"
 
 
+def _parent(path: str) -> str:
+    if "://" in path:
+        return posixpath.dirname(path.rstrip("/"))
+    return os.path.dirname(os.path.abspath(path))  # local path only (URLs above)
+
+
 def _check_writable(path: str):
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = _parent(path)
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".learn_vocab-", suffix=".probe")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
+        fileio.makedirs(directory)
+        probe = fileio.join(directory, f".learn_vocab-{uuid.uuid4().hex[:12]}.probe")
+        with fileio.open_file(probe, "wb") as f:
+            f.write(b"")
+        fileio.remove(probe)
+        is_dir = fileio.isdir(path)
+    except (OSError, tf.errors.OpError) as e:
         raise BuildError(f"--vocab_output: cannot write to {directory}: "
-                         f"{e.strerror or e}") from None
-    if os.path.isdir(path):
+                         f"{fileio.error_reason(e)}") from None
+    if is_dir:
         raise BuildError(f"--vocab_output: {path} is a directory")
 
 
@@ -342,17 +341,16 @@ def learn_vocab(inputs: Sequence[str], output: str, vocab_type: str = "wordpiece
         write_lines_atomically(tokens, path)
         info = vocab_info(vocab_file=path, do_lower_case=do_lower_case)
     else:
-        directory = os.path.dirname(os.path.abspath(path))
-        tmp = tempfile.mkdtemp(dir=directory, prefix=".learn_vocab-")
-        try:
+        with fileio.local_staging_dir("learn_vocab-") as tmp:
             tmp_prefix = os.path.join(tmp, SPM_PREFIX)
             train_sentencepiece(lines, vocab_size, tmp_prefix, do_lower_case,
                                 model_type=spm_model_type, seed=seed)
             vocab_info(spm_model=tmp_prefix + ".model")  # the special pieces are there
-            os.replace(tmp_prefix + ".vocab", path[:-len(".model")] + ".vocab")
-            os.replace(tmp_prefix + ".model", path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            # Each file lands whole (temp + rename); the model, which `build` is given
+            # and which names the pair, lands last.
+            fileio.write_atomic(path[:-len(".model")] + ".vocab",
+                                fileio.read_bytes(tmp_prefix + ".vocab"))
+            fileio.write_atomic(path, fileio.read_bytes(tmp_prefix + ".model"))
         info = vocab_info(spm_model=path, do_lower_case=do_lower_case)
     logging.info("learn_vocab: wrote %s (%s, %d tokens, special ids %s)", path, info.kind,
                  info.vocab_size, info.special_ids)

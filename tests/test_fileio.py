@@ -1,0 +1,184 @@
+"""Tests of electra_tf.fileio, and a scan of the library for file access that bypasses
+TensorFlow's filesystem layer (a user path there would not work on gs://)."""
+
+import ast
+import gzip
+import bz2
+import os
+import uuid
+
+import pytest
+import tensorflow as tf
+
+from electra_tf import fileio
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The code that runs on user paths: the library, the builder, the CLIs and experiments.
+SCANNED = ["electra_tf", "tfrecord_builder", "experiments", "run_pretraining.py",
+           "run_finetuning.py"]
+
+# Calls that only work on a local disk (or mangle a URL: abspath("gs://b") is
+# "/cwd/gs:/b"). Pure string functions (os.path.join, basename, dirname) are fine.
+LOCAL_ONLY = {
+    "open", "io.open", "os.open", "os.makedirs", "os.mkdir", "os.replace", "os.rename",
+    "os.remove", "os.unlink", "os.listdir", "os.scandir", "os.walk", "os.stat", "os.rmdir",
+    "os.chmod", "os.path.exists", "os.path.lexists", "os.path.isdir", "os.path.isfile",
+    "os.path.islink", "os.path.getsize", "os.path.getmtime", "os.path.abspath",
+    "os.path.realpath", "os.path.normpath", "os.path.expanduser", "os.path.samefile",
+    "glob.glob", "glob.iglob", "gzip.open", "bz2.open", "lzma.open", "pathlib.Path",
+    "Path", "tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
+    "tempfile.TemporaryDirectory",
+} | {"shutil." + name for name in dir(__import__("shutil")) if not name.startswith("_")}
+
+# The allowed uses, each with why: (file, enclosing function, call) -> reason. A call on
+# `__file__` (this checkout: bundled data, presets) is allowed anywhere.
+ALLOWED = {
+    # The one place that makes local temporary directories (for SentencePiece's trainer,
+    # builder worker processes and SavedModel staging, whose output is copied with gfile).
+    ("electra_tf/fileio.py", "local_staging_dir", "tempfile.mkdtemp"): "local staging",
+    ("electra_tf/fileio.py", "local_staging_dir", "shutil.rmtree"): "local staging",
+    ("electra_tf/fileio.py", "fsync", "os.open"): "fsync of a local file (URLs return first)",
+    # Local paths only, after a "://" check: abspath keeps the build fingerprint and the
+    # logged vocab path of a local file what they were.
+    ("tfrecord_builder/corpus.py", "absolute", "os.path.abspath"): "local only, after ://",
+    ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
+    ("tfrecord_builder/build.py", "_stat_input", "os.stat"): "local only: ns mtimes",
+    ("electra_tf/finetune/text.py", "__init__", "os.path.abspath"): "local only",
+    # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio).
+    ("electra_tf/distribute.py", "tpu_chips", "glob.glob"): "/dev",
+    ("electra_tf/distribute.py", "tpu_chips", "os.listdir"): "/dev",
+    ("electra_tf/distribute.py", "_libtpu_installed", "os.path.exists"): "site-packages",
+    # The bundled presets in configs/ beside the package.
+    ("electra_tf/configs.py", "preset_names", "os.listdir"): "configs/ of this checkout",
+    # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.
+    ("tfrecord_builder/cli.py", "_import_tensorflow_quietly", "os.open"): "/dev/null",
+    ("experiments/compute_matched.py", "machine", "open"): "/proc/cpuinfo",
+}
+# Files whose every use is local by nature: the kernel's /proc and /sys.
+ALLOWED_FILES = {
+    "electra_tf/hardware.py": "/proc/cpuinfo, /sys/devices (CPU and accelerator facts)",
+    "electra_tf/preemption.py": "/sys/class/dmi (is this a GCE VM?)",
+}
+
+
+def _on_file_dunder(call: ast.Call) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__file__"
+               for arg in call.args for n in ast.walk(arg))
+
+
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return base and f"{base}.{node.attr}"
+    return None
+
+
+def _python_files():
+    for entry in SCANNED:
+        path = os.path.join(REPO, entry)
+        if entry.endswith(".py"):
+            yield entry
+            continue
+        for root, _, names in os.walk(path):
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    yield os.path.relpath(os.path.join(root, name), REPO)
+
+
+def local_file_calls():
+    """[(file, line, function, call)] of LOCAL_ONLY calls not allowed above."""
+    found = []
+    for rel in _python_files():
+        rel = rel.replace(os.sep, "/")
+        if rel in ALLOWED_FILES:
+            continue
+        with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), rel)
+
+        def visit(node, function):
+            for child in ast.iter_child_nodes(node):
+                name = function
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    name = child.name
+                if isinstance(child, ast.Call):
+                    call = _dotted(child.func)
+                    if (call in LOCAL_ONLY and (rel, function, call) not in ALLOWED
+                            and not _on_file_dunder(child)):
+                        found.append((rel, child.lineno, function, call))
+                visit(child, name)
+        visit(tree, "<module>")
+    return found
+
+
+def test_no_local_only_file_access_on_user_paths():
+    found = local_file_calls()
+    assert not found, "file access that bypasses tf.io.gfile (gs:// would fail):\n" + "\n".join(
+        f"  {f}:{line} in {fn}(): {call}(...)" for f, line, fn, call in found)
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path, monkeypatch):
+    """The scanner itself: a planted call is found, an allowed one is not."""
+    package = tmp_path / "electra_tf"
+    package.mkdir()
+    (package / "bad.py").write_text(
+        "import os, shutil\n"
+        "def save(path):\n"
+        "    os.makedirs(os.path.dirname(path))\n"
+        "    with open(path, 'w') as f:\n"
+        "        f.write(os.path.join('a', 'b'))\n"
+        "    shutil.copy(path, path + '.bak')\n")
+    monkeypatch.setattr(__import__(__name__), "REPO", str(tmp_path))
+    monkeypatch.setattr(__import__(__name__), "SCANNED", ["electra_tf"])
+    assert local_file_calls() == [("electra_tf/bad.py", 3, "save", "os.makedirs"),
+                                  ("electra_tf/bad.py", 4, "save", "open"),
+                                  ("electra_tf/bad.py", 6, "save", "shutil.copy")]
+
+
+# ----------------------------------------------------------------------------- fileio
+
+
+@pytest.fixture
+def root():
+    return f"ram://fileio_{uuid.uuid4().hex}"
+
+
+def test_write_atomic_and_read_back(root):
+    path = fileio.join(root, "sub", "x.json")
+    fileio.makedirs(fileio.join(root, "sub"))
+    fileio.write_json_atomic(path, {"a": 1})
+    assert fileio.read_json(path) == {"a": 1}
+    fileio.write_atomic(path, "replaced")
+    assert fileio.read_text(path) == "replaced"
+    assert fileio.listdir(fileio.join(root, "sub")) == ["x.json"]  # no temp file left
+
+
+def test_compressed_reads(root):
+    fileio.makedirs(root)
+    for name, data in [("a.txt", b"one\ntwo\n"), ("a.txt.gz", gzip.compress(b"one\ntwo\n")),
+                       ("a.txt.bz2", bz2.compress(b"one\ntwo\n"))]:
+        with fileio.open_file(fileio.join(root, name), "wb") as f:
+            f.write(data)
+        assert list(fileio.open_text_lines(fileio.join(root, name))) == ["one\n", "two\n"]
+
+
+def test_copy_tree_puts_the_marker_last(root, monkeypatch):
+    src, dst = fileio.join(root, "src"), fileio.join(root, "dst")
+    for rel in ["b/shard-1", "a/shard-0", "DONE", "z"]:
+        fileio.makedirs(os.path.dirname(fileio.join(src, rel)))
+        fileio.write_atomic(fileio.join(src, rel), rel)
+    copied = []
+    real_copy = tf.io.gfile.copy
+    monkeypatch.setattr(tf.io.gfile, "copy", lambda a, b, overwrite=False: (
+        copied.append(b[len(dst) + 1:]), real_copy(a, b, overwrite))[-1])
+    fileio.copy_tree(src, dst, last=["DONE"])
+    assert copied == ["a/shard-0", "b/shard-1", "z", "DONE"]
+    assert fileio.walk_files(dst) == sorted(fileio.join(dst, r) for r in copied)
+    assert fileio.read_text(fileio.join(dst, "b", "shard-1")) == "b/shard-1"
+
+
+def test_join_keeps_urls():
+    assert fileio.join("gs://bucket/run", "ckpt", "x") == "gs://bucket/run/ckpt/x"
+    assert fileio.join("ram://r", "a") == "ram://r/a"
+    assert fileio.is_remote("gs://b") and not fileio.is_remote("/tmp/x")
