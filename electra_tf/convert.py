@@ -20,9 +20,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from electra_tf import fileio  # noqa: E402
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
                                 apply_overrides, load_config, parse_overrides)
-from electra_tf.modeling import tf1_checkpoint_names, tf1_name  # noqa: E402
+from electra_tf.modeling import checkpoint_reader, tf1_checkpoint_names, tf1_name  # noqa: E402
 
 SLOT_SUFFIXES = ("/adam_m", "/adam_v")
 _LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
@@ -198,6 +199,8 @@ def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> Report:
 
 
 def _resolve(path: str) -> str:
+    if tf.io.gfile.exists(path + ".index"):  # a prefix (asked first: see checkpoint_reader)
+        return path
     if tf.io.gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest is None:
@@ -209,7 +212,7 @@ def _resolve(path: str) -> str:
 def _reader(path: str):
     path = _resolve(path)
     try:
-        return tf.train.load_checkpoint(path)
+        return checkpoint_reader(path)
     except (tf.errors.OpError, ValueError) as e:
         raise ConvertError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
 
@@ -229,8 +232,9 @@ def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                       tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
     base = os.path.basename(prefix)
-    with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
-        f.write(f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n')
+    # The state file, which makes the checkpoint visible to latest_checkpoint, comes last.
+    state = f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n'
+    fileio.write_atomic(os.path.join(directory, "checkpoint"), state)
     return prefix
 
 
@@ -292,9 +296,9 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
                 raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != "
                                    f"expected {list(var.shape)}")
             var.assign(tf.cast(reader.get_tensor(name), var.dtype))
-    tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(cfg.to_json(), f, indent=2)
+    fileio.makedirs(model_dir)
+    fileio.write_json_atomic(os.path.join(model_dir, "config.json"), cfg.to_json())
+    # The checkpoint state file the manager writes after the checkpoint marks completion.
     manager = tf.train.CheckpointManager(trainer.checkpoint(), model_dir,
                                          max_to_keep=1, step_counter=trainer.global_step)
     return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
@@ -424,8 +428,9 @@ def hf_config(config: ModelConfig, part: str) -> Dict:
 
 def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
               part: str = "discriminator") -> str:
-    """Writes `out_dir/config.json` and `out_dir/model.safetensors` for `part`."""
-    from safetensors.numpy import save_file
+    """Writes `out_dir/model.safetensors` and `out_dir/config.json` for `part` (any
+    filesystem; config.json, by which `is_hf_dir` recognises the directory, last)."""
+    from safetensors.numpy import save
     tensors = {}
     for name, (key, transpose) in hf_name_map(config, part).items():
         if name not in arrays:
@@ -435,38 +440,39 @@ def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
     if part == "generator":
         tensors["generator_lm_head.weight"] = tensors[
             "electra.embeddings.word_embeddings.weight"].copy()
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf_config(config, part), f, indent=2)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    fileio.makedirs(out_dir)
+    fileio.write_atomic(fileio.join(out_dir, "model.safetensors"),
+                        save(tensors, metadata={"format": "pt"}))
+    fileio.write_json_atomic(fileio.join(out_dir, "config.json"), hf_config(config, part))
     return out_dir
 
 
 def is_hf_dir(path: str) -> bool:
     """A Hugging Face `transformers` model directory: a config.json naming a model_type."""
-    cfg = os.path.join(path, "config.json")
-    if not (os.path.isdir(path) and os.path.isfile(cfg)):
-        return False
+    cfg = fileio.join(path, "config.json")
     try:
-        with open(cfg) as f:
-            return "model_type" in json.load(f)
-    except (OSError, ValueError):
+        if not (fileio.isdir(path) and fileio.isfile(cfg)):
+            return False
+        return "model_type" in fileio.read_json(cfg)
+    except (OSError, ValueError, TypeError, tf.errors.OpError):
         return False
 
 
 def _read_hf(path: str, model_types=("electra",)) -> Tuple[Dict, Dict[str, np.ndarray]]:
-    from safetensors.numpy import load_file
-    weights = os.path.join(path, "model.safetensors")
-    if not os.path.exists(weights) and os.path.exists(os.path.join(path, "pytorch_model.bin")):
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+    weights = fileio.join(path, "model.safetensors")
+    if not fileio.exists(weights) and fileio.exists(fileio.join(path, "pytorch_model.bin")):
         raise ConvertError(f"{path} holds pytorch_model.bin, which needs torch to read: convert "
                            "it to model.safetensors (e.g. save_pretrained(..., "
                            "safe_serialization=True))")
+    what = "config.json"
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            cfg = json.load(f)
-        tensors = load_file(weights)
-    except (OSError, ValueError, TypeError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        cfg = fileio.read_json(fileio.join(path, what))
+        what = "model.safetensors"  # read as bytes: any filesystem
+        tensors = load(fileio.read_bytes(weights))
+    except (OSError, ValueError, TypeError, SafetensorError, tf.errors.OpError) as e:
+        msg = f"{what}: {fileio.error_reason(e)}"
         raise ConvertError(f"cannot read Hugging Face directory {path}: {msg}") from None
     if cfg.get("model_type") not in model_types:
         raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not "
@@ -504,10 +510,10 @@ def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
 def read_hf_config(path: str) -> ModelConfig:
     """hf_model_config of the config.json in a transformers ELECTRA / BERT directory."""
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConvertError(f"cannot read {path}/config.json: {e}") from None
+        cfg = fileio.read_json(fileio.join(path, "config.json"))
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        raise ConvertError(f"cannot read {fileio.join(path, 'config.json')}: "
+                           f"{fileio.error_reason(e)}") from None
     if cfg.get("model_type") not in ("electra", "bert"):
         raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra "
                            "or bert")
@@ -628,7 +634,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool]:
-    if os.path.exists(os.path.join(source, "config.json")):
+    if fileio.exists(fileio.join(source, "config.json")):
         trainer = load_model_dir(source)
         return trainer.cfg.model, model_arrays(trainer.model), True
     report = inspect_tf1(source, num_heads)

@@ -585,6 +585,18 @@ def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None
     return prefix
 
 
+def checkpoint_reader(path: str):
+    """A reader of the checkpoint `path`: a prefix (`<path>.index` exists) or a directory
+    with a `checkpoint` state file; any filesystem (gs://...). Raises ValueError when
+    there is none.
+
+    The prefix is tried first: `tf.train.load_checkpoint` asks `isdir` first, which on
+    filesystems that match names by prefix (ram://) is true of a prefix too."""
+    if tf.io.gfile.exists(path + ".index"):
+        return tf.compat.v1.train.NewCheckpointReader(path)
+    return tf.train.load_checkpoint(path)
+
+
 def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = None,
                         allow_missing: bool = False) -> List[str]:
     """Assigns variables from a name-based (TF1) checkpoint, e.g. a released one.
@@ -592,7 +604,7 @@ def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = N
     Shapes must match exactly. Returns the names not found in the checkpoint (an error
     unless `allow_missing`). Extra checkpoint entries (global_step, adam slots) are ignored.
     """
-    reader = tf.train.load_checkpoint(ckpt_path)
+    reader = checkpoint_reader(ckpt_path)
     shapes = reader.get_variable_to_shape_map()
     variables = _unique(model.trainable_variables if variables is None else variables)
     names = tf1_checkpoint_names(model, variables)

@@ -196,6 +196,58 @@ def test_cli_export_and_import_hf(tmp_path, capsys):
         np.testing.assert_array_equal(reader.get_tensor(name), value, err_msg=name)
 
 
+def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
+    """Every conversion with its paths on TensorFlow's in-memory filesystem: TF1 -> HF
+    directories (bytes equal to a local export) -> TF1 (tensors equal, state file
+    written), TF1 -> our model_dir -> HF and TF1; nothing local named after the path."""
+    import uuid
+
+    from electra_tf import fileio
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://convert_{uuid.uuid4().hex}"
+    model = ElectraPretrainingModel(TINY)
+    arrays = convert.model_arrays(model)
+    arrays["global_step"] = np.int64(12)
+    prefix = convert.write_tf1(arrays, f"{root}/src/model.ckpt")
+    assert tf.train.latest_checkpoint(f"{root}/src") == prefix
+    assert convert.main(["inspect", prefix]) == 0
+    assert f"mapped variables: {len(arrays) - 1}\n" in capsys.readouterr().out
+    assert convert.main(["export-hf", prefix, f"{root}/hf"]) == 0
+    local = {part: convert.export_hf(arrays, TINY, str(tmp_path / "local" / part), part)
+             for part in ("discriminator", "generator")}
+    for part, local_dir in local.items():
+        for name in ("model.safetensors", "config.json"):
+            with open(os.path.join(local_dir, name), "rb") as f:
+                assert fileio.read_bytes(f"{root}/hf/{part}/{name}") == f.read(), name
+    assert convert.is_hf_dir(f"{root}/hf/discriminator") and not convert.is_hf_dir(prefix)
+    assert convert.read_hf_config(f"{root}/hf/discriminator").hidden_size == 32
+
+    back = f"{root}/back/model.ckpt"
+    assert convert.main(["import-hf", f"{root}/hf/discriminator", back, "--generator_dir",
+                         f"{root}/hf/generator"]) == 0
+    assert tf.train.latest_checkpoint(f"{root}/back") == back
+    got = convert.read_tf1(f"{root}/back")
+    assert sorted(got) == sorted(k for k in arrays if k != "global_step")
+    for name, value in got.items():
+        np.testing.assert_array_equal(value, arrays[name], err_msg=name)
+
+    report, path = convert.tf1_to_model_dir(prefix, f"{root}/run")
+    assert path == f"{root}/run/ckpt-12" and report.global_step == 12
+    assert fileio.read_json(f"{root}/run/config.json")["model"]["hidden_size"] == 32
+    assert convert.main(["export-tf1", f"{root}/run", f"{root}/tf1/model.ckpt"]) == 0
+    again = convert.read_tf1(f"{root}/tf1/model.ckpt")
+    assert sorted(again) == sorted(arrays)
+    for name, value in again.items():
+        np.testing.assert_array_equal(value, arrays[name], err_msg=name)
+    assert convert.main(["export-hf", f"{root}/run", f"{root}/hf2"]) == 0
+    assert fileio.read_bytes(f"{root}/hf2/generator/model.safetensors") == \
+        fileio.read_bytes(f"{root}/hf/generator/model.safetensors")
+    with pytest.raises(convert.ConvertError, match=f"cannot read Hugging Face directory "
+                       f"{root}/run: model.safetensors: No such file or directory"):
+        convert.import_hf(f"{root}/run")
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+
+
 def test_transformers_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers

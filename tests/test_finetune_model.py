@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.configs import ModelConfig
+from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import model as ft_model
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder, layer_depth,
                                        layerwise_lr_multipliers, make_head)
@@ -104,6 +104,47 @@ def test_init_errors_name_the_checkpoint(tmp_path, pretrained):
     other = FinetuningModel(wider, make_head("classification", wider, 2))
     with pytest.raises(InitError, match=r"electra/embeddings_project/kernel.*\[16, 32\]"):
         init_encoder(other.electra, pretrained[2])
+
+
+def test_init_and_config_from_ram_checkpoints(pretrained, tmp_path, monkeypatch):
+    """The pre-training checkpoints on TensorFlow's in-memory filesystem: a TF1 prefix, an
+    object-based prefix, a model_dir (its `checkpoint` state file) and the config.json
+    found beside them; errors name the path; nothing local named after it appears."""
+    import os
+    import uuid
+
+    from electra_tf import convert, fileio
+    from electra_tf.finetune.cli import find_config
+    model, obj, tf1 = pretrained
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://init_{uuid.uuid4().hex}"
+    fileio.makedirs(f"{root}/pre/discriminator")
+    fileio.makedirs(f"{root}/run")
+    fileio.makedirs(f"{root}/empty")
+    fileio.copy_tree(os.path.dirname(obj), f"{root}/pre")
+    saved = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), f"{root}/run",
+                                       max_to_keep=1).save(checkpoint_number=3)
+    assert saved == f"{root}/run/ckpt-3"
+    fileio.write_json_atomic(f"{root}/run/config.json",
+                             convert.pretraining_config(CFG).to_json())
+    source = {v.path: v.numpy() for v in model.electra.trainable_variables}
+    for path, used in [(f"{root}/pre/discriminator/model.ckpt",) * 2,
+                       (f"{root}/pre/ckpt-7",) * 2, (f"{root}/run", saved)]:
+        ft = FinetuningModel(CFG, make_head("classification", CFG, 2))
+        assert init_encoder(ft.electra, path) == used
+        assert len(ft.electra.trainable_variables) == len(source) == 7 + 3 * 16
+        for v in ft.electra.trainable_variables:
+            np.testing.assert_array_equal(v.numpy(), source[v.path])
+    assert find_config(f"{root}/run", None) == CFG
+    assert find_config(saved, None) == CFG
+    with pytest.raises(ConfigError, match=f"no config.json found near --init_checkpoint="
+                                        f"{root}/pre/ckpt-7"):
+        find_config(f"{root}/pre/ckpt-7", None)
+    with pytest.raises(InitError, match=f"{root}/nope is not a checkpoint"):
+        init_encoder(ft.electra, f"{root}/nope")
+    with pytest.raises(InitError, match=f"no checkpoint in directory {root}/empty"):
+        init_encoder(ft.electra, f"{root}/empty")
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
 
 
 def test_qa_answer_mask_and_head_shapes():

@@ -133,6 +133,39 @@ def test_train_and_eval_arrays(v2_data):
     assert dev.meta.do_lower_case is True
 
 
+def test_squad_files_read_from_ram(v2_data, encoder, tmp_path, monkeypatch):
+    """SQuAD JSON under a ram:// data_dir (the official file names): the same arrays as
+    from local files; a malformed or missing file names its ram:// path; nothing local
+    named after the path appears."""
+    import uuid
+
+    from electra_tf import fileio
+    task, train, dev = v2_data
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://squad_{uuid.uuid4().hex}"
+    fileio.makedirs(f"{root}/squad")
+    for name in ("train-v2.0.json", "dev.json"):
+        fileio.write_atomic(f"{root}/squad/{name}", json.dumps(squad_json(True)))
+    assert task.data_file(root, "train") == f"{root}/squad/train-v2.0.json"
+    got_train = task.train_split(root, encoder, L)
+    got_dev = task.eval_splits(root, encoder, L)[0]
+    assert got_train.name == "train-v2.0.json" and got_train.num_examples == train.num_examples
+    for want, got in ((train, got_train), (dev, got_dev)):
+        assert sorted(got.arrays) == sorted(want.arrays)
+        for k in want.arrays:
+            np.testing.assert_array_equal(got.arrays[k], want.arrays[k], err_msg=k)
+    assert [e.qid for e in got_dev.meta.examples] == [e.qid for e in dev.meta.examples]
+    fileio.write_atomic(f"{root}/squad/dev.json", '{"data": [\n{"title": "t",\n}]}')
+    with pytest.raises(DataError, match=re.escape(f"{root}/squad/dev.json:3: invalid JSON")):
+        task.eval_splits(root, encoder, L)
+    with pytest.raises(DataError, match=re.escape(f"{root}/squad/x.json: cannot read: No such "
+                                                  "file or directory")):
+        squad.read_squad(f"{root}/squad/x.json", is_training=False, v2=True)
+    with pytest.raises(DataError, match="no dev file in " + re.escape(f"{root}/nope/squad")):
+        task.eval_splits(f"{root}/nope", encoder, L)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+
+
 def test_initial_loss_is_log_of_allowed_positions(v2_data):
     # Near-zero logits at initialisation: each cross-entropy is about the log of the number
     # of positions the mask allows (context tokens and [CLS]), the BCE about log 2.

@@ -127,6 +127,41 @@ def test_task_splits_and_label_map(encoder, data_dir):
             os.path.join(data_dir, "nowhere"), encoder, MAX_LEN)
 
 
+def test_conll_files_read_from_ram(encoder, data_dir, tmp_path, monkeypatch):
+    """CoNLL files under a ram:// data_dir: the same sentences, label map and arrays as
+    the local files; a bad line and a missing file name their ram:// path; nothing local
+    named after the path appears."""
+    import uuid
+
+    from electra_tf import fileio
+    from electra_tf.finetune.tagging import read_conll
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://conll_{uuid.uuid4().hex}"
+    fileio.makedirs(f"{root}/chunk")
+    for name in ("train.txt", "dev.txt"):
+        fileio.copy(os.path.join(data_dir, "chunk", name), f"{root}/chunk/{name}")
+    local, ram = get_task("chunk"), get_task("chunk")
+    want = local.train_split(data_dir, encoder, MAX_LEN)
+    got = ram.train_split(root, encoder, MAX_LEN)
+    assert ram.label_map == local.label_map and len(ram.label_map) == NUM_LABELS
+    assert got.num_examples == want.num_examples == 64
+    for k in want.arrays:
+        np.testing.assert_array_equal(got.arrays[k], want.arrays[k], err_msg=k)
+    assert [s.words for s in got.meta.sentences] == [s.words for s in want.meta.sentences]
+    assert got.meta.sentences[1].where() == f"{root}/chunk/train.txt:" \
+        f"{want.meta.sentences[1].line}"
+    (dev,) = ram.eval_splits(root, encoder, MAX_LEN)
+    assert dev.num_examples == 64
+    fileio.write_atomic(f"{root}/bad.txt", "a DT B-NP\nb NN\n")
+    with pytest.raises(DataError, match=f"{root}/bad.txt:2: "):
+        read_conll(f"{root}/bad.txt")
+    with pytest.raises(DataError, match=f"{root}/nope.txt: cannot read: No such file"):
+        read_conll(f"{root}/nope.txt")
+    with pytest.raises(DataError, match=f"{root}/x/chunk/dev.txt: no such file"):
+        ram.eval_splits(f"{root}/x", encoder, MAX_LEN)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+
+
 def test_loss_is_mean_over_labelled_words_and_ln_labels_at_init(encoder, data_dir):
     task = TaggingTask()
     train = task.train_split(data_dir, encoder, MAX_LEN)

@@ -69,3 +69,72 @@ def test_pack_pair_layout(encoder):
     assert np.all(single["segment_ids"] == 0)
     empty = encoder.encode_numpy([""], max_seq_length=4)
     assert empty["input_ids"].tolist() == [[101, 102, 0, 0]]
+
+
+def forget(root):
+    """Best-effort removal of a ram:// tree (ram:// cannot delete directories it was never
+    asked to create; the tree is only memory of this process anyway)."""
+    from electra_tf import fileio
+    try:
+        fileio.rmtree(root)
+    except tf.errors.OpError:
+        pass
+
+
+def _train_spm(lines, vocab_size=300) -> bytes:
+    """A small SentencePiece model with the ELECTRA special tokens, trained in memory."""
+    import io
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"], num_threads=1, minloglevel=2)
+    return model.getvalue()
+
+
+def test_vocab_and_sentencepiece_model_read_from_ram(tmp_path, monkeypatch, encoder):
+    """--vocab_file and --spm_model on TensorFlow's in-memory filesystem tokenize as the
+    same files on disk; a missing one is a one-line error naming it; nothing local named
+    after the ram:// path appears."""
+    import os
+    import uuid
+
+    import sentencepiece as spm
+
+    from electra_tf import fileio
+    from tfrecord_builder import BuildError
+    repo = os.getcwd()
+    lines = [l.strip().lower() for l in open(os.path.join(
+        repo, "data/corpus/lee_news_sample.txt"), encoding="utf-8") if l.strip()][:300]
+    proto = _train_spm(lines)
+    (tmp_path / "sp.model").write_bytes(proto)
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://text_{uuid.uuid4().hex}"
+    try:
+        fileio.write_atomic(f"{root}/sp.model", proto)
+        fileio.copy(os.path.join(repo, VOCAB), f"{root}/vocab.txt")
+        wordpiece = TextEncoder(f"{root}/vocab.txt")
+        assert wordpiece.vocab_size == encoder.vocab_size == 30522
+        assert wordpiece.vocab_path == f"{root}/vocab.txt"
+        assert wordpiece.tokenize_lists(lines[:50]) == encoder.tokenize_lists(lines[:50])
+        assert wordpiece.tokenize_lists(["good film"]) == [[2204, 2143]]
+
+        ram_spm = TextEncoder(spm_model=f"{root}/sp.model")
+        local_spm = TextEncoder(spm_model=str(tmp_path / "sp.model"))
+        proc = spm.SentencePieceProcessor(model_proto=proto)
+        assert ram_spm.vocab_size == local_spm.vocab_size == proc.get_piece_size() == 300
+        assert ram_spm.special_ids == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3,
+                                       "[MASK]": 4}
+        got = ram_spm.tokenize_lists(lines[:50])
+        assert got == local_spm.tokenize_lists(lines[:50]) == proc.encode(lines[:50])
+        assert sum(map(len, got)) > 500
+        for flag, kwargs in (("--vocab_file", {"vocab_file": f"{root}/nope.txt"}),
+                             ("--spm_model", {"spm_model": f"{root}/nope.model"})):
+            with pytest.raises(BuildError) as e:
+                TextEncoder(**kwargs)
+            path = kwargs.get("vocab_file") or kwargs.get("spm_model")
+            assert str(e.value) == f"{flag}: cannot read {path}: No such file or directory"
+        assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+    finally:
+        forget(root)

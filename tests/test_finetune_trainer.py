@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -230,6 +231,113 @@ def test_export_signatures_and_bad_requests(trained):
     out = enc.signatures["serving_default"](text=tf.constant(["good", "a much longer text"]))
     assert out["sequence_output"].shape == (2, 16, 32)
     assert out["input_mask"].numpy().sum(1).tolist() == [3, 6]
+
+
+def forget(root):
+    """Best-effort removal of a ram:// tree (ram:// cannot delete directories it was never
+    asked to create; the tree is only memory of this process anyway)."""
+    from electra_tf import fileio
+    try:
+        fileio.rmtree(root)
+    except tf.errors.OpError:
+        pass
+
+
+def no_local_ram_entry(root):
+    """No local file or folder named after a ram:// path (`ram:`) under `root`."""
+    return not [p for p in root.rglob("*") if p.name.startswith("ram:")]
+
+
+def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
+    """Task data (GLUE's SST-2 layout with a test set), vocabulary, the init checkpoint and
+    the pre-training config.json beside it and model_dir all on TensorFlow's in-memory
+    filesystem: the same scores and predictions as the same run on local files,
+    results.json and checkpoints there, nothing written locally. (No XLA: it is the
+    files under test, and compiling would double the time.)"""
+    from electra_tf import convert, fileio
+    from electra_tf.finetune.cli import find_config
+    from electra_tf.modeling import build_discriminator_encoder, save_tf1_checkpoint
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(3)
+    files = {"SST-2/train.tsv": synthetic_polarity(rng, 64),
+             "SST-2/dev.tsv": synthetic_polarity(rng, 32),
+             "SST-2/test.tsv": "index\tsentence\n4\tthe film was good\n9\tawful , dull\n"}
+    tf.keras.utils.set_random_seed(11)
+    pretrained = build_discriminator_encoder(TINY)
+    cfg = FinetuneConfig(learning_rate=2e-3, layerwise_lr_decay=0.8, num_train_epochs=2,
+                         train_batch_size=16, eval_batch_size=16, max_seq_length=16,
+                         steps_per_loop=4, save_checkpoints_steps=4)
+    root = f"ram://ft_{uuid.uuid4().hex}"
+    results, predictions = {}, {}
+    try:
+        for where, base in (("local", str(tmp_path / "local")), ("ram", root)):
+            fileio.makedirs(fileio.join(base, "data", "SST-2"))
+            for name, text in files.items():
+                fileio.write_atomic(fileio.join(base, "data", name), text)
+            fileio.copy(os.path.join(REPO, VOCAB), fileio.join(base, "vocab.txt"))
+            fileio.makedirs(fileio.join(base, "pre"))
+            fileio.write_json_atomic(fileio.join(base, "pre", "config.json"),
+                                     convert.pretraining_config(TINY).to_json())
+            init = save_tf1_checkpoint(pretrained, fileio.join(base, "pre", "discriminator",
+                                                               "model.ckpt"))
+            assert find_config(init, None) == TINY  # the config.json two levels up
+            data = fileio.join(base, "data")
+            options = RunOptions(data_dir=data, model_dir=fileio.join(base, "model"),
+                                 init_checkpoint=init, vocab_file=fileio.join(base, "vocab.txt"),
+                                 strategy="cpu", jit_compile=False, do_predict=True)
+            results[where] = run(get_task("sst2", data), TINY, cfg, options)
+            predictions[where] = fileio.read_text(results[where]["predictions"]["SST-2"])
+        ram = results["ram"]
+        assert ram["scores"] == results["local"]["scores"] and ram["num_train_steps"] == 8
+        saved = fileio.read_json(f"{root}/model/results.json")
+        assert saved["scores"] == ram["scores"] and saved["metric"] == "accuracy"
+        assert saved["init_checkpoint"] == f"{root}/pre/discriminator/model.ckpt"
+        assert fileio.read_json(f"{root}/model/trial_0/result.json")["accuracy"] == \
+            ram["scores"][0]
+        assert tf.train.latest_checkpoint(f"{root}/model/trial_0") == \
+            f"{root}/model/trial_0/ckpt-8"
+        assert ram["predictions"] == {"SST-2": f"{root}/model/predictions/SST-2.tsv"}
+        assert predictions["ram"] == predictions["local"]
+        assert [l.split("\t")[0] for l in predictions["ram"].splitlines()] == \
+            ["index", "4", "9"]
+        assert no_local_ram_entry(tmp_path)
+    finally:
+        forget(root)
+
+
+def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypatch):
+    """The median trial exported to ram:// (staged locally, copied with saved_model.pb
+    last) with its vocabulary read from ram://: complete, and it answers as the local
+    export of the same trial does."""
+    from electra_tf import fileio
+    from electra_tf.finetune.trainer import Finetuner
+    d, task, cfg, options, results = trained
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://export_{uuid.uuid4().hex}"
+    try:
+        fileio.copy(os.path.join(REPO, VOCAB), f"{root}/vocab.txt")
+        ft = Finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
+        ft.checkpoint().restore(tf.train.latest_checkpoint(
+            f"{d}/model/trial_{results['median_trial']}")).assert_existing_objects_matched()
+        paths = export_lib.export(task, ft.model, TextEncoder(f"{root}/vocab.txt"),
+                                  cfg.max_seq_length, f"{root}/export", version=7)
+        assert paths == {"task": f"{root}/export/toy/7", "encoder": f"{root}/export/encoder/7"}
+        assert fileio.read_text(f"{root}/export/toy/7/assets.extra_labels.txt") == "0\n1\n"
+        assert fileio.read_bytes(f"{root}/export/toy/7/assets/vocab.txt") == \
+            fileio.read_bytes(os.path.join(REPO, VOCAB))
+        assert not [p for p in fileio.walk_files(root) if p.endswith(fileio.TMP_SUFFIX)]
+        mine = tf.saved_model.load(paths["task"]).signatures["serving_default"]
+        local = tf.saved_model.load(results["export"]["task"]).signatures["serving_default"]
+        requests = tf.constant(REQUESTS, tf.string)
+        got, want = mine(sentence=requests), local(sentence=requests)
+        np.testing.assert_array_equal(got["probabilities"].numpy(),
+                                      want["probabilities"].numpy())
+        assert got["label"].numpy().tolist() == want["label"].numpy().tolist()
+        enc = tf.saved_model.load(paths["encoder"]).signatures["serving_default"]
+        assert enc(text=tf.constant(["good"]))["sequence_output"].shape == (1, 16, 32)
+        assert no_local_ram_entry(tmp_path)
+    finally:
+        forget(root)
 
 
 def test_cli_bad_flags_one_line(tmp_path):

@@ -380,6 +380,32 @@ def test_tf1_checkpoint_round_trip(tiny, tmp_path):
                                   tiny.discriminator_hidden(ids, mask, seg).numpy())
 
 
+def test_tf1_checkpoint_round_trip_on_ram(tiny, tmp_path, monkeypatch):
+    """save_tf1_checkpoint / load_tf1_checkpoint / checkpoint_reader with the prefix on
+    TensorFlow's in-memory filesystem (where `isdir` is true of a prefix too, as it
+    matches names by prefix); nothing local named after the path appears."""
+    import uuid
+    monkeypatch.chdir(tmp_path)
+    root = f"ram://modeling_{uuid.uuid4().hex}"
+    ids, mask, seg, _ = _inputs()
+    prefix = modeling.save_tf1_checkpoint(tiny, f"{root}/disc/model.ckpt",
+                                          modeling.discriminator_variables(tiny))
+    assert prefix == f"{root}/disc/model.ckpt" and tf.io.gfile.isdir(prefix)
+    assert sorted(tf.io.gfile.listdir(f"{root}/disc")) == [
+        "model.ckpt.data-00000-of-00001", "model.ckpt.index"]
+    shapes = modeling.checkpoint_reader(prefix).get_variable_to_shape_map()
+    assert {k: tuple(v) for k, v in shapes.items()} == {
+        k: v for k, v in expected_tf1_layout(TINY).items()
+        if not k.startswith("generator")}
+    encoder = modeling.build_discriminator_encoder(TINY)
+    assert modeling.load_tf1_checkpoint(encoder, prefix) == []
+    np.testing.assert_array_equal(encoder(ids, mask, seg).numpy(),
+                                  tiny.discriminator_hidden(ids, mask, seg).numpy())
+    with pytest.raises(ValueError, match="not in " + f"{root}/disc/model.ckpt"):
+        modeling.load_tf1_checkpoint(modeling.ElectraPretrainingModel(TINY), prefix)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+
+
 def test_layer_norm_matvec_means_equal_reductions():
     """The CPU path (means as float32 matvecs) gives the reduction path's output."""
     from electra_tf import modeling

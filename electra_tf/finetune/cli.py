@@ -7,7 +7,7 @@ from typing import Optional
 
 from absl import logging
 
-from electra_tf import configs, convert
+from electra_tf import configs, convert, fileio
 from electra_tf.distribute import StrategyError
 from electra_tf.train import RunError
 from electra_tf.finetune import DataError
@@ -25,7 +25,7 @@ DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
     """--config if given, else that of a Hugging Face ELECTRA / BERT directory, else the
     config.json of the pre-training run that wrote the checkpoint (looked for beside it and
-    up to two directories above)."""
+    up to two directories above; any filesystem, gs://...)."""
     if config:
         return configs.load_config(config).model
     if init_checkpoint and convert.is_hf_dir(init_checkpoint):
@@ -34,13 +34,18 @@ def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> config
         except convert.ConvertError as e:
             raise InitError(f"--init_checkpoint: {e}") from None
     if init_checkpoint:
-        here = init_checkpoint if os.path.isdir(init_checkpoint) else \
+        # A prefix (asked first: on ram:// isdir is true of a prefix too) or a directory.
+        prefix = fileio.exists(init_checkpoint + ".index")
+        here = init_checkpoint if not prefix and fileio.isdir(init_checkpoint) else \
             os.path.dirname(init_checkpoint)
         for _ in range(3):
             path = os.path.join(here, "config.json")
-            if os.path.exists(path):
+            if fileio.exists(path):
                 return configs.load_config(path).model
-            here = os.path.dirname(here.rstrip("/")) or "."
+            parent = os.path.dirname(here.rstrip("/")) or "."
+            if fileio.is_remote(here) and not fileio.is_remote(parent):
+                break  # above the bucket
+            here = parent
     raise configs.ConfigError(f"no config.json found near --init_checkpoint="
                               f"{init_checkpoint}; give the model size with --config")
 
@@ -70,7 +75,7 @@ def main(flags, repo: str) -> dict:
     init = flags.init_checkpoint
     if init is None:
         init = DEFAULT_PRETRAIN_DIR
-        if not os.path.isdir(init):
+        if not fileio.isdir(init):
             raise InitError(f"no --init_checkpoint and no {init}/ from the pre-training demo: "
                             "run `python run_pretraining.py` first, or pass --init_checkpoint")
     if init.lower() == "none":  # a random-init baseline
@@ -101,7 +106,8 @@ def main(flags, repo: str) -> dict:
     options = RunOptions(data_dir=data_dir, model_dir=model_dir, init_checkpoint=init,
                          export_dir=export_dir, vocab_file=vocab, spm_model=flags.spm_model,
                          do_lower_case=flags.do_lower_case, strategy=flags.strategy,
-                         tpu=flags.tpu, jit_compile=flags.jit_compile,
+                         tpu=flags.tpu, tpu_zone=flags.tpu_zone,
+                         gcp_project=flags.gcp_project, jit_compile=flags.jit_compile,
                          do_predict=flags.do_predict)
     results = run(task, model_config, cfg, options)
     print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "

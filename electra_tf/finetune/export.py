@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from electra_tf import fileio
 from electra_tf.finetune.model import FinetuningModel
 from electra_tf.finetune.tasks import Task
 from electra_tf.finetune.text import TextEncoder
@@ -100,19 +101,30 @@ class EncoderServer(tf.Module):
                     **_ids_spec(self.max_seq_length))}
 
 
-def _save(module: tf.Module, signatures, directory: str, assets: Dict[str, str]) -> str:
-    """Writes to a temporary sibling and renames it into place, so a reader (or Serving,
-    which polls the directory) never sees a half-written version."""
-    tmp = directory + ".tmp"
-    if tf.io.gfile.exists(tmp):
-        tf.io.gfile.rmtree(tmp)
-    tf.saved_model.save(module, tmp, signatures=signatures)
+def _write(module: tf.Module, signatures, directory: str, assets: Dict[str, str]):
+    tf.saved_model.save(module, directory, signatures=signatures)
     for name, text in assets.items():
-        with tf.io.gfile.GFile(os.path.join(tmp, "assets.extra_" + name), "w") as f:
-            f.write(text)
-    if tf.io.gfile.exists(directory):
-        tf.io.gfile.rmtree(directory)
-    tf.io.gfile.rename(tmp, directory)
+        fileio.write_atomic(fileio.join(directory, "assets.extra_" + name), text)
+
+
+def _save(module: tf.Module, signatures, directory: str, assets: Dict[str, str]) -> str:
+    """Writes the SavedModel and its extra assets so that a reader (or Serving, which
+    polls the directory) never loads a half-written version.
+
+    Local: into a temporary sibling, renamed into place (atomic). Elsewhere (gs://...),
+    where renaming a directory copies each file: into a local staging directory, then
+    copied over with `saved_model.pb`, without which nothing loads the version, last."""
+    if not fileio.is_remote(directory):
+        tmp = directory + ".tmp"
+        fileio.rmtree(tmp)
+        _write(module, signatures, tmp, assets)
+        fileio.rmtree(directory)
+        fileio.rename(tmp, directory, overwrite=False)
+        return directory
+    with fileio.local_staging_dir("electra-export-") as staging:
+        _write(module, signatures, staging, assets)
+        fileio.rmtree(directory)
+        fileio.copy_tree(staging, directory, last=["saved_model.pb"])
     return directory
 
 

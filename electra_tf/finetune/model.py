@@ -16,8 +16,8 @@ from absl import logging
 
 from electra_tf import convert
 from electra_tf.configs import ModelConfig
-from electra_tf.modeling import (Encoder, _truncated_normal, dropout, gelu,
-                                 load_tf1_checkpoint)
+from electra_tf.modeling import (Encoder, _truncated_normal, checkpoint_reader, dropout,
+                                 gelu, load_tf1_checkpoint)
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
@@ -182,7 +182,10 @@ class InitError(ValueError):
 
 
 def resolve_checkpoint(path: str) -> str:
-    """A checkpoint prefix or a directory holding one (its `checkpoint` state file)."""
+    """A checkpoint prefix or a directory holding one (its `checkpoint` state file); any
+    filesystem. The prefix is asked first (on ram:// `isdir` is true of a prefix too)."""
+    if tf.io.gfile.exists(path + ".index"):
+        return path
     if tf.io.gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest is None and tf.io.gfile.isdir(os.path.join(path, "discriminator")):
@@ -190,9 +193,7 @@ def resolve_checkpoint(path: str) -> str:
         if latest is None:
             raise InitError(f"--init_checkpoint: no checkpoint in directory {path}")
         return latest
-    if not tf.io.gfile.exists(path + ".index"):
-        raise InitError(f"--init_checkpoint: {path} is not a checkpoint (no {path}.index)")
-    return path
+    raise InitError(f"--init_checkpoint: {path} is not a checkpoint (no {path}.index)")
 
 
 def init_encoder_from_hf(encoder: Encoder, path: str):
@@ -220,7 +221,7 @@ def init_encoder(encoder: Encoder, path: str) -> str:
         return path
     prefix = resolve_checkpoint(path)
     try:
-        names = dict(tf.train.list_variables(prefix))
+        names = checkpoint_reader(prefix).get_variable_to_shape_map()
     except (tf.errors.OpError, ValueError) as e:
         raise InitError(f"--init_checkpoint: cannot read {prefix}: "
                         f"{str(e).splitlines()[0]}") from None

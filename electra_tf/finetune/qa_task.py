@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from electra_tf import fileio
 from electra_tf.configs import ConfigError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.metrics import squad_scores
@@ -93,7 +94,7 @@ class SquadTask(Task):
         names = [f"{split}.json", f"{split}-v{'2.0' if self.v2 else '1.1'}.json"]
         for name in names:
             path = os.path.join(folder, name)
-            if os.path.isfile(path):
+            if fileio.isfile(path):
                 return path
         raise DataError(f"{self.name}: no {split} file in {folder} (looked for "
                         f"{' and '.join(names)})")

@@ -182,6 +182,17 @@ def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[Squ
         raise DataError(f"{source}: {' '.join(str(p).split())}") from None
 
 
+def _read_bytes(path: str) -> bytes:
+    """The bytes of `path` on any filesystem TensorFlow knows (gs://...); DataError names
+    it. TensorFlow is imported here, not with this module (see the module docstring)."""
+    import tensorflow as tf
+    from electra_tf import fileio
+    try:
+        return fileio.read_bytes(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
+
+
 def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
     """Questions of an official SQuAD JSON file, in file order.
 
@@ -191,11 +202,7 @@ def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
     outside the context, answer texts that differ from the context at their offset and,
     for training, answerable questions without answers.
     """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+    raw = _read_bytes(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -41,11 +41,16 @@ def read_conll(path, label_column: int = -1) -> List[Sentence]:
     Blank lines separate sentences; `-DOCSTART-` lines are skipped. Every token line
     must have as many columns as the first one. Raises DataError (one line, naming
     path:line) for a wrong column count, bad UTF-8, an out-of-range label column or a
-    file without sentences.
+    file without sentences (naming the file for one it cannot read). Any filesystem
+    TensorFlow knows (gs://...).
     """
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        raw_lines = f.read().split(b"\n")
+    import tensorflow as tf  # here, not at the top: the rest of this module needs none
+    from electra_tf import fileio
+    try:
+        raw_lines = fileio.read_bytes(path).split(b"\n")
+    except (OSError, tf.errors.OpError) as e:
+        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
     sentences: List[Sentence] = []
     words: List[str] = []
     labels: List[str] = []

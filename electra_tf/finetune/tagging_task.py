@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics
 from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
                                          TaggingFeatures, convert_labels, convert_sentences,
@@ -77,7 +78,7 @@ class TaggingTask(Task):
     # --- data --------------------------------------------------------------------
     def _read(self, data_dir: str, file: str) -> List[Sentence]:
         path = os.path.join(data_dir, self.name, file)
-        if not os.path.isfile(path):
+        if not fileio.isfile(path):
             hint = (" (CoNLL-2000 ships train.txt and test.txt: use test.txt as dev.txt)"
                     if file == "dev.txt" else "")
             raise DataError(f"{path}: no such file{hint}")

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics, where
 from electra_tf.finetune.text import TextEncoder
 
@@ -112,12 +113,11 @@ def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
     """(1-based line number, fields) for each non-empty line of a tab-separated file.
 
     Quotes are data (GLUE's files are not CSV-quoted). Bad UTF-8 is an error naming the
-    line."""
+    line. Any filesystem TensorFlow knows (gs://...)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+        raw = fileio.read_bytes(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     rows = []
@@ -286,7 +286,7 @@ class TsvTask(Task):
         if test.file == "diagnostic.tsv":  # where GLUE's download script puts AX
             candidates.append(os.path.join(data_dir, "diagnostic", test.file))
         for path in candidates:
-            if os.path.isfile(path):
+            if fileio.isfile(path):
                 return self.read_test(path)
         if not test.required:
             return None
@@ -414,7 +414,7 @@ def find_dir(data_dir: str, task: TsvTask) -> TsvTask:
     """GLUE's download script names folders `SST-2`, many users `sst2` or `sst-2`: take
     whichever exists."""
     for name in (task.dir_name, task.name, (task.dir_name or "").lower()):
-        if name and os.path.isdir(os.path.join(data_dir, name)):
+        if name and fileio.isdir(os.path.join(data_dir, name)):
             return dataclasses.replace(task, dir_name=name)
     return task
 

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder.tokenizers import SPECIAL_TOKENS, read_wordpiece_vocab
 
@@ -31,6 +32,14 @@ def normalize(strings: tf.Tensor, lower: bool) -> tf.Tensor:
         strings = tf_text.normalize_utf8(strings, "NFD")
         strings = tf.strings.regex_replace(strings, r"\p{Mn}", "")
     return strings
+
+
+def _read_model_file(path: str, flag: str) -> bytes:
+    """The bytes of a SentencePiece model on any filesystem (gs://...)."""
+    try:
+        return fileio.read_bytes(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise BuildError(f"{flag}: cannot read {path}: {fileio.error_reason(e)}") from None
 
 
 def pair_lengths(a, b, budget):
@@ -64,11 +73,7 @@ class TextEncoder(tf.Module):
         self.do_lower_case = bool(do_lower_case)
         if spm_model is not None:
             import sentencepiece as spm
-            try:
-                with open(spm_model, "rb") as f:
-                    proto = f.read()
-            except OSError as e:
-                raise BuildError(f"--spm_model: cannot read {spm_model}: {e.strerror}") from None
+            proto = _read_model_file(spm_model, "--spm_model")
             proc = spm.SentencePieceProcessor(model_proto=proto)
             self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
             self.kind = "sentencepiece"
@@ -91,7 +96,9 @@ class TextEncoder(tf.Module):
                              f"{', '.join(missing)}")
         self.special_ids: Dict[str, int] = {t: lookup[t] for t in SPECIAL_TOKENS}
         self.vocab_size = len(self.vocab)
-        self.vocab_path = os.path.abspath(vocab_file or spm_model)
+        path = vocab_file or spm_model
+        self.vocab_path = path if fileio.is_remote(path) else \
+            os.path.abspath(path)  # local paths only: abspath would mangle gs://b/x
         self._tokenize_fn = tf.function(self.tokenize, reduce_retracing=True)
 
     # ------------------------------------------------------------------ graph ops

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute
+from electra_tf import distribute, fileio
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
@@ -229,10 +229,7 @@ def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
 
 
 def _write_json(path: str, data: Any):
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    fileio.write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
@@ -240,19 +237,16 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
     """`<out_dir>/<name>.tsv` for each test split, in the GLUE leaderboard's format
     (`index<TAB>prediction`, the test file's index column, label strings or STS-B scores);
     each written to a temporary file, then renamed. Every worker must call it (prediction
-    is collective); only the chief writes. Returns {name: path}."""
+    is collective); only the chief writes. Any filesystem (gs://...). Returns {name: path}."""
     paths = {}
     for data in tests:
         labels = task.predicted_labels(data, finetuner.predict(data))
         if not chief:
             continue
-        tf.io.gfile.makedirs(out_dir)
+        fileio.makedirs(out_dir)
         lines = ["index\tprediction"] + [f"{i}\t{p}" for i, p in zip(data.meta, labels)]
         path = os.path.join(out_dir, f"{data.name}.tsv")
-        tmp = path + ".tmp"
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        tf.io.gfile.rename(tmp, path, overwrite=True)
+        fileio.write_atomic(path, "\n".join(lines) + "\n")
         paths[data.name] = path
         logging.info("Wrote %d test predictions to %s", len(labels), path)
     return paths
@@ -323,7 +317,9 @@ class RunOptions:
     spm_model: Optional[str] = None
     do_lower_case: bool = True
     strategy: str = "auto"
-    tpu: Optional[str] = None
+    tpu: Optional[str] = None  # local, a TPU's name or grpc://HOST:PORT (distribute.py)
+    tpu_zone: Optional[str] = None
+    gcp_project: Optional[str] = None
     jit_compile: Optional[bool] = None
     do_predict: bool = False  # test-set predictions of the median trial
 
@@ -349,7 +345,8 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     from electra_tf.finetune import export as export_lib
     from electra_tf.finetune.text import TextEncoder
 
-    strategy = distribute.make_strategy(options.strategy, options.tpu)
+    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
+                                        options.gcp_project)
     precision = cfg.precision
     if precision == "auto":
         precision = distribute.default_precision(strategy)
@@ -371,15 +368,14 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  train.name, ", ".join(f"{d.name}: {d.num_examples}" for d in evals),
                  steps, cfg.train_batch_size, cfg.num_train_epochs, cfg.learning_rate,
                  cfg.layerwise_lr_decay)
-    tf.io.gfile.makedirs(options.model_dir)
+    fileio.makedirs(options.model_dir)
     trials: List[Dict[str, float]] = []
     for trial in range(cfg.num_trials):
         trial_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"),
                                           strategy)
         result_path = os.path.join(trial_dir, "result.json")
-        if tf.io.gfile.exists(result_path):
-            with tf.io.gfile.GFile(result_path) as f:
-                trials.append(json.load(f))
+        if fileio.exists(result_path):  # written last: the trial is complete
+            trials.append(fileio.read_json(result_path))
             logging.info("Trial %d already done: %s", trial, trials[-1])
             continue
         seed = cfg.seed + trial
