@@ -46,10 +46,18 @@ flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all"],
 flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
                     ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
 flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
-                  "tf.distribute strategy.")
-flags.DEFINE_string("tpu", None, "TPU name or grpc address (Cloud TPU).")
-flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU.")
-flags.DEFINE_string("gcp_project", None, "GCP project of the TPU.")
+                  "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
+                  "--tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists several "
+                  "workers, else every visible GPU, else the CPU.")
+flags.DEFINE_string("tpu", None, "Which TPU (README: Cloud TPU quickstart): 'local' for the "
+                    "chips of this Cloud TPU VM (what auto-detection picks there); the TPU's "
+                    "NAME for a multi-host TPU VM slice (run on its worker 0 only, with "
+                    "TPU_LOAD_LIBRARY=0) or a TPU Node; or grpc://HOST:8470. Default: "
+                    "$TPU_NAME, else auto-detection.")
+flags.DEFINE_string("tpu_zone", None, "Zone of the TPU named by --tpu=NAME (default: this GCE "
+                    "VM's zone, from the metadata server; outside Google Cloud, required).")
+flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
+                    "this GCE VM's project; outside Google Cloud, required).")
 flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
                   "Compute precision; variables, losses, softmax and sampling stay float32. "
                   "auto (the presets' default): bfloat16 on TPU, float32 elsewhere; "
@@ -117,7 +125,11 @@ def main(argv):
             from electra_tf import flops
             print(flops.format_table(cfg, FLAGS.config))
             return
-        model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{FLAGS.config}")
+        # A config file on a bucket names the default run by its stem, never a local
+        # folder named "gs:".
+        config_name = (os.path.splitext(os.path.basename(FLAGS.config))[0]
+                       if "://" in FLAGS.config else FLAGS.config)
+        model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{config_name}")
         options = train.RunOptions(
             model_dir=model_dir, train_data=FLAGS.train_data, eval_data=FLAGS.eval_data,
             do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, strategy=FLAGS.strategy,

@@ -14,7 +14,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 
 import tensorflow as tf  # noqa: E402
@@ -74,7 +74,7 @@ def main(argv=None):
     pattern = args.data_dir
     if pattern is None:
         pattern = DEFAULT_DATA
-        if not os.path.exists(os.path.join(pattern, "manifest.json")):
+        if not os.path.exists(os.path.join(pattern, "manifest.json")):  # local: DEFAULT_DATA
             tmp = tempfile.TemporaryDirectory(prefix="bench_input_pipeline-")
             pattern = tmp.name
             t = time.perf_counter()

@@ -22,7 +22,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 
 
@@ -118,7 +118,8 @@ def main(argv=None):
     for precision in args.precisions.split(","):
         for jit in args.jit.split(","):
             child = [a for a in (argv if argv is not None else sys.argv[1:])]
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), *child,
+            script = os.path.abspath(__file__)  # local: this script
+            done = subprocess.run([sys.executable, script, *child,
                                    f"--one={precision}:{jit}"], capture_output=True,
                                   text=True, cwd=REPO)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -132,9 +133,9 @@ def main(argv=None):
                   f"{r['achieved_flops'] / 1e12:8.3f} {r['peak_flops'] / 1e12:8.3f} "
                   f"{100 * r['mfu']:5.1f}% {r['compile_s']:9.1f}  {r['peak_source']}",
                   flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if args.json:  # any filesystem TensorFlow knows (local, gs://...)
+        from electra_tf import fileio
+        fileio.write_atomic(args.json, json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

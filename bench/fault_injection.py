@@ -37,6 +37,9 @@ failed check) in the summary.
 
 Prints each kill and a summary; exits 0 only if every check passed. Logs and outputs go
 to --workdir (a temporary directory, removed after a fully passing run unless --keep).
+--workdir is local by design (the harness reads /proc, kills local processes and polls
+their output directories for half-written files: plain os / open calls on it are
+deliberate); --json may be on any filesystem TensorFlow knows (gs://...).
 """
 
 import argparse
@@ -791,7 +794,8 @@ def parse_args(argv=None):
     p.add_argument("--finetune_save_steps", type=int, default=5)
     p.add_argument("--skip", default="", help="comma-separated parts to skip: "
                    "pretrain, build, finetune")
-    p.add_argument("--workdir", default=None, help="default: a new temporary directory")
+    p.add_argument("--workdir", default=None, help="a local directory (default: a new "
+                   "temporary one)")
     p.add_argument("--keep", action="store_true", help="keep --workdir after a passing run")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     return p.parse_args(argv)
@@ -942,9 +946,11 @@ def main(argv=None) -> int:
     removed = not failures and args.workdir is None and not args.keep
     say(f"logs: {logs}" + (" (removed; --keep keeps them)" if removed else ""))
     figures.update(wall_s=wall, failures=failures)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2, default=str)
+    if args.json:  # any filesystem TensorFlow knows (local, gs://...)
+        if REPO not in sys.path:
+            sys.path.insert(0, REPO)
+        from electra_tf import fileio
+        fileio.write_atomic(args.json, json.dumps(figures, indent=2, default=str))
     if removed:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if not failures else 1

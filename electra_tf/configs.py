@@ -9,7 +9,10 @@ import json
 import os
 from typing import Any, Dict, Optional, Union
 
-PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# Repo-internal presets (local, next to this package); user config files go through
+# TensorFlow's filesystem layer (`load_config`).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
+PRESET_DIR = os.path.join(_REPO, "configs")
 
 
 class ConfigError(ValueError):
@@ -348,23 +351,34 @@ def _flatten(data: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 
 def preset_names():
-    return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".json"))
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR)  # local: repo-internal presets
+                  if f.endswith(".json"))
 
 
 def load_config(name_or_path: str = "tiny",
                 overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
-    """A preset name (configs/NAME.json) or a JSON path, plus overrides; checked."""
+    """A preset name (configs/NAME.json) or a JSON path (any filesystem TensorFlow knows:
+    local, gs://...), plus overrides; checked."""
+    # TensorFlow is imported here, not at the top: run_pretraining.py imports this module
+    # to define its flags before TensorFlow loads.
+    import tensorflow as tf
+    from electra_tf import fileio
     path = name_or_path
-    if not os.path.exists(path):
+    try:
+        found = fileio.exists(path)
+    except tf.errors.OpError as e:  # e.g. an unreachable bucket
+        raise ConfigError(f"--config {path}: {fileio.error_reason(e)}") from None
+    if not found:
+        if fileio.is_remote(path):
+            raise ConfigError(f"--config {path}: no such file")
         path = os.path.join(PRESET_DIR, f"{name_or_path}.json")
-        if not os.path.exists(path):
+        if not fileio.exists(path):
             raise ConfigError(f"--config {name_or_path!r}: neither a file nor a preset; "
                               f"presets: {', '.join(preset_names())}")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--config {path}: {e}") from None
+        data = json.loads(fileio.read_text(path))
+    except (OSError, tf.errors.OpError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--config {path}: {fileio.error_reason(e)}") from None
     cfg = apply_overrides(PretrainingConfig(), _flatten(data, path))
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)

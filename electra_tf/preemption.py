@@ -49,7 +49,7 @@ def on_gce() -> bool:
     if os.environ.get(METADATA_HOST_ENV):
         return True
     try:
-        with open("/sys/class/dmi/id/product_name") as f:
+        with open("/sys/class/dmi/id/product_name") as f:  # local: /sys
             return f.read().strip().startswith("Google")
     except OSError:
         return False

@@ -9,7 +9,6 @@ released TF1 layout for fine-tuning.
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import time
@@ -19,13 +18,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, flops, hardware, input_pipeline
+from electra_tf import distribute, fileio, flops, hardware, input_pipeline
 from electra_tf.preemption import PreemptionWatch
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
 from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
 SAMPLE_CACHE = os.path.join("cache", "tfrecords")
 
 
@@ -147,8 +146,8 @@ def _special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingCon
         special.update(manifest["tokenizer"].get("special_token_ids", {}))
         if cfg.objective.generator == "unigram":
             base = os.path.dirname(files[0])
-            counts = np.loadtxt(os.path.join(base, manifest["token_counts_file"]),
-                                dtype=np.int64)
+            with fileio.open_file(fileio.join(base, manifest["token_counts_file"])) as f:
+                counts = np.loadtxt(f, dtype=np.int64)
     return special, counts
 
 
@@ -228,12 +227,9 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     input_pipeline.reset_skipped_shards()
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = _special_ids_and_counts(manifest, files, cfg)
-    os.makedirs(options.model_dir, exist_ok=True)
-    if chief:
-        path = os.path.join(options.model_dir, "config.json")
-        with open(path + ".tmp", "w") as f:  # a rename: never a torn config.json
-            json.dump(cfg.to_json(), f, indent=2)
-        os.replace(path + ".tmp", path)
+    fileio.makedirs(options.model_dir)
+    if chief:  # a rename (a whole-object upload on a bucket): never a torn config.json
+        fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
 
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     ckpt = trainer.checkpoint()
@@ -260,8 +256,8 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
             export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
         result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief)
-    if not chief and tf.io.gfile.exists(manager.directory):
-        tf.io.gfile.rmtree(manager.directory)
+    if not chief:
+        fileio.rmtree(manager.directory)
     return result
 
 
@@ -269,12 +265,13 @@ def export_discriminator(model, model_dir: str) -> str:
     """Writes MODEL_DIR/discriminator/model.ckpt: the discriminator alone, under the
     released TF1 names (what fine-tuning loads), with a `checkpoint` state file so that
     tf.train.latest_checkpoint finds it. Returns the prefix."""
-    directory = os.path.join(model_dir, "discriminator")
-    prefix = save_tf1_checkpoint(model, os.path.join(directory, "model.ckpt"),
+    directory = fileio.join(model_dir, "discriminator")
+    prefix = save_tf1_checkpoint(model, fileio.join(directory, "model.ckpt"),
                                  discriminator_variables(model))
-    with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
-        f.write('model_checkpoint_path: "model.ckpt"\n'
-                'all_model_checkpoint_paths: "model.ckpt"\n')
+    # The state file, written after the checkpoint it names, marks the export complete.
+    fileio.write_atomic(fileio.join(directory, "checkpoint"),
+                        'model_checkpoint_path: "model.ckpt"\n'
+                        'all_model_checkpoint_paths: "model.ckpt"\n')
     logging.info("Discriminator-only checkpoint (released TF1 layout): %s", prefix)
     return prefix
 
@@ -282,7 +279,7 @@ def export_discriminator(model, model_dir: str) -> str:
 def _summary_writer(model_dir: str, name: str, chief: bool):
     if not chief:
         return tf.summary.create_noop_writer()
-    return tf.summary.create_file_writer(os.path.join(model_dir, name))
+    return tf.summary.create_file_writer(fileio.join(model_dir, name))
 
 
 class _Progress:
@@ -366,7 +363,7 @@ class _ProfileWindow:
         if self.active and step >= self.steps[1]:
             self.stop()
             logging.info("Profiler trace up to step %d in %s", step,
-                         os.path.join(self.logdir, "plugins", "profile"))
+                         fileio.join(self.logdir, "plugins", "profile"))
 
     def stop(self):
         if self.active:
@@ -401,7 +398,7 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     # A preemption notice stops the run at the end of the current host loop, after a
     # checkpoint (multi-worker: at a step agreed with the other workers).
     with (PreemptionWatch(trainer.strategy) as preemption,
-          _ProfileWindow(profile_steps, os.path.join(model_dir, "train"), chief) as profile):
+          _ProfileWindow(profile_steps, fileio.join(model_dir, "train"), chief) as profile):
         while step < total:
             # Stop each host loop at the next log, checkpoint, phase or profile boundary.
             n = profile.n_until_boundary(step, min(
@@ -458,29 +455,33 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
     return out_metrics
 
 
-# A checkpoint write's staging directory, and the checkpoint index's temporary file.
-_TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+)$")
+# A checkpoint write's staging directory, the checkpoint index's temporary file, and the
+# temporary file of a killed `fileio.write_atomic` of config.json / eval_results.json.
+_TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+|"
+                              r"(config|eval_results)\.json\.[0-9a-f]{12}"
+                              + re.escape(fileio.TMP_SUFFIX) + ")$")
 
 
 def remove_torn_checkpoints(directory: str) -> int:
     """Deletes what a killed checkpoint write left in `directory` (its `ckpt-N_temp/`
     staging directories and `checkpoint.tmp<hex>` index files; a checkpoint only becomes
-    visible once complete, so these are never loaded) and returns the bytes freed. Call
-    before writing there."""
-    if not tf.io.gfile.isdir(directory):
+    visible once complete, so these are never loaded; also the temp files of a killed
+    config.json / eval_results.json write) and returns the bytes freed. `directory` may be
+    on any filesystem (gs://...). Call before writing there."""
+    if not fileio.isdir(directory):
         return 0
     freed = 0
-    for name in tf.io.gfile.listdir(directory):
-        path = os.path.join(directory, name.rstrip("/"))
-        if not _TORN_CHECKPOINT.match(name.rstrip("/")):
+    for name in fileio.listdir(directory):
+        if not _TORN_CHECKPOINT.match(name):
             continue
-        if tf.io.gfile.isdir(path):
+        path = fileio.join(directory, name)
+        if fileio.isdir(path):
             for root, _, files in tf.io.gfile.walk(path):
-                freed += sum(tf.io.gfile.stat(os.path.join(root, f)).length for f in files)
-            tf.io.gfile.rmtree(path)
+                freed += sum(fileio.size(fileio.join(root, f)) for f in files)
+            fileio.rmtree(path)
         else:
-            freed += tf.io.gfile.stat(path).length
-            tf.io.gfile.remove(path)
+            freed += fileio.size(path)
+            fileio.remove(path)
     if freed:
         logging.info("Removed %d bytes of torn checkpoint writes from %s", freed, directory)
     return freed
@@ -529,6 +530,6 @@ def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
                  tc.eval_batch_size, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     if chief:
         _write_scalars(_summary_writer(model_dir, "eval", chief), step, out, {})
-        with open(os.path.join(model_dir, "eval_results.json"), "w") as f:
-            json.dump(dict(metrics, step=step), f, indent=2)
+        fileio.write_json_atomic(fileio.join(model_dir, "eval_results.json"),
+                                 dict(metrics, step=step))
     return metrics

@@ -20,6 +20,7 @@ interrupted pre-training resumes from its last checkpoint).
 import argparse
 import collections
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -29,11 +30,13 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from electra_tf import configs, flops  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from electra_tf import configs, fileio, flops  # noqa: E402
 
 # name -> config overrides of the variant (on top of --config and --params_override).
 VARIANTS = collections.OrderedDict([
@@ -68,6 +71,10 @@ FINETUNE_FIXED_S = 11.0
 FINETUNE_TRIAL_S = 10.0
 
 DONE = "DONE.json"
+# On a bucket every flush of a log re-uploads it: flush it this often (seconds) there.
+REMOTE_LOG_FLUSH_S = 30.0
+# What reading a file that is missing, unreadable or torn raises.
+_READ_ERRORS = (OSError, tf.errors.OpError, UnicodeDecodeError, json.JSONDecodeError)
 
 
 class ExperimentError(Exception):
@@ -293,26 +300,16 @@ def estimate_seconds(plan: Dict, seeds: int) -> Dict[str, float]:
 # --- done markers ----------------------------------------------------------------------
 
 def write_json_atomic(path: str, data) -> None:
-    """Writes `data` to `path` through a temporary file and a rename: a reader (or a
-    rerun after a kill) sees the old file, or the whole new one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Writes `data` to `path` (any filesystem: local, gs://...) through a temporary file
+    and a rename (`fileio.write_atomic`): a reader (or a rerun after a kill) sees the old
+    file, or the whole new one."""
+    fileio.makedirs(os.path.dirname(path))
+    fileio.write_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def read_marker(directory: str) -> Optional[dict]:
-    path = os.path.join(directory, DONE)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None  # a marker that cannot be read is no marker: the job runs again
+    # A marker that is missing or cannot be read is no marker: the job runs again.
+    return read_json(fileio.join(directory, DONE))
 
 
 def check_marker(marker: Optional[dict], expected: dict, where: str) -> bool:
@@ -387,19 +384,37 @@ def format_seconds(s: float) -> str:
 
 
 def run_logged(cmd: List[str], log_path: str) -> int:
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log:
+    """Runs `cmd` in the repository, its stdout and stderr appended to `log_path` (any
+    filesystem) line by line as they come; returns its exit status."""
+    fileio.makedirs(os.path.dirname(log_path))
+    flush_every = REMOTE_LOG_FLUSH_S if fileio.is_remote(log_path) else 0.0
+    with fileio.open_file(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
-        return subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        try:
+            flushed = time.monotonic()
+            for line in proc.stdout:
+                log.write(line)
+                if time.monotonic() - flushed >= flush_every:
+                    log.flush()
+                    flushed = time.monotonic()
+            return proc.wait()
+        except BaseException:  # as subprocess.run does: no orphaned child
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            proc.stdout.close()
 
 
 def last_error(log_path: str) -> str:
     try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
+        text = fileio.read_bytes(log_path).decode("utf-8", errors="replace")
+    except (OSError, tf.errors.OpError):
         return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if "error" in line.lower() and not line.startswith("$"):
             return line[-300:]
@@ -407,18 +422,18 @@ def last_error(log_path: str) -> str:
 
 
 def pretrain_dir(out_dir: str, variant: str) -> str:
-    return os.path.join(out_dir, "pretrain", variant)
+    return fileio.join(out_dir, "pretrain", variant)
 
 
 def finetune_dir(out_dir: str, variant: str, step: int) -> str:
-    return os.path.join(out_dir, "finetune", variant, f"step{step}")
+    return fileio.join(out_dir, "finetune", variant, f"step{step}")
 
 
 def run_experiment(args, plan: Dict) -> Dict[str, str]:
     """Runs the jobs not done yet; returns {job: error} for the jobs that failed."""
     progress = Progress(estimate_seconds(plan, args.seeds))
     failures = {}
-    logs = os.path.join(args.out_dir, "logs")
+    logs = fileio.join(args.out_dir, "logs")
     for v in plan["variants"].values():
         pdir = pretrain_dir(args.out_dir, v.name)
         job = f"pretrain/{v.name}"
@@ -430,12 +445,12 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
             print(progress.line(f"{job}: {v.steps} steps, {v.flops:.3e} FLOPs ..."),
                   flush=True)
             t0 = time.monotonic()
-            log = os.path.join(logs, f"pretrain_{v.name}.log")
+            log = fileio.join(logs, f"pretrain_{v.name}.log")
             rc = run_logged(pretrain_command(args, v, pdir), log)
             seconds = time.monotonic() - t0
             progress.finish(job, seconds)
             missing = [p.step for p in v.points
-                       if not os.path.exists(os.path.join(pdir, f"ckpt-{p.step}.index"))]
+                       if not fileio.exists(fileio.join(pdir, f"ckpt-{p.step}.index"))]
             if rc != 0 or missing:
                 why = f"exit {rc}" if rc else f"no checkpoint at steps {missing}"
                 failures[job] = f"{why}: {last_error(log)} (log: {log})"
@@ -443,8 +458,8 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
                 for p in v.points:
                     progress.skip(f"finetune/{v.name}/step{p.step}")
                 continue
-            eval_results = read_json(os.path.join(pdir, "eval_results.json")) or {}
-            write_json_atomic(os.path.join(pdir, DONE), dict(
+            eval_results = read_json(fileio.join(pdir, "eval_results.json")) or {}
+            write_json_atomic(fileio.join(pdir, DONE), dict(
                 expected, seconds=seconds, eval_results=eval_results))
             print(progress.line(f"{job}: done in {format_seconds(seconds)}"), flush=True)
         for p in v.points:
@@ -460,17 +475,17 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
                 continue
             print(progress.line(f"{job}: {args.seeds} seed(s) ..."), flush=True)
             t0 = time.monotonic()
-            log = os.path.join(logs, f"finetune_{v.name}_step{p.step}.log")
-            rc = run_logged(finetune_command(args, os.path.join(pdir, f"ckpt-{p.step}"),
+            log = fileio.join(logs, f"finetune_{v.name}_step{p.step}.log")
+            rc = run_logged(finetune_command(args, fileio.join(pdir, f"ckpt-{p.step}"),
                                              fdir), log)
             seconds = time.monotonic() - t0
             progress.finish(job, seconds)
-            results = read_json(os.path.join(fdir, "results.json"))
+            results = read_json(fileio.join(fdir, "results.json"))
             if rc != 0 or not results:
                 failures[job] = f"exit {rc}: {last_error(log)} (log: {log})"
                 print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
                 continue
-            write_json_atomic(os.path.join(fdir, DONE), dict(
+            write_json_atomic(fileio.join(fdir, DONE), dict(
                 expected, seconds=seconds, metric=results.get("metric"),
                 scores=results.get("scores"), median=results.get("median")))
             drop_trial_checkpoints(fdir)
@@ -483,18 +498,18 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
 def drop_trial_checkpoints(fdir: str):
     """Removes the fine-tuned weights of finished trials (their result.json stays): the
     experiment needs only the scores, and 54 trials of checkpoints fill a disk."""
-    for root, _, files in os.walk(fdir):
-        if os.path.basename(root).startswith("trial_") and "result.json" in files:
+    for root, _, files in tf.io.gfile.walk(fdir):
+        if os.path.basename(root.rstrip("/")).startswith("trial_") and "result.json" in files:
             for name in files:
                 if name.startswith("ckpt-") or name == "checkpoint":
-                    os.remove(os.path.join(root, name))
+                    fileio.remove(fileio.join(root, name))
 
 
 def read_json(path: str):
+    """The JSON in `path` (any filesystem), or None if it is missing, unreadable or torn."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
+        return fileio.read_json(path)
+    except _READ_ERRORS:
         return None
 
 
@@ -526,7 +541,7 @@ def collect_results(out_dir: str, plan: Dict) -> Dict:
 def machine() -> str:
     model, cores = "unknown CPU", 0
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:  # local: /proc
             for line in f:
                 if line.startswith("model name"):
                     model = line.split(":", 1)[1].strip()
@@ -626,7 +641,8 @@ def render_report(results: Dict, command: str, machine_line: str,
 
 
 def plot(results: Dict, path: str) -> bool:
-    """score_vs_flops.png: one line per variant through its fine-tuned checkpoints."""
+    """score_vs_flops.png at `path` (any filesystem): one line per variant through its
+    fine-tuned checkpoints."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -653,8 +669,10 @@ def plot(results: Dict, path: str) -> bool:
     ax.set_title("Pre-training objectives at equal compute")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    fileio.write_atomic(path, png.getvalue())
     return True
 
 
@@ -663,15 +681,12 @@ def write_outputs(args, plan: Dict, command: str, failures: Dict[str, str]) -> D
     results["command"] = command
     results["machine"] = machine()
     results["failures"] = failures
-    write_json_atomic(os.path.join(args.out_dir, "results.json"), results)
-    notes = os.path.join(args.out_dir, INTERPRETATION_FILE)
-    interpretation = open(notes, encoding="utf-8").read() if os.path.exists(notes) else None
+    write_json_atomic(fileio.join(args.out_dir, "results.json"), results)
+    notes = fileio.join(args.out_dir, INTERPRETATION_FILE)
+    interpretation = fileio.read_text(notes) if fileio.exists(notes) else None
     report = render_report(results, command, results["machine"], failures, interpretation)
-    with open(os.path.join(args.out_dir, "report.md.tmp"), "w", encoding="utf-8") as f:
-        f.write(report)
-    os.replace(os.path.join(args.out_dir, "report.md.tmp"),
-               os.path.join(args.out_dir, "report.md"))
-    plot(results, os.path.join(args.out_dir, "score_vs_flops.png"))
+    fileio.write_atomic(fileio.join(args.out_dir, "report.md"), report)
+    plot(results, fileio.join(args.out_dir, "score_vs_flops.png"))
     return results
 
 
@@ -700,13 +715,13 @@ def main(argv: Sequence[str]) -> int:
     except ExperimentError as e:
         print(f"compute_matched: error: {e}", file=sys.stderr)
         return 1
-    command = shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] +
+    command = shlex.join([os.path.relpath(os.path.abspath(__file__), REPO)] +  # local: this script
                          [a for a in argv if a != "--report_only"])
     command = "python " + command
     print_plan(plan, args.seeds)
     if args.dry_run:
         return 0
-    os.makedirs(args.out_dir, exist_ok=True)
+    fileio.makedirs(args.out_dir)
     failures: Dict[str, str] = {}
     if not args.report_only:
         try:
@@ -715,7 +730,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"compute_matched: error: {e}", file=sys.stderr)
             return 1
     write_outputs(args, plan, command, failures)
-    print(f"report: {os.path.join(args.out_dir, 'report.md')}")
+    print(f"report: {fileio.join(args.out_dir, 'report.md')}")
     if failures:
         print(f"compute_matched: {len(failures)} job(s) failed: {', '.join(failures)}; "
               "rerun the same command to retry them", file=sys.stderr)

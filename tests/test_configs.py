@@ -73,3 +73,30 @@ def test_frozen():
         cfg.model.hidden_size = 3
     assert apply_overrides(cfg, {"hidden_size": 512}).model.hidden_size == 512
     assert cfg.model.hidden_size == 256
+
+
+def test_config_file_on_a_remote_filesystem():
+    """A --config file is read through TensorFlow's filesystem layer (gs:// works as
+    ram:// does here); a missing or bad one is one line naming it."""
+    import uuid
+
+    import tensorflow as tf
+    root = f"ram://configs_{uuid.uuid4().hex}"
+    try:
+        tf.io.gfile.makedirs(root)
+        with tf.io.gfile.GFile(f"{root}/c.json", "w") as f:
+            f.write(json.dumps({"model": {"hidden_size": 64, "num_attention_heads": 2},
+                                "train": {"num_train_steps": 7}}))
+        cfg = load_config(f"{root}/c.json", "learning_rate=3e-4")
+        assert (cfg.model.hidden_size, cfg.model.num_attention_heads) == (64, 2)
+        assert cfg.train.num_train_steps == 7 and cfg.optimizer.learning_rate == 3e-4
+        with pytest.raises(ConfigError, match=rf"^--config {root}/nope.json: no such file$"):
+            load_config(f"{root}/nope.json")
+        with tf.io.gfile.GFile(f"{root}/torn.json", "w") as f:
+            f.write('{"model": {"hidden_size": 6')
+        with pytest.raises(ConfigError) as e:
+            load_config(f"{root}/torn.json")
+        assert str(e.value).startswith(f"--config {root}/torn.json: ")
+        assert "\n" not in str(e.value)
+    finally:
+        tf.io.gfile.rmtree(root)

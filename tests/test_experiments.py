@@ -217,3 +217,56 @@ def test_dry_run_prints_the_plan(capsys):
     assert cm.main(["--dry_run", "--variants=electra,all_tokens_mlm"]) == 0
     out = capsys.readouterr().out
     assert "budget" in out and "all_tokens_mlm" in out and "estimated wall time" in out
+
+
+def test_outputs_and_logs_on_a_remote_filesystem(monkeypatch):
+    """--out_dir on a bucket: markers, results.json, report.md, the plot and the job logs
+    go through TensorFlow's filesystem layer (ram:// here, as gs:// would)."""
+    import sys
+    import uuid
+
+    import tensorflow as tf
+    out = f"ram://experiments_{uuid.uuid4().hex}"
+    try:
+        small = cm.plan_variants("tiny", ["electra"], "electra", 20, [1.0])
+        args = cm.parse_args(["--variants=electra", "--reference_steps=20", "--points=1",
+                              f"--out_dir={out}"])
+        v = small["variants"]["electra"]
+        cm.write_json_atomic(f"{out}/pretrain/electra/{cm.DONE}", {
+            "steps": v.steps, "overrides": v.overrides, "config": "tiny", "seconds": 9.0,
+            "eval_results": {"disc_auc": 0.625}})
+        cm.write_json_atomic(f"{cm.finetune_dir(out, 'electra', v.steps)}/{cm.DONE}", {
+            "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": v.steps,
+            "max_seq_length": 64, "epochs": None, "metric": "accuracy",
+            "scores": [0.5, 0.75, 0.7], "median": 0.7})
+        with tf.io.gfile.GFile(f"{out}/{cm.INTERPRETATION_FILE}", "w") as f:
+            f.write("Noise at this scale.\n")
+        monkeypatch.setattr(cm, "run_logged", lambda *a: pytest.fail("reran a done job"))
+        assert cm.run_experiment(args, small) == {}
+        cm.write_outputs(args, small, "python x", {})
+        saved = json.loads(tf.io.gfile.GFile(f"{out}/results.json").read())
+        assert saved["variants"]["electra"]["points"][0]["scores"] == [0.5, 0.75, 0.7]
+        report = tf.io.gfile.GFile(f"{out}/report.md").read()
+        assert "| disc_auc | 0.6250 |" in report and "| electra | 0.7000 |" in report
+        assert report.endswith("Noise at this scale.\n")
+        names = set(tf.io.gfile.listdir(out))
+        assert {"results.json", "report.md", "pretrain", "finetune"} <= \
+            {n.rstrip("/") for n in names}
+        assert not [n for n in names if n.endswith(".tmp")]
+        if "matplotlib" in sys.modules or importlib.util.find_spec("matplotlib"):
+            png = tf.io.gfile.GFile(f"{out}/score_vs_flops.png", "rb").read()
+            assert png.startswith(b"\x89PNG") and len(png) > 1000
+        # A job's output is appended to its log there, and its last error line found.
+        monkeypatch.undo()
+        log = f"{out}/logs/job.log"
+        code = "import sys; print('step 1'); print('error: boom', file=sys.stderr); sys.exit(3)"
+        assert cm.run_logged([sys.executable, "-u", "-c", code], log) == 3
+        assert cm.run_logged([sys.executable, "-c", "print('again')"], log) == 0
+        text = tf.io.gfile.GFile(log).read()
+        assert text.count("\n$ ") == 2 and "step 1\nerror: boom\n" in text
+        assert text.endswith("again\n")
+        assert cm.last_error(log) == "error: boom"
+        assert cm.last_error(f"{out}/logs/missing.log") == ""
+    finally:
+        if tf.io.gfile.exists(out):
+            tf.io.gfile.rmtree(out)

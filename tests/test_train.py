@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -368,3 +369,79 @@ def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):
     assert train.remove_torn_checkpoints(str(run_dir)) == 1007
     assert sorted(os.listdir(run_dir)) == ["ckpt-20.index", "notes_temp"]
     assert train.remove_torn_checkpoints(str(tmp_path / "missing")) == 0
+
+
+@pytest.fixture
+def ram_root():
+    """A unique root on TensorFlow's in-memory filesystem (ram:// matches names by
+    prefix, so every test gets its own), removed afterwards."""
+    root = f"ram://train_{uuid.uuid4().hex}"
+    yield root
+    if tf.io.gfile.exists(root):
+        tf.io.gfile.rmtree(root)
+
+
+def test_a_run_with_model_dir_and_data_on_a_remote_filesystem(tmp_path, sample_build,
+                                                              monkeypatch, ram_root):
+    """model_dir and the training data under ram:// (the filesystem layer gs:// goes
+    through): config.json, eval_results.json, checkpoints, TensorBoard events, the
+    profile and the discriminator export all land there, the rerun resumes from the
+    checkpoint there, and nothing at all is written to the working directory (no local
+    folder named "ram:")."""
+    data, model_dir = f"{ram_root}/data", f"{ram_root}/run"
+    tf.io.gfile.makedirs(data)
+    copied = 0
+    for name in tf.io.gfile.listdir(sample_build[0]):
+        src = os.path.join(sample_build[0], name)
+        if not tf.io.gfile.isdir(src):
+            tf.io.gfile.copy(src, f"{data}/{name}")
+            copied += 1
+    assert copied >= 17  # 16 shards, the manifest, the token counts
+    monkeypatch.chdir(tmp_path)
+    starts = []  # the global step each run's training starts from
+    real_train = train._train
+
+    def spy(cfg, trainer, *args, **kwargs):
+        starts.append(int(trainer.global_step.numpy()))
+        return real_train(cfg, trainer, *args, **kwargs)
+
+    monkeypatch.setattr(train, "_train", spy)
+    for steps in (3, 6):  # the first run also evaluates and profiles (once is enough)
+        first = steps == 3
+        cfg = _cfg(num_train_steps=steps, max_eval_steps=2, eval_batch_size=8)
+        train.run(cfg, _options(model_dir, data, do_eval=first, eval_data=data,
+                                profile_steps="1,2" if first else None))
+        config = json.loads(tf.io.gfile.GFile(f"{model_dir}/config.json").read())
+        assert config["train"]["num_train_steps"] == steps
+        assert config["model"]["hidden_size"] == 128
+        assert config["train"]["train_batch_size"] == 8
+        assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{steps}"
+    assert starts == [0, 3]  # the rerun resumed from ram://.../ckpt-3
+    results = json.loads(tf.io.gfile.GFile(f"{model_dir}/eval_results.json").read())
+    assert results["step"] == 3 and results["loss"] > 0 and 0 <= results["disc_auc"] <= 1
+    names = set(tf.io.gfile.listdir(model_dir))
+    assert {"ckpt-3.index", "ckpt-6.index", "checkpoint", "config.json",
+            "eval_results.json"} <= names
+    assert not [n for n in names if n.endswith(".tmp") or "_temp" in n]
+    for sub in ("train", "eval"):
+        assert tf.io.gfile.glob(f"{model_dir}/{sub}/events.out.tfevents*"), sub
+    assert tf.io.gfile.glob(f"{model_dir}/train/plugins/profile/*/*.xplane.pb")
+    export = dict(tf.train.list_variables(f"{model_dir}/discriminator"))
+    assert "electra/encoder/layer_1/output/dense/kernel" in export
+    assert not [n for n in export if n.startswith("generator")]
+    assert os.listdir(tmp_path) == []
+
+
+def test_torn_checkpoint_writes_are_removed_on_a_remote_filesystem(ram_root):
+    run_dir = f"{ram_root}/run"
+    tf.io.gfile.makedirs(f"{run_dir}/ckpt-30_temp")
+    tf.io.gfile.makedirs(f"{run_dir}/notes_temp")
+    for name, size in [("ckpt-30_temp/part-00000-of-00001.tempstate1", 1000),
+                       ("ckpt-20.index", 10), ("checkpoint.tmp0af3c9", 7),
+                       ("config.json.0123456789ab.tmp", 5), ("config.json", 3)]:
+        with tf.io.gfile.GFile(f"{run_dir}/{name}", "wb") as f:
+            f.write(b"x" * size)
+    assert train.remove_torn_checkpoints(run_dir) == 1012
+    assert sorted(n.rstrip("/") for n in tf.io.gfile.listdir(run_dir)) == [
+        "ckpt-20.index", "config.json", "notes_temp"]
+    assert train.remove_torn_checkpoints(f"{ram_root}/missing") == 0
