@@ -15,6 +15,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from electra_tf.cli_flags import define_strategy_flags  # noqa: E402  (no TensorFlow import)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli, rte, "
                     "squad_v1, squad_v2, chunk, ner, polarity (the bundled set), or the name "
@@ -73,19 +75,7 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (default: the bund
                     "uncased one, that of the pre-training demo).")
 flags.DEFINE_string("spm_model", None, "SentencePiece model instead of --vocab_file.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
-flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
-                  "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
-                  "--tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists several "
-                  "workers, else every visible GPU, else the CPU.")
-flags.DEFINE_string("tpu", None, "Which TPU (README: Cloud TPU quickstart): 'local' for the "
-                    "chips of this Cloud TPU VM (what auto-detection picks there); the TPU's "
-                    "NAME for a multi-host TPU VM slice (run on its worker 0 only, with "
-                    "TPU_LOAD_LIBRARY=0) or a TPU Node; or grpc://HOST:8470. Default: "
-                    "$TPU_NAME, else auto-detection.")
-flags.DEFINE_string("tpu_zone", None, "Zone of the TPU named by --tpu=NAME (default: this GCE "
-                    "VM's zone, from the metadata server; outside Google Cloud, required).")
-flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
-                    "this GCE VM's project; outside Google Cloud, required).")
+define_strategy_flags()
 flags.DEFINE_enum("precision", "auto", ["auto", "float32", "bfloat16", "float16"],
                   "Compute precision (auto: bfloat16 on TPU, float32 elsewhere).")
 flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")

@@ -14,6 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from electra_tf.cli_flags import define_strategy_flags  # noqa: E402  (no TensorFlow import)
+
 from electra_tf.configs import OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
 
 FLAGS = flags.FLAGS
@@ -45,19 +47,7 @@ flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all"],
                   "(default) or all (needs generator_hidden_size=1.0).")
 flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
                     ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
-flags.DEFINE_enum("strategy", "auto", ["auto", "tpu", "gpu", "multi_worker", "cpu"],
-                  "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
-                  "--tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists several "
-                  "workers, else every visible GPU, else the CPU.")
-flags.DEFINE_string("tpu", None, "Which TPU (README: Cloud TPU quickstart): 'local' for the "
-                    "chips of this Cloud TPU VM (what auto-detection picks there); the TPU's "
-                    "NAME for a multi-host TPU VM slice (run on its worker 0 only, with "
-                    "TPU_LOAD_LIBRARY=0) or a TPU Node; or grpc://HOST:8470. Default: "
-                    "$TPU_NAME, else auto-detection.")
-flags.DEFINE_string("tpu_zone", None, "Zone of the TPU named by --tpu=NAME (default: this GCE "
-                    "VM's zone, from the metadata server; outside Google Cloud, required).")
-flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
-                    "this GCE VM's project; outside Google Cloud, required).")
+define_strategy_flags()
 flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
                   "Compute precision; variables, losses, softmax and sampling stay float32. "
                   "auto (the presets' default): bfloat16 on TPU, float32 elsewhere; "

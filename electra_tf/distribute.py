@@ -39,7 +39,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 from absl import logging
 
-STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")
+from electra_tf.cli_flags import STRATEGIES  # the --strategy values
 
 # resolve_tpu_target's kinds
 NO_TPU = "none"          # no TPU: MultiWorkerMirrored, Mirrored or OneDevice as before
