@@ -13,7 +13,6 @@ that finishes within --peer_limit_s.
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -35,7 +35,6 @@ import logging
 import os
 import select
 import signal
-import socket
 import socketserver
 import ssl
 import subprocess
