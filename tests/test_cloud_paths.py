@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, VOCAB, WIKI
+from ram_paths import forget
 
 # ----------------------------------------------------------------------------- the guard
 
@@ -32,7 +33,8 @@ from conftest import REPO, VOCAB, WIKI
 # records while a test switches `_GUARD["on"]`. Its state lives on `sys`, with the hook,
 # so that a second import of this module would switch the hook that is installed.
 _GUARD = sys.__dict__.setdefault("_electra_tf_ram_guard",
-                                 {"on": False, "events": [], "tolerated": []})
+                                 {"on": False, "events": [], "tolerated": [],
+                                  "errors": []})
 _LIBRARY_DIRS = tuple(os.path.join(REPO, d) + os.sep for d in ("electra_tf",
                                                                  "tfrecord_builder"))
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -94,8 +96,8 @@ def _audit(event, args):
                 function == f and file.endswith(os.sep + path) for f, path in _TOLERATED)
             _GUARD["tolerated" if tolerated else "events"].append(
                 record + ((f"{file}:{line}",) if tolerated else ()))
-    except Exception:  # pylint: disable=broad-except
-        pass
+    except Exception as e:  # pylint: disable=broad-except
+        _GUARD.setdefault("errors", []).append(f"{event}: {type(e).__name__}: {e}")
 
 
 if not _GUARD.get("installed"):
@@ -173,15 +175,6 @@ class _Flags(types.SimpleNamespace):
                              "_finetune_flags lacks: add it with run_finetuning.py's default")
 
 
-def _forget(root: str):
-    """Best-effort removal of the ram:// tree (memory of this process only)."""
-    try:
-        if tf.io.gfile.exists(root):
-            tf.io.gfile.rmtree(root)
-    except tf.errors.OpError:
-        pass
-
-
 # ----------------------------------------------------------------------------- the test
 
 def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
@@ -206,6 +199,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
 
     _GUARD["events"].clear()
     _GUARD["tolerated"].clear()
+    _GUARD.setdefault("errors", []).clear()
     _GUARD["on"] = True
     try:
         # -- 0. the guard sees a Python-level access to a ram:// name.
@@ -419,11 +413,12 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         lap("convert")
     finally:
         _GUARD["on"] = False
-        _forget(root)
+        forget(root)
         print("timings (wall s, CPU s):", timings, "total",
               tuple(round(sum(t[i] for t in timings.values()), 1) for i in (0, 1)))
         print(f"tolerated TensorFlow listings: {len(_GUARD['tolerated'])}")
 
     # -- 7. nothing touched a local path named after a ram:// one.
     assert _GUARD["events"] == [], "\n".join(map(str, _GUARD["events"]))
+    assert _GUARD.get("errors", []) == [], _GUARD["errors"][:5]  # the hook saw every event
     assert _local_ram_entries(tmp_path) == []

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from electra_tf.finetune.text import TextEncoder, pair_lengths
 from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+from ram_paths import forget
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
 
@@ -69,16 +70,6 @@ def test_pack_pair_layout(encoder):
     assert np.all(single["segment_ids"] == 0)
     empty = encoder.encode_numpy([""], max_seq_length=4)
     assert empty["input_ids"].tolist() == [[101, 102, 0, 0]]
-
-
-def forget(root):
-    """Best-effort removal of a ram:// tree (ram:// cannot delete directories it was never
-    asked to create; the tree is only memory of this process anyway)."""
-    from electra_tf import fileio
-    try:
-        fileio.rmtree(root)
-    except tf.errors.OpError:
-        pass
 
 
 def _train_spm(lines, vocab_size=300) -> bytes:

@@ -15,6 +15,7 @@ from electra_tf.finetune import DataError, export as export_lib
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.finetune.text import TextEncoder
 from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, median_trial, pad_rows, run
+from ram_paths import forget
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,16 +232,6 @@ def test_export_signatures_and_bad_requests(trained):
     out = enc.signatures["serving_default"](text=tf.constant(["good", "a much longer text"]))
     assert out["sequence_output"].shape == (2, 16, 32)
     assert out["input_mask"].numpy().sum(1).tolist() == [3, 6]
-
-
-def forget(root):
-    """Best-effort removal of a ram:// tree (ram:// cannot delete directories it was never
-    asked to create; the tree is only memory of this process anyway)."""
-    from electra_tf import fileio
-    try:
-        fileio.rmtree(root)
-    except tf.errors.OpError:
-        pass
 
 
 def no_local_ram_entry(root):
