@@ -67,12 +67,9 @@ def glob(pattern: str) -> List[str]:
 
 
 def walk_files(directory: str) -> List[str]:
-    """Every file under `directory`, recursively, skipping dot files and dot folders."""
-    found = []
-    for root, dirs, names in tf.io.gfile.walk(directory):
-        dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
-        found.extend(join(root, n) for n in names if not n.startswith("."))
-    return sorted(found)
+    """Every file under `directory`, recursively, but for names that start with '.'."""
+    return sorted(join(root, name) for root, _, names in tf.io.gfile.walk(directory)
+                  for name in names if not name.startswith("."))
 
 
 def size(path: str) -> int:

@@ -51,7 +51,7 @@ def expand_inputs(patterns: Sequence[str]) -> List[str]:
             continue
         try:
             if fileio.isdir(pattern):
-                found = _walk_files(pattern)
+                found = fileio.walk_files(pattern)
             elif glob.has_magic(pattern):
                 found = [p for p in _glob(pattern) if not fileio.isdir(p)]
             elif fileio.exists(pattern):
@@ -74,13 +74,6 @@ def absolute(path: str) -> str:
     if "://" in path:
         return path
     return os.path.abspath(path)  # local path only: URLs returned above
-
-
-def _walk_files(directory: str) -> List[str]:
-    """Every file under `directory`, recursively, but for names that start with '.'."""
-    return [fileio.join(root, name)
-            for root, _, names in tf.io.gfile.walk(directory) for name in names
-            if not name.startswith(".")]
 
 
 def _hidden(name: str, pattern_part: str) -> bool:
@@ -118,7 +111,7 @@ def _glob(pattern: str) -> List[str]:
             elif d != root:
                 found.append(d)
         if not rest:  # "dir/**": also every (non-hidden) file below
-            found.extend(p for p in _walk_files(root)
+            found.extend(p for p in fileio.walk_files(root)
                          if not any(part.startswith(".") for part in
                                     p[len(root):].split("/")))
     if not head:  # "**/x" names paths relative to the working directory
