@@ -103,6 +103,7 @@ def main(argv):
     from tfrecord_builder import BuildError
     from tfrecord_builder.manifest import ManifestError
     from electra_tf.distribute import StrategyError
+    from electra_tf.checkpoints import CheckpointError
     try:
         overrides = configs.parse_overrides(FLAGS.params_override)
         overrides.update({key: str(getattr(FLAGS, name)) for name, key in _FLAG_TO_KEY.items()
@@ -131,7 +132,7 @@ def main(argv):
         print(f"run_pretraining: {e}", file=sys.stderr)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
     except (configs.ConfigError, train.RunError, InputDataError, ManifestError, BuildError,
-            StrategyError) as e:
+            StrategyError, CheckpointError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)
 

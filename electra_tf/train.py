@@ -10,7 +10,6 @@ released TF1 layout for fine-tuning.
 import contextlib
 import dataclasses
 import os
-import re
 import time
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -19,10 +18,12 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import distribute, fileio, flops, hardware, input_pipeline
+from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
 from electra_tf.preemption import PreemptionWatch
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
-from electra_tf.pretraining import BERT_SPECIAL_IDS, Pretrainer, summarize
+from electra_tf.objectives import BERT_SPECIAL_IDS
+from electra_tf.pretraining import Pretrainer, summarize
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
 SAMPLE_CACHE = os.path.join("cache", "tfrecords")
@@ -453,52 +454,6 @@ def _train(cfg, trainer: Pretrainer, iterator, manager, model_dir, chief: bool =
                                        else save_checkpoint(manager, step))
             progress.loop_done(step)
     return out_metrics
-
-
-# A checkpoint write's staging directory, the checkpoint index's temporary file, and the
-# temporary file of a killed `fileio.write_atomic` of config.json / eval_results.json.
-_TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+|"
-                              r"(config|eval_results)\.json\.[0-9a-f]{12}"
-                              + re.escape(fileio.TMP_SUFFIX) + ")$")
-
-
-def remove_torn_checkpoints(directory: str) -> int:
-    """Deletes what a killed checkpoint write left in `directory` (its `ckpt-N_temp/`
-    staging directories and `checkpoint.tmp<hex>` index files; a checkpoint only becomes
-    visible once complete, so these are never loaded; also the temp files of a killed
-    config.json / eval_results.json write) and returns the bytes freed. `directory` may be
-    on any filesystem (gs://...). Call before writing there."""
-    if not fileio.isdir(directory):
-        return 0
-    freed = 0
-    for name in fileio.listdir(directory):
-        if not _TORN_CHECKPOINT.match(name):
-            continue
-        path = fileio.join(directory, name)
-        if fileio.isdir(path):
-            for root, _, files in tf.io.gfile.walk(path):
-                freed += sum(fileio.size(fileio.join(root, f)) for f in files)
-            fileio.rmtree(path)
-        else:
-            freed += fileio.size(path)
-            fileio.remove(path)
-    if freed:
-        logging.info("Removed %d bytes of torn checkpoint writes from %s", freed, directory)
-    return freed
-
-
-def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
-    """manager.save at `step`; a failed write (a full disk, a lost bucket) is one RunError
-    naming the directory and the last good checkpoint, which stays the newest one (the
-    checkpoint index is only updated after a complete write)."""
-    try:
-        return manager.save(checkpoint_number=step)
-    except (tf.errors.OpError, OSError) as e:
-        reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
-        raise RunError(f"could not write the step-{step} checkpoint to {manager.directory} "
-                       f"({reason}); last good checkpoint: "
-                       f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
-                       "same command") from None
 
 
 @contextlib.contextmanager

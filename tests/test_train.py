@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import preemption, train
+from electra_tf import checkpoints, preemption, train
 from electra_tf.configs import load_config
 
 from conftest import REPO, sigterm_after
@@ -303,7 +303,8 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", failing_save)
     run_dir = tmp_path / "run"
-    with pytest.raises(train.RunError, match=r"could not write the step-6 checkpoint to "
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"could not write the step-6 checkpoint to "
                        rf"{run_dir} \(No space left on device\); last good checkpoint: "
                        rf"{run_dir}/ckpt-3; free space"):
         train.run(_cfg(), _options(run_dir, sample_build[0]))
@@ -366,9 +367,9 @@ def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):
     (run_dir / "ckpt-20.index").write_bytes(b"i" * 10)
     (run_dir / "checkpoint.tmp0af3c9").write_bytes(b"c" * 7)
     (run_dir / "notes_temp").mkdir()
-    assert train.remove_torn_checkpoints(str(run_dir)) == 1007
+    assert checkpoints.remove_torn_checkpoints(str(run_dir)) == 1007
     assert sorted(os.listdir(run_dir)) == ["ckpt-20.index", "notes_temp"]
-    assert train.remove_torn_checkpoints(str(tmp_path / "missing")) == 0
+    assert checkpoints.remove_torn_checkpoints(str(tmp_path / "missing")) == 0
 
 
 @pytest.fixture
@@ -441,7 +442,7 @@ def test_torn_checkpoint_writes_are_removed_on_a_remote_filesystem(ram_root):
                        ("config.json.0123456789ab.tmp", 5), ("config.json", 3)]:
         with tf.io.gfile.GFile(f"{run_dir}/{name}", "wb") as f:
             f.write(b"x" * size)
-    assert train.remove_torn_checkpoints(run_dir) == 1012
+    assert checkpoints.remove_torn_checkpoints(run_dir) == 1012
     assert sorted(n.rstrip("/") for n in tf.io.gfile.listdir(run_dir)) == [
         "ckpt-20.index", "config.json", "notes_temp"]
-    assert train.remove_torn_checkpoints(f"{ram_root}/missing") == 0
+    assert checkpoints.remove_torn_checkpoints(f"{ram_root}/missing") == 0

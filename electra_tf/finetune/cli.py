@@ -10,6 +10,7 @@ from absl import logging
 from electra_tf import configs, convert, fileio
 from electra_tf.distribute import StrategyError
 from electra_tf.train import RunError
+from electra_tf.checkpoints import CheckpointError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
@@ -17,7 +18,7 @@ from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
 from tfrecord_builder import BuildError
 
 USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError,
-               RunError)
+               RunError, CheckpointError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 

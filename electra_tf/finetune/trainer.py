@@ -28,7 +28,8 @@ from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_globa
 from electra_tf.objective import step_seed
 from electra_tf.pretraining import default_jit
 from electra_tf.preemption import PreemptionWatch
-from electra_tf.train import _format_time, _Progress, remove_torn_checkpoints, save_checkpoint
+from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
+from electra_tf.train import _format_time, _Progress
 
 
 @dataclasses.dataclass(frozen=True)
