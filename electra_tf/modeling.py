@@ -53,13 +53,6 @@ def gelu(x):
     return tf.nn.gelu(x, approximate=False)
 
 
-def fold_seed(seed, k: int):
-    """A seed derived from `seed` and the constant `k` (None stays None)."""
-    if seed is None:
-        return None
-    return rng.fold(seed, k)
-
-
 def dropout(x, rate: float, training: bool, seed=None):
     """Inverted dropout; the mask is drawn in float32 and applied in x's dtype.
 
@@ -262,15 +255,15 @@ class TransformerLayer(keras.layers.Layer):
         scores = tf.matmul(q, k, transpose_b=True)  # [B, N, L, L]
         probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
         probs = dropout(tf.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
-                        training, fold_seed(seed, 0))
+                        training, rng.fold(seed, 0))
         context = tf.matmul(probs, v)  # [B, N, L, D]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                              [batch, seq_len, self.hidden_size])
         attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
-                       training, fold_seed(seed, 1))
+                       training, rng.fold(seed, 1))
         x = self.attention_layer_norm(attn, residual=x)
         y = self.output_dense(self.intermediate(x))
-        y = dropout(y, self.config.hidden_dropout_prob, training, fold_seed(seed, 2))
+        y = dropout(y, self.config.hidden_dropout_prob, training, rng.fold(seed, 2))
         return self.output_layer_norm(y, residual=x)
 
 
@@ -320,12 +313,12 @@ class Encoder(keras.layers.Layer):
         if input_mask is None:
             input_mask = tf.ones_like(input_ids)
         x = self.embeddings(input_ids, segment_ids, training=training,
-                            seed=fold_seed(seed, 0))
+                            seed=rng.fold(seed, 0))
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         input_mask = tf.cast(input_mask, tf.int32)
         for i, block in enumerate(self.blocks):
-            x = block(x, input_mask, training=training, seed=fold_seed(seed, i + 1))
+            x = block(x, input_mask, training=training, seed=rng.fold(seed, i + 1))
         return x
 
 

@@ -95,25 +95,6 @@ def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
 
 # ----------------------------------------------------------------------------- seeds
 
-def fold_seed(seed, data) -> tf.Tensor:
-    """A new [3] seed that is a deterministic function of `seed` and the int `data`."""
-    return rng.fold(seed, data)
-
-
-def split_seed(seed, num: int) -> tf.Tensor:
-    """[num, 3] independent seeds derived from `seed` (e.g. masking vs sampling)."""
-    return rng.split(seed, num)
-
-
-def step_seed(base_seed, step, first_row=0) -> tf.Tensor:
-    """The seed of one step for the rows starting at `first_row` of the global batch.
-
-    `step` is e.g. the global step; a replica holding rows [r * b, (r + 1) * b) passes
-    first_row = r * b, so its draws are exactly those rows of a one-device draw.
-    """
-    return rng.offset_rows(fold_seed(base_seed, step), first_row)
-
-
 def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
     """SUM of `x` over the replicas of the current replica context (identity with one).
 
@@ -177,7 +158,7 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     candidates, count = num_to_mask(input_ids, input_mask, mask_prob=mask_prob,
                                     max_predictions=max_predictions, mask_id=mask_id,
                                     cls_id=cls_id, sep_id=sep_id)
-    seeds = split_seed(seed, 3)
+    seeds = rng.split(seed, 3)
 
     # Uniform scores in [0,1) for candidates, -1 elsewhere: the top `count` are a uniform
     # sample without replacement of the candidates (count <= #candidates).

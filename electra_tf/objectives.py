@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from electra_tf import objective as obj
+from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
 from electra_tf.modeling import gather_positions
 
@@ -146,7 +147,7 @@ class ElectraObjective(Objective):
 
     def loss_terms(self, model, batch, seed, denominators, training, phase=0):
         name, oc = self.oc.objective, self.oc
-        seeds = obj.split_seed(seed, 4)  # masking, sampling, generator and disc dropout
+        seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
         masked = self.mask(batch, seeds[0])
         ids, w = masked["masked_ids"], masked["masked_weights"]
         den_mlm = tf.maximum(denominators["mlm"], _EPS)
@@ -224,7 +225,7 @@ class MaskedLMObjective(Objective):
 
     def loss_terms(self, model, batch, seed, denominators, training, phase=0):
         name = self.oc.objective
-        seeds = obj.split_seed(seed, 4)
+        seeds = rng.split(seed, 4)
         masked = self.mask(batch, seeds[0])
         ids, w, positions = masked["masked_ids"], masked["masked_weights"], \
             masked["masked_positions"]

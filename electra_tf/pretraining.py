@@ -122,7 +122,7 @@ class Pretrainer:
     def _replica_step_fn(self, batch, phase=0):
         """One optimizer update on this replica's share of the global batch."""
         self.trace_count += 1  # Python side effect: counts traces, not calls
-        seed = obj.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32),
+        seed = rng.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32),
                              self._first_row(batch))
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
@@ -187,7 +187,7 @@ class Pretrainer:
     def _replica_eval_fn(self, batch, phase=0):
         dens = {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
-        seed = obj.step_seed(self.base_seed + 1, tf.cast(self.global_step, tf.int32),
+        seed = rng.step_seed(self.base_seed + 1, tf.cast(self.global_step, tf.int32),
                              self._first_row(batch))
         loss, sums = self.objective.loss(self.model, batch, seed, dens, False, phase)
         sums = dict(sums)

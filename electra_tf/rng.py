@@ -24,7 +24,10 @@ def as_seed(seed) -> tf.Tensor:
 
 
 def fold(seed, data) -> tf.Tensor:
-    """A new independent seed from `seed` and the integer `data`; first_row is kept."""
+    """A new independent seed from `seed` and the integer `data`; first_row is kept.
+    None (no randomness: inference) stays None."""
+    if seed is None:
+        return None
     seed = as_seed(seed)
     key = tf.random.experimental.stateless_fold_in(seed[:2], tf.cast(data, tf.int32),
                                                    alg="philox")
@@ -40,6 +43,15 @@ def offset_rows(seed, rows) -> tf.Tensor:
     """The seed of the rows starting `rows` further into the global batch."""
     seed = as_seed(seed)
     return tf.concat([seed[:2], seed[2:] + tf.cast(rows, tf.int32)], 0)
+
+
+def step_seed(base_seed, step, first_row=0) -> tf.Tensor:
+    """The seed of one step for the rows starting at `first_row` of the global batch.
+
+    `step` is e.g. the global step; a replica holding rows [r * b, (r + 1) * b) passes
+    first_row = r * b, so its draws are exactly those rows of a one-device draw.
+    """
+    return offset_rows(fold(base_seed, step), first_row)
 
 
 def bits(shape, seed) -> tf.Tensor:

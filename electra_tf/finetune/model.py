@@ -14,13 +14,15 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import convert
+from electra_tf import convert, rng
 from electra_tf.configs import ModelConfig
 from electra_tf.modeling import (Encoder, _truncated_normal, checkpoint_reader, dropout,
                                  gelu, load_tf1_checkpoint)
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
+# The head's dropout seeds: `rng.fold(step seed, HEAD_STREAM)`, apart from the encoder's.
+HEAD_STREAM = 7919
 
 
 def _dense(units, config: ModelConfig, name, activation=None, dtype=None):
@@ -160,8 +162,7 @@ class FinetuningModel(keras.Model):
     def call(self, batch, training=False, seed=None):
         hidden = self.electra(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
                               training=training, seed=seed)
-        head_seed = None if seed is None else tf.stack([seed[0], seed[1] + 7919, seed[2]])
-        return self.head(hidden, batch, training=training, seed=head_seed)
+        return self.head(hidden, batch, training=training, seed=rng.fold(seed, HEAD_STREAM))
 
 
 def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 20,

@@ -18,14 +18,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, fileio
+from electra_tf import distribute, fileio, rng
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
 from electra_tf.finetune.tasks import Task, TaskData
 from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_global_norm,
                                      update_loss_scale)
-from electra_tf.objective import step_seed
 from electra_tf.pretraining import default_jit
 from electra_tf.preemption import PreemptionWatch
 from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
@@ -149,7 +148,7 @@ class Finetuner:
         global_batch = float(self.cfg.train_batch_size)
         ctx = tf.distribute.get_replica_context()
         first_row = ctx.replica_id_in_sync_group * tf.shape(batch["weight"])[0]
-        seed = step_seed(self.base_seed, tf.cast(self.global_step, tf.int32), first_row)
+        seed = rng.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32), first_row)
         with tf.GradientTape() as tape:
             outputs = self.model(batch, training=True, seed=seed)
             per_example = self.task.loss(outputs, batch)
