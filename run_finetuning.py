@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from electra_tf.cli_flags import define_strategy_flags  # noqa: E402  (no TensorFlow import)
+from electra_tf.training.options import define_run_flags  # noqa: E402  (no TensorFlow import)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli, rte, "
@@ -75,11 +75,7 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (default: the bund
                     "uncased one, that of the pre-training demo).")
 flags.DEFINE_string("spm_model", None, "SentencePiece model instead of --vocab_file.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
-define_strategy_flags()
-flags.DEFINE_enum("precision", "auto", ["auto", "float32", "bfloat16", "float16"],
-                  "Compute precision (auto: bfloat16 on TPU, float32 elsewhere).")
-flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
-
+define_run_flags()
 REPO = os.path.dirname(os.path.abspath(__file__))  # local-only: this checkout (bundled data)
 
 

@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from electra_tf.cli_flags import define_strategy_flags  # noqa: E402  (no TensorFlow import)
+from electra_tf.training.options import define_run_flags, options_from_flags  # noqa: E402
 
 from electra_tf.configs import OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
 
@@ -47,36 +47,16 @@ flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all"],
                   "(default) or all (needs generator_hidden_size=1.0).")
 flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
                     ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
-define_strategy_flags()
-flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
-                  "Compute precision; variables, losses, softmax and sampling stay float32. "
-                  "auto (the presets' default): bfloat16 on TPU, float32 elsewhere; "
-                  "float16 adds dynamic loss scaling.")
+define_run_flags()
 flags.DEFINE_bool("do_train", True, "Train.")
 flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
 flags.DEFINE_integer("seed", None, "Overrides train.seed.")
-flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite loss or "
-                  "gradient is never applied; skip it and go on (counted in the logs), or "
-                  "stop with the last good checkpoint named. Default: the config's (skip).")
 flags.DEFINE_enum("on_bad_shard", None, ["skip", "stop"], "A corrupted, truncated or "
                   "deleted TFRecord shard: skip the rest of it (a warning naming it, counted "
                   "in the logs; default) or stop the run naming it.")
-flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
                   "(paper and hardware conventions; see electra_tf/flops.py) and exit "
                   "without training.")
-flags.DEFINE_string("profile_steps", None, "START,END: trace global steps START+1..END "
-                    "with the TensorFlow profiler (0 <= START < END; host loops end at both) "
-                    "into MODEL_DIR/train/plugins/profile, TensorBoard's Profile tab. Traces "
-                    "this process's host and devices (CPU, GPU, a TPU VM's TPUs); for a "
-                    "remote Cloud TPU node use tf.profiler.experimental.client.trace, or "
-                    "TensorBoard's Capture Profile, against the TPU's address instead.")
-flags.DEFINE_string("peak_flops", None, "Peak FLOP/s of ONE device, for the MFU in the logs "
-                    "(e.g. 312e12 or 312T): one GPU, one TPU device as TensorFlow lists them "
-                    "(a TensorCore on v2/v3, a chip from v4 on) or one CPU host; it is "
-                    "multiplied by the number of devices. Default: the published dense peak "
-                    "of a known GPU/TPU for the run's precision (electra_tf/hardware.py), or "
-                    "on CPU a timed matmul.")
 
 _FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
                 "train_batch_size": "train.train_batch_size",
@@ -121,12 +101,9 @@ def main(argv):
         config_name = (os.path.splitext(os.path.basename(FLAGS.config))[0]
                        if "://" in FLAGS.config else FLAGS.config)
         model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{config_name}")
-        options = train.RunOptions(
-            model_dir=model_dir, train_data=FLAGS.train_data, eval_data=FLAGS.eval_data,
-            do_train=FLAGS.do_train, do_eval=FLAGS.do_eval, strategy=FLAGS.strategy,
-            tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, gcp_project=FLAGS.gcp_project,
-            jit_compile=FLAGS.jit_compile, profile_steps=FLAGS.profile_steps,
-            peak_flops=FLAGS.peak_flops)
+        options = options_from_flags(FLAGS, model_dir=model_dir, train_data=FLAGS.train_data,
+                                     eval_data=FLAGS.eval_data, do_train=FLAGS.do_train,
+                                     do_eval=FLAGS.do_eval)
         train.run(cfg, options)
     except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)

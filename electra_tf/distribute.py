@@ -39,7 +39,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 from absl import logging
 
-from electra_tf.cli_flags import STRATEGIES  # the --strategy values
+from electra_tf.training.options import STRATEGIES  # the --strategy values
 
 # resolve_tpu_target's kinds
 NO_TPU = "none"          # no TPU: MultiWorkerMirrored, Mirrored or OneDevice as before
@@ -403,6 +403,14 @@ def set_precision(precision: str):
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16",
               "float16": "mixed_float16"}[precision]
     keras.mixed_precision.set_dtype_policy(policy)
+
+
+def active_precision() -> str:
+    """The compute precision models are built with now (`set_precision`'s): float32,
+    bfloat16 or float16."""
+    import keras
+    return {"float16": "float16", "bfloat16": "bfloat16"}.get(
+        keras.mixed_precision.global_policy().compute_dtype, "float32")
 
 
 def is_cpu_only(strategy: tf.distribute.Strategy) -> bool:

@@ -11,7 +11,8 @@ from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task
 from electra_tf.finetune.text import TextEncoder
-from electra_tf.finetune.trainer import Finetuner, FinetuneConfig, RunOptions, run
+from electra_tf.training.options import RunOptions
+from electra_tf.finetune.trainer import Finetuner, FinetuneConfig, run
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
 TINY = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,

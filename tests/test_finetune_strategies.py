@@ -55,7 +55,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     sys.path.insert(0, {tests!r})
-    from electra_tf.pretraining import default_jit
+    from electra_tf.training.trainer import default_jit
     from electra_tf.finetune.trainer import Finetuner
     from test_finetune_strategies import CFG, NO_DROPOUT, run_steps, toy_batch
     task, batch = toy_batch({data!r})

@@ -18,7 +18,8 @@ from electra_tf.finetune.tagging import LabelMap, predictions_to_tags
 from electra_tf.finetune.tagging_task import TaggingTask, unlabelled
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.finetune.text import TextEncoder
-from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner, RunOptions,
+from electra_tf.training.options import RunOptions
+from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner,
                                          num_train_steps, run, train_trial)
 from conftest import VOCAB
 
@@ -307,8 +308,9 @@ def test_run_reads_train_before_building_the_model(data_dir, tmp_path):
     task = TaggingTask("chunk")
     cfg = FinetuneConfig(learning_rate=5e-3, num_train_epochs=1, train_batch_size=16,
                          eval_batch_size=32, max_seq_length=MAX_LEN)
-    results = run(task, TINY, cfg, RunOptions(data_dir, str(tmp_path), vocab_file=VOCAB,
-                                              strategy="cpu", jit_compile=False))
+    results = run(task, TINY, cfg, RunOptions(data_dir=data_dir, model_dir=str(tmp_path),
+                                              vocab_file=VOCAB, strategy="cpu",
+                                              jit_compile=False))
     assert results["metric"] == "f1" and results["num_train_steps"] == 4
     assert set(results["trials"][0]) >= {"f1", "precision", "recall", "accuracy", "loss"}
     assert len(task.label_map) == NUM_LABELS

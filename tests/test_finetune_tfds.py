@@ -19,7 +19,8 @@ from electra_tf.finetune import DataError
 from electra_tf.finetune.squad import read_squad
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.text import TextEncoder
-from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
+from electra_tf.training.options import RunOptions
+from electra_tf.finetune.trainer import FinetuneConfig, run
 
 tfds = pytest.importorskip("tensorflow_datasets")
 from electra_tf.finetune import tfds_data  # noqa: E402

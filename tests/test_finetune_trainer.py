@@ -14,7 +14,8 @@ from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError, export as export_lib
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.finetune.text import TextEncoder
-from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, median_trial, pad_rows, run
+from electra_tf.training.options import RunOptions
+from electra_tf.finetune.trainer import FinetuneConfig, median_trial, pad_rows, run
 from ram_paths import forget
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"

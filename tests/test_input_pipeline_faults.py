@@ -10,6 +10,8 @@ import os
 import pytest
 import tensorflow as tf
 
+from electra_tf.training.options import RunOptions
+from electra_tf.training.loop import RunError
 from electra_tf import input_pipeline as ip
 from tfrecord_builder import manifest as manifest_lib
 
@@ -296,11 +298,11 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, pol
     cfg = load_config("tiny", {"train_batch_size": "8", "num_train_steps": "2",
                                "steps_per_loop": "2", "save_checkpoints_steps": "2",
                                "on_bad_shard": policy})
-    options = train.RunOptions(model_dir=str(tmp_path / "run"), train_data=str(data),
+    options = RunOptions(model_dir=str(tmp_path / "run"), train_data=str(data),
                                strategy="cpu", jit_compile=False)
     caplog.set_level(logging.WARNING)
     if policy == "stop":
-        with pytest.raises(train.RunError, match=f"{shard}: corrupted record [0-9]+.*last good "
+        with pytest.raises(RunError, match=f"{shard}: corrupted record [0-9]+.*last good "
                                                  "checkpoint: none"):
             train.run(cfg, options)
         assert not tf.train.latest_checkpoint(str(tmp_path / "run"))

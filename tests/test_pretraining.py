@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from electra_tf import input_pipeline
 from electra_tf.configs import load_config
-from electra_tf.pretraining import Pretrainer, default_jit, summarize
+from electra_tf.pretraining import Pretrainer, summarize
+from electra_tf.training.trainer import default_jit
 
 from conftest import REPO
 

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.training.options import RunOptions
+from electra_tf.training.loop import RunError
 from electra_tf import checkpoints, preemption, train
+from electra_tf.training import loop
 from electra_tf.configs import load_config
 
 from conftest import REPO, sigterm_after
@@ -21,7 +24,7 @@ def _options(model_dir, data, **kw):
     """Run options on the CPU; no XLA unless asked for (a graph compiles in about half
     the time, and the learning runs below cover XLA through the whole run)."""
     kw.setdefault("jit_compile", False)
-    return train.RunOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
+    return RunOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
 
 
 def _cfg(**overrides):
@@ -145,10 +148,11 @@ import sys
 from absl import logging
 from electra_tf import preemption, train
 from electra_tf.configs import load_config
+from electra_tf.training.options import RunOptions
 cfg = load_config("tiny", sys.argv[3])
 logging.set_verbosity(logging.INFO)
-train.run(cfg, train.RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
-                                strategy="multi_worker"))
+train.run(cfg, RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
+                          strategy="multi_worker"))
 """
 
 # As run_pretraining.py: a preemption exits with PREEMPTED_EXIT_CODE.
@@ -253,11 +257,11 @@ def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monke
     """A learning rate of 1e30 blows the weights up after one step; the next step's loss
     is NaN. It is never applied, and the run stops naming the step and the last good
     checkpoint (at once with on_nan=stop, after MAX_CONSECUTIVE_SKIPS with skip)."""
-    monkeypatch.setattr(train, "MAX_CONSECUTIVE_SKIPS", 4)
+    monkeypatch.setattr(loop, "MAX_CONSECUTIVE_SKIPS", 4)
     cfg = _cfg(learning_rate=1e30, warmup_steps=0, num_train_steps=20, steps_per_loop=1,
                save_checkpoints_steps=1, log_every_steps=1, on_nan=on_nan)
     out = tmp_path / on_nan
-    with pytest.raises(train.RunError, match=needle) as error:
+    with pytest.raises(RunError, match=needle) as error:
         train.run(cfg, _options(out, sample_build[0]))
     assert "at step 2 " in str(error.value) and str(out / "ckpt-1") in str(error.value)
     latest = tf.train.latest_checkpoint(str(out))
@@ -400,13 +404,13 @@ def test_a_run_with_model_dir_and_data_on_a_remote_filesystem(tmp_path, sample_b
     assert copied >= 17  # 16 shards, the manifest, the token counts
     monkeypatch.chdir(tmp_path)
     starts = []  # the global step each run's training starts from
-    real_train = train._train
+    real_train = train.loop.train
 
-    def spy(cfg, trainer, *args, **kwargs):
+    def spy(trainer, *args, **kwargs):
         starts.append(int(trainer.global_step.numpy()))
-        return real_train(cfg, trainer, *args, **kwargs)
+        return real_train(trainer, *args, **kwargs)
 
-    monkeypatch.setattr(train, "_train", spy)
+    monkeypatch.setattr(train.loop, "train", spy)
     for steps in (3, 6):  # the first run also evaluates and profiles (once is enough)
         first = steps == 3
         cfg = _cfg(num_train_steps=steps, max_eval_steps=2, eval_batch_size=8)

@@ -11,6 +11,9 @@ import sys
 import pytest
 import tensorflow as tf
 
+from electra_tf.training.options import RunOptions
+from electra_tf.training.loop import RunError
+from electra_tf.training.loop import parse_profile_steps
 from electra_tf import flops, hardware, train
 from electra_tf.pretraining import Pretrainer
 
@@ -51,7 +54,7 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
     caplog.set_level(logging.INFO, logger="absl")
     cfg = _cfg()
     out = tmp_path / "run"
-    metrics = train.run(cfg, train.RunOptions(model_dir=str(out), train_data=sample_build[0],
+    metrics = train.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
                                               strategy="cpu", profile_steps="1,3",
                                               jit_compile=False))  # compiles in half the time
     assert loop_steps == [1, 2, 1]
@@ -90,20 +93,20 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
 
 @pytest.mark.parametrize("value", ["3,1", "2,2", "-1,3", "1", "1,2,3", "a,b", (5, 4)])
 def test_bad_profile_steps(value):
-    with pytest.raises(train.RunError, match=r"^--profile_steps=.*0 <= START < END"):
-        train.parse_profile_steps(value)
+    with pytest.raises(RunError, match=r"^--profile_steps=.*0 <= START < END"):
+        parse_profile_steps(value)
 
 
 def test_profile_steps_parse():
-    assert train.parse_profile_steps("0,10") == (0, 10)
-    assert train.parse_profile_steps(" 5 , 7 ") == (5, 7)
-    assert train.parse_profile_steps((1, 3)) == (1, 3)
-    assert train.parse_profile_steps(None) is None and train.parse_profile_steps("") is None
+    assert parse_profile_steps("0,10") == (0, 10)
+    assert parse_profile_steps(" 5 , 7 ") == (5, 7)
+    assert parse_profile_steps((1, 3)) == (1, 3)
+    assert parse_profile_steps(None) is None and parse_profile_steps("") is None
 
 
 def test_bad_peak_flops_is_a_run_error(tmp_path):
-    with pytest.raises(train.RunError, match=r"^--peak_flops=-5: expected a positive "):
-        train.run(_cfg(), train.RunOptions(model_dir=str(tmp_path), strategy="cpu",
+    with pytest.raises(RunError, match=r"^--peak_flops=-5: expected a positive "):
+        train.run(_cfg(), RunOptions(model_dir=str(tmp_path), strategy="cpu",
                                            peak_flops="-5"))
 
 

@@ -9,12 +9,13 @@ from absl import logging
 
 from electra_tf import configs, convert, fileio
 from electra_tf.distribute import StrategyError
-from electra_tf.train import RunError
+from electra_tf.training.loop import RunError
 from electra_tf.checkpoints import CheckpointError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.trainer import FinetuneConfig, RunOptions, run
+from electra_tf.finetune.trainer import FinetuneConfig, run
+from electra_tf.training.options import options_from_flags
 from tfrecord_builder import BuildError
 
 USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError,
@@ -99,17 +100,15 @@ def main(flags, repo: str) -> dict:
         official_lr_bug=flags.official_lr_bug, num_train_epochs=flags.num_train_epochs,
         train_batch_size=flags.train_batch_size, eval_batch_size=flags.eval_batch_size,
         max_seq_length=flags.max_seq_length, warmup_proportion=flags.warmup_proportion,
-        num_trials=flags.num_trials, seed=flags.seed, precision=flags.precision,
-        save_checkpoints_steps=flags.save_checkpoints_steps)
+        num_trials=flags.num_trials, seed=flags.seed, precision=flags.precision or "auto",
+        save_checkpoints_steps=flags.save_checkpoints_steps, on_nan=flags.on_nan or "skip")
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
         vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")
-    options = RunOptions(data_dir=data_dir, model_dir=model_dir, init_checkpoint=init,
-                         export_dir=export_dir, vocab_file=vocab, spm_model=flags.spm_model,
-                         do_lower_case=flags.do_lower_case, strategy=flags.strategy,
-                         tpu=flags.tpu, tpu_zone=flags.tpu_zone,
-                         gcp_project=flags.gcp_project, jit_compile=flags.jit_compile,
-                         do_predict=flags.do_predict)
+    options = options_from_flags(flags, data_dir=data_dir, model_dir=model_dir,
+                                 init_checkpoint=init, export_dir=export_dir, vocab_file=vocab,
+                                 spm_model=flags.spm_model, do_lower_case=flags.do_lower_case,
+                                 do_predict=flags.do_predict)
     results = run(task, model_config, cfg, options)
     print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
           f"{len(results['scores'])} trial(s) "

@@ -13,22 +13,19 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, fileio, rng
+from electra_tf import distribute, fileio
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
 from electra_tf.finetune.tasks import Task, TaskData
-from electra_tf.optimization import (AdamW, WarmupPolynomialDecay, clip_by_global_norm,
-                                     update_loss_scale)
-from electra_tf.pretraining import default_jit
-from electra_tf.preemption import PreemptionWatch
-from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
-from electra_tf.train import _format_time, _Progress
+from electra_tf.optimization import AdamW, WarmupPolynomialDecay
+from electra_tf.training import loop
+from electra_tf.training.options import RunOptions
+from electra_tf.training.trainer import Trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +47,10 @@ class FinetuneConfig:
     precision: str = "auto"
     steps_per_loop: int = 50
     save_checkpoints_steps: int = 1000
+    on_nan: str = "skip"  # training/loop.py: Schedule
 
-    def resolved(self, model: ModelConfig, task: Task) -> "FinetuneConfig":
+    def resolved(self, model: ModelConfig, task: Task,
+                 strategy: Optional[tf.distribute.Strategy] = None) -> "FinetuneConfig":
         large = model.hidden_size >= 1024
         lr = self.learning_rate
         if lr is None:
@@ -60,8 +59,11 @@ class FinetuneConfig:
         if decay is None:
             decay = 0.9 if large else 0.8
         epochs = task.num_train_epochs if self.num_train_epochs is None else self.num_train_epochs
+        precision = self.precision
+        if precision in ("auto", None) and strategy is not None:
+            precision = distribute.default_precision(strategy)
         return dataclasses.replace(self, learning_rate=lr, layerwise_lr_decay=decay,
-                                   num_train_epochs=float(epochs))
+                                   num_train_epochs=float(epochs), precision=precision)
 
     def check(self):
         for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "num_trials",
@@ -74,6 +76,8 @@ class FinetuneConfig:
             raise ConfigError(f"--learning_rate={self.learning_rate} must be > 0")
         if self.num_train_epochs is not None and self.num_train_epochs <= 0:
             raise ConfigError(f"--num_train_epochs={self.num_train_epochs} must be > 0")
+        if self.on_nan not in loop.ON_NAN:
+            raise ConfigError(f"--on_nan={self.on_nan}: expected one of {', '.join(loop.ON_NAN)}")
         return self
 
 
@@ -89,109 +93,52 @@ def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarr
     return out
 
 
-class Finetuner:
-    """One trial: the model, optimizer and step counter, and the compiled functions."""
+class Finetuner(Trainer):
+    """One trial: a fresh model (encoder from the pre-trained checkpoint, a new task head),
+    AdamW with layer-wise learning rates, and the task's loss over the global batch."""
 
     def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  strategy: tf.distribute.Strategy, num_train_steps: int,
                  init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):
-        self.task, self.cfg, self.strategy = task, cfg, strategy
+        self.task, self.cfg = task, cfg
         self.num_train_steps = num_train_steps
-        keras.utils.set_random_seed(seed)
-        # Dropout masks are a function of this, the step and the row: a resumed trial
-        # redraws the masks an uninterrupted one would have drawn.
-        self.base_seed = tf.constant([seed, 0xF17E], tf.int32)
-        with strategy.scope():
+        self.init_path = None
+
+        def build_model():
             head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
-            self.model = FinetuningModel(model_config, head)
+            model = FinetuningModel(model_config, head)
             if init_checkpoint:
-                self.init_path = init_encoder(self.model.electra, init_checkpoint)
-            self.variables = list(self.model.trainable_variables)
+                self.init_path = init_encoder(model.electra, init_checkpoint)
+            return model
+
+        def build_optimizer():
             schedule = WarmupPolynomialDecay(
                 cfg.learning_rate, num_train_steps,
                 int(round(cfg.warmup_proportion * num_train_steps)), 0.0, 1.0)
-            self.optimizer = AdamW(schedule, weight_decay=cfg.weight_decay,
-                                   epsilon=cfg.adam_epsilon, bias_correction=False)
-            self.optimizer.build(self.variables)
-            agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="global_step", aggregation=agg)
-            # float16 (the global Keras policy) scales the loss dynamically, as pre-training.
-            self.float16 = keras.mixed_precision.global_policy().compute_dtype == "float16"
-            self.loss_scale = tf.Variable(2.0 ** 15 if self.float16 else 1.0, trainable=False,
-                                          name="loss_scale", aggregation=agg)
-            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                          name="loss_scale_good_steps", aggregation=agg)
-            # Training batches consumed: the data position a resumed trial skips to. It
-            # runs ahead of global_step by the steps skipped for non-finite gradients.
-            self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                            name="data_batches", aggregation=agg)
+            return AdamW(schedule, weight_decay=cfg.weight_decay, epsilon=cfg.adam_epsilon,
+                         bias_correction=False)
+
+        super().__init__(strategy, build_model, build_optimizer, seed=seed,
+                         seed_stream=0xF17E, clip_norm=cfg.clip_norm, jit_compile=jit_compile)
         multipliers = layerwise_lr_multipliers(self.model, cfg.layerwise_lr_decay,
                                                cfg.official_lr_bug)
         self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
-        if jit_compile is None:
-            jit_compile = default_jit(strategy)
-        self._replica_step = tf.function(self._step_fn, jit_compile=jit_compile)
-        self._replica_eval = tf.function(self._eval_fn, jit_compile=jit_compile)
-        self.trace_count = 0
 
-    def checkpoint(self) -> tf.train.Checkpoint:
-        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                   global_step=self.global_step, loss_scale=self.loss_scale,
-                                   loss_scale_good_steps=self.good_steps,
-                                   data_batches=self.data_batches)
+    # ------------------------------------------------------------------ the job's part
 
-    # ------------------------------------------------------------------ replica functions
+    def loss(self, batch, seed, context, training, phase=0):
+        outputs = self.model(batch, training=training, seed=seed)
+        per_example = self.task.loss(outputs, batch)
+        return tf.reduce_sum(per_example * batch["weight"]) / float(self.cfg.train_batch_size), {}
 
-    def _step_fn(self, batch):
-        self.trace_count += 1
-        global_batch = float(self.cfg.train_batch_size)
-        ctx = tf.distribute.get_replica_context()
-        first_row = ctx.replica_id_in_sync_group * tf.shape(batch["weight"])[0]
-        seed = rng.step_seed(self.base_seed, tf.cast(self.global_step, tf.int32), first_row)
-        with tf.GradientTape() as tape:
-            outputs = self.model(batch, training=True, seed=seed)
-            per_example = self.task.loss(outputs, batch)
-            loss = tf.reduce_sum(per_example * batch["weight"]) / global_batch
-            scaled = loss * tf.cast(self.loss_scale, tf.float32)
-        grads = tape.gradient(scaled, self.variables)
-        ctx = tf.distribute.get_replica_context()
-        grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
-        grads = [None if g is None else g * inv_scale for g in grads]
-        grads, norm = clip_by_global_norm(grads, self.cfg.clip_norm)
-        finite = tf.math.is_finite(norm)
-        self.optimizer.apply_gradients(zip(grads, self.variables), self.global_step,
-                                       lr_multipliers=self.lr_multipliers, should_update=finite)
-        if self.float16:
-            update_loss_scale(self.loss_scale, self.good_steps, finite)
-        self.global_step.assign_add(tf.cast(finite, tf.int64))
-        return {"loss": loss, "skipped": 1.0 - tf.cast(finite, tf.float32)}
-
-    def _eval_fn(self, batch):
+    def eval_step(self, batch, phase=0):
         outputs = self.model(batch, training=False)
         fetched = dict(self.task.fetches(outputs))
-        per_example = self.task.loss(outputs, batch) if "label" in batch or \
-            "start_positions" in batch or "label_ids" in batch else None
-        if per_example is not None:
-            fetched["_loss"] = per_example
+        if "label" in batch or "start_positions" in batch or "label_ids" in batch:
+            fetched["_loss"] = self.task.loss(outputs, batch)
         return fetched
 
     # ------------------------------------------------------------------ host side
-
-    def make_train_loop(self):
-        @tf.function
-        def train_loop(iterator, num_steps):
-            loss, skipped = tf.constant(0.0), tf.constant(0.0)
-            for _ in tf.range(num_steps):
-                out = self.strategy.run(self._replica_step, args=(next(iterator),))
-                loss += self.strategy.reduce(tf.distribute.ReduceOp.SUM, out["loss"], None)
-                # Every replica reports the same skip flag: take one.
-                skipped += self.strategy.reduce(tf.distribute.ReduceOp.MEAN, out["skipped"],
-                                                None)
-            return {"loss": loss, "skipped": skipped}
-
-        return train_loop
 
     def train_dataset(self, data: TaskData, seed: int, skip_batches: int = 0):
         """Shuffled (a fresh order each epoch, a function of the seed), repeated global
@@ -208,7 +155,7 @@ class Finetuner:
         ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch, drop_remainder=True)
         parts: Dict[str, List[np.ndarray]] = {}
         for element in self.strategy.experimental_distribute_dataset(ds):
-            out = self.strategy.run(self._replica_eval, args=(element,))
+            out = self.strategy.run(self.replica_eval(), args=(element,))
             for k, v in out.items():
                 parts.setdefault(k, []).append(self.strategy.gather(v, axis=0).numpy())
         return {k: np.concatenate(v)[:data.num_examples] for k, v in parts.items()}
@@ -252,76 +199,33 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
     return paths
 
 
+def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
+    """A log line (and TensorBoard point) after every host loop."""
+    return loop.Schedule(num_train_steps=num_train_steps, batch_size=cfg.train_batch_size,
+                         steps_per_loop=cfg.steps_per_loop, log_every_steps=cfg.steps_per_loop,
+                         save_checkpoints_steps=cfg.save_checkpoints_steps, on_nan=cfg.on_nan)
+
+
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
-                writer=None) -> None:
+                logdir: Optional[str] = None, profile_steps=None, chief: bool = True) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
     and on a preemption notice (then raises Preempted); resumes from `trial_dir` if it
-    holds one, at the data position it had reached."""
-    cfg, total = finetuner.cfg, finetuner.num_train_steps
-    remove_torn_checkpoints(trial_dir)
-    manager = tf.train.CheckpointManager(finetuner.checkpoint(), trial_dir, max_to_keep=1,
-                                         step_counter=finetuner.global_step)
-    if manager.latest_checkpoint:
-        # A checkpoint from before data_batches existed restores global_step only.
-        finetuner.data_batches.assign(-1)
-        finetuner.checkpoint().restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        if int(finetuner.data_batches.numpy()) < 0:
-            finetuner.data_batches.assign(finetuner.global_step)
-        logging.info("Resumed trial from %s", manager.latest_checkpoint)
-    step = int(finetuner.global_step.numpy())
+    holds one, at the data position it had reached. TensorBoard scalars (and a
+    --profile_steps trace) go to `logdir` when given."""
+    manager = loop.open_checkpoints(finetuner, trial_dir, max_to_keep=1)
     skip = int(finetuner.data_batches.numpy())
     iterator = iter(finetuner.train_dataset(train, seed, skip_batches=skip))
-    loop = finetuner.make_train_loop()
-    progress = _Progress(step, total, cfg.train_batch_size)
-    last_saved = step  # a loop of only skipped (non-finite) steps does not save again
-    with PreemptionWatch(finetuner.strategy, what="trial") as preemption:
-        while step < total:
-            n = min(cfg.steps_per_loop, total - step,
-                    cfg.save_checkpoints_steps - step % cfg.save_checkpoints_steps)
-            sums = loop(iterator, tf.constant(n))
-            finetuner.data_batches.assign_add(n)
-            step = int(finetuner.global_step.numpy())
-            loss = float(sums["loss"]) / n
-            seqs, eta = progress.rates(step)
-            lr = float(finetuner.optimizer.learning_rate(step))
-            skipped = int(round(float(sums["skipped"])))
-            logging.info("step %d/%d | loss %.4f | lr %.3g | %.1f seq/s | ETA %s%s", step,
-                         total, loss, lr, seqs, _format_time(eta),
-                         f" | skipped {skipped} non-finite step(s)" if skipped else "")
-            if writer is not None:
-                with writer.as_default(step=step):
-                    tf.summary.scalar("loss", loss)
-                    tf.summary.scalar("learning_rate", lr)
-            progress.loop_done(step)
-            periodic = step != last_saved and (step % cfg.save_checkpoints_steps == 0 or
-                                               step >= total)
-            path = save_checkpoint(manager, step) if periodic else None
-            last_saved = step if periodic else last_saved
-            preemption.stop_if_noticed(step, lambda: path or save_checkpoint(manager, step))
+    loop.train(finetuner, iterator, manager,
+               schedule(finetuner.cfg, finetuner.num_train_steps),
+               writer=loop.summary_writer(logdir, chief and logdir is not None),
+               profile_steps=profile_steps, profile_dir=logdir or "",
+               chief=chief and logdir is not None, what="trial")
 
 
 def median_trial(scores: List[float]) -> int:
     """Index of the trial whose score is the (lower) median."""
     order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
     return order[(len(order) - 1) // 2]
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """Where things are and how to run: everything that is not a hyper-parameter."""
-    data_dir: str
-    model_dir: str
-    init_checkpoint: Optional[str] = None
-    export_dir: Optional[str] = None
-    vocab_file: Optional[str] = None
-    spm_model: Optional[str] = None
-    do_lower_case: bool = True
-    strategy: str = "auto"
-    tpu: Optional[str] = None  # local, a TPU's name or grpc://HOST:PORT (distribute.py)
-    tpu_zone: Optional[str] = None
-    gcp_project: Optional[str] = None
-    jit_compile: Optional[bool] = None
-    do_predict: bool = False  # test-set predictions of the median trial
 
 
 def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, float]:
@@ -347,11 +251,8 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
 
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
-    precision = cfg.precision
-    if precision == "auto":
-        precision = distribute.default_precision(strategy)
-    distribute.set_precision(precision)
-    cfg = cfg.resolved(model_config, task).check()
+    cfg = cfg.resolved(model_config, task, strategy).check()
+    distribute.set_precision(cfg.precision)
     chief = distribute.is_chief(strategy)
     encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
     if encoder.vocab_size != model_config.vocab_size:
@@ -381,10 +282,10 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         seed = cfg.seed + trial
         finetuner = Finetuner(task, model_config, cfg, strategy, steps,
                               options.init_checkpoint, seed, options.jit_compile)
-        writer = (tf.summary.create_file_writer(os.path.join(options.model_dir, "train",
-                                                             f"trial_{trial}"))
-                  if chief else None)
-        train_trial(finetuner, train, trial_dir, seed, writer)
+        train_trial(finetuner, train, trial_dir, seed,
+                    fileio.join(options.model_dir, "train", f"trial_{trial}"),
+                    loop.parse_profile_steps(options.profile_steps) if trial == 0 else None,
+                    chief)
         metrics = _evaluate_all(finetuner, evals)
         metrics["seed"] = seed
         logging.info("Trial %d (seed %d) dev: %s", trial, seed,

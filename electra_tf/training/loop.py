@@ -1,0 +1,315 @@
+"""The outer training loop that pre-training and fine-tuning share, with one policy for
+logging (throughput, ETA, FLOP/s and MFU), TensorBoard, non-finite steps, preemption,
+the profiler window and checkpoints.
+
+`train(trainer, iterator, manager, schedule, ...)` runs host loops of compiled steps
+(`Trainer.make_train_loop`) until `schedule.num_train_steps`, each ending at the next
+log, checkpoint, phase or profile boundary; `open_checkpoints` resumes a trainer from the
+newest checkpoint of a directory (any filesystem).
+"""
+
+import contextlib
+import dataclasses
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+from absl import logging
+
+from electra_tf import fileio, hardware
+from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
+from electra_tf.preemption import PreemptionWatch
+from electra_tf.training.trainer import Trainer, summarize
+
+
+class RunError(ValueError):
+    """A problem with a run's flags, data or numbers, reported as one line."""
+
+
+# With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss
+# scaling needs at most ~25 to come down from 2^15 after an overflow).
+MAX_CONSECUTIVE_SKIPS = 100
+ON_NAN = ("skip", "stop")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When the loop logs, saves and stops; `batch_size` is the global batch (for
+    sequences/s). on_nan: a non-finite step is never applied; "skip" goes on (stopping
+    after MAX_CONSECUTIVE_SKIPS in a row), "stop" stops naming the last good checkpoint."""
+    num_train_steps: int
+    batch_size: int
+    steps_per_loop: int
+    log_every_steps: int
+    save_checkpoints_steps: int
+    on_nan: str = "skip"
+
+
+def parse_profile_steps(value) -> Optional[Tuple[int, int]]:
+    """--profile_steps "START,END" (or a pair) -> (START, END), 0 <= START < END."""
+    if value is None or value == "":
+        return None
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        start, end = (int(str(p).strip()) for p in parts)
+    except ValueError:
+        start = end = -1
+    if not 0 <= start < end:
+        raise RunError(f"--profile_steps={value if isinstance(value, str) else parts}: "
+                       "expected START,END global steps with 0 <= START < END, e.g. 100,110")
+    return start, end
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+def format_time(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
+                    eta_s: float, flops_per_s: Optional[float] = None,
+                    mfu: Optional[float] = None) -> str:
+    m = out.metrics
+    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}"]
+    if "masked_lm_loss" in m:
+        parts.append(f"mlm_loss {m['masked_lm_loss']:.4f} mlm_acc {m['masked_lm_accuracy']:.4f}")
+    if "main_lm_loss" in m:
+        parts.append(f"main_lm_loss {m['main_lm_loss']:.4f} "
+                     f"main_lm_acc {m['main_lm_accuracy']:.4f}")
+    if "disc_loss" in m:
+        parts.append(f"disc_loss {m['disc_loss']:.4f} disc_acc {m['disc_accuracy']:.4f} "
+                     f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
+    if "hp_loss_corr" in m:
+        parts.append(f"hp_corr {m['hp_loss_corr']:.3f}")
+    parts.append(f"lr {lr:.3g}")
+    parts.append(f"{seqs_per_s:.1f} seq/s")
+    if flops_per_s is not None:
+        parts.append(hardware.format_flops(flops_per_s) +
+                     ("" if mfu is None else f" MFU {100 * mfu:.1f}%"))
+    parts.append(f"ETA {format_time(eta_s)}")
+    if out.skipped_steps:
+        parts.append(f"skipped {out.skipped_steps} non-finite step(s)")
+    return " | ".join(parts)
+
+
+def write_scalars(writer, step: int, out, extra: Dict[str, float]):
+    with writer.as_default(step=step):
+        tf.summary.scalar("loss", out.loss)
+        for k, v in out.metrics.items():
+            tf.summary.scalar(k, v)
+        for k, v in extra.items():
+            tf.summary.scalar(k, v)
+    writer.flush()
+
+
+def summary_writer(logdir: str, chief: bool):
+    """TensorBoard events under `logdir` (any filesystem); a no-op on other workers."""
+    if not chief:
+        return tf.summary.create_noop_writer()
+    return tf.summary.create_file_writer(logdir)
+
+
+class Progress:
+    """Sequences/s since the last log line and an ETA from the rate after the first host
+    loop (compilation is paid once and would otherwise inflate the ETA for long)."""
+
+    def __init__(self, step: int, total: int, batch_size: int):
+        self.total, self.batch_size = total, batch_size
+        self.start = self.last = (step, time.monotonic())
+        self.warm = None  # (step, time) after the first host loop
+
+    def loop_done(self, step: int):
+        if self.warm is None:
+            self.warm = (step, time.monotonic())
+
+    def rates(self, step: int):
+        """-> (sequences per second since the last call, ETA in seconds)."""
+        now = time.monotonic()
+        seqs_per_s = (step - self.last[0]) * self.batch_size / max(now - self.last[1], 1e-9)
+        since_step, since = self.warm if self.warm and step > self.warm[0] else self.start
+        rate = (step - since_step) / max(now - since, 1e-9)
+        self.last = (step, now)
+        return seqs_per_s, (self.total - step) / rate if rate > 0 else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Perf:
+    """What a log line's FLOP/s and MFU need: the hardware-convention train FLOPs of one
+    step (`flops.HARDWARE`: the matmuls the step executes, backward = 2 x forward) and the
+    peak FLOP/s of all devices (None: unknown, FLOP/s without MFU)."""
+    flops_per_step: float
+    peak: Optional[float]
+
+    @classmethod
+    def of(cls, flops_per_step: float, strategy, precision: str,
+           peak_override=None) -> "Perf":
+        peak, where = hardware.peak_flops(strategy, precision, peak_override)
+        logging.info("Train step: %.4g FLOPs (hardware convention); peak %s (%s)",
+                     flops_per_step, "unknown" if peak is None else hardware.format_flops(peak),
+                     where)
+        return cls(flops_per_step, peak)
+
+    def rates(self, seqs_per_s: float, batch_size: int) -> Dict[str, float]:
+        achieved = seqs_per_s / batch_size * self.flops_per_step
+        out = {"perf/flops_per_second": achieved}
+        if self.peak:
+            out["perf/mfu"] = achieved / self.peak
+        return out
+
+
+class ProfileWindow:
+    """Traces global steps START+1..END with the TensorFlow profiler into
+    <logdir>/plugins/profile/<run>/ (TensorBoard's Profile tab reads it).
+
+    `n_until_boundary` ends host loops at START and END, so a trace holds exactly those
+    steps; every worker of a job ends its loops there (the loops are collective), only
+    the chief traces."""
+
+    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, enabled: bool):
+        self.steps, self.logdir, self.enabled = steps, logdir, enabled and steps is not None
+        self.active = False
+
+    def n_until_boundary(self, step: int, n: int) -> int:
+        for boundary in self.steps or ():
+            if boundary > step:
+                n = min(n, boundary - step)
+        return n
+
+    def before_loop(self, step: int):
+        if not self.enabled or self.active or not self.steps[0] <= step < self.steps[1]:
+            return
+        try:
+            tf.profiler.experimental.start(self.logdir)
+        except tf.errors.AlreadyExistsError:  # another trace is under way in this process
+            logging.warning("--profile_steps: a profiler is already running; no trace")
+            self.enabled = False
+            return
+        self.active = True
+        logging.info("Profiling global steps %d..%d", step + 1, self.steps[1])
+
+    def after_loop(self, step: int):
+        if self.active and step >= self.steps[1]:
+            self.stop()
+            logging.info("Profiler trace up to step %d in %s", step,
+                         fileio.join(self.logdir, "plugins", "profile"))
+
+    def stop(self):
+        if self.active:
+            tf.profiler.experimental.stop()
+            self.active, self.enabled = False, False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):  # training ended before END, or failed: keep what ran
+        self.stop()
+
+
+class InputWatch:
+    """What the loop asks of the input: `guard(manager)` wraps each host loop (turning a
+    read failure into a one-line error), `after_loop()` reports input scalars for
+    TensorBoard. In-memory input (fine-tuning) needs neither."""
+
+    def guard(self, manager):
+        return contextlib.nullcontext()
+
+    def after_loop(self) -> Dict[str, float]:
+        return {}
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def open_checkpoints(trainer: Trainer, directory: str, save_dir: Optional[str] = None,
+                     max_to_keep: int = 1, clean: bool = True
+                     ) -> tf.train.CheckpointManager:
+    """Resumes `trainer` from the newest checkpoint in `directory` (after deleting what a
+    killed write left there, when `clean`) and returns the manager that saves to
+    `save_dir` (default `directory`; another worker's scratch copy in multi-worker jobs)."""
+    if clean:
+        remove_torn_checkpoints(directory)
+    latest = tf.train.latest_checkpoint(directory)
+    if latest:
+        trainer.restore(latest)
+        logging.info("Resumed from %s (step %d)", latest, int(trainer.global_step.numpy()))
+    return tf.train.CheckpointManager(trainer.checkpoint(), save_dir or directory,
+                                      max_to_keep=max_to_keep,
+                                      step_counter=trainer.global_step)
+
+
+def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
+          schedule: Schedule, *, writer, perf: Optional[Perf] = None,
+          profile_steps: Optional[Tuple[int, int]] = None, profile_dir: str = "",
+          chief: bool = True, inputs: Optional[InputWatch] = None,
+          metrics_from_sums: Callable = lambda sums: sums, what: str = ""
+          ) -> Dict[str, float]:
+    """Trains from the trainer's global step to `schedule.num_train_steps`; returns the
+    last logged metrics. A preemption notice stops it at the end of the current host loop,
+    after a checkpoint (multi-worker: at a step agreed with the other workers), by
+    raising `preemption.Preempted`."""
+    s = schedule
+    total = s.num_train_steps
+    inputs = inputs or InputWatch()
+    loops = {}  # one compiled host loop per phase
+    step = int(trainer.global_step.numpy())
+    if step >= total:
+        logging.info("Already at step %d of %d: nothing to train", step, total)
+        return {}
+    progress = Progress(step, total, s.batch_size)
+    last_saved = step  # a loop of only skipped (non-finite) steps does not save again
+    out_metrics: Dict[str, float] = {}
+    sums = None
+    bad_run = 0  # consecutive skipped (non-finite) steps
+    with (PreemptionWatch(trainer.strategy, what=what) as preemption,
+          ProfileWindow(profile_steps, profile_dir, chief) as profile):
+        while step < total:
+            # Stop each host loop at the next log, checkpoint, phase or profile boundary.
+            n = profile.n_until_boundary(step, min(
+                s.steps_per_loop, total - step,
+                s.log_every_steps - step % s.log_every_steps,
+                s.save_checkpoints_steps - step % s.save_checkpoints_steps,
+                trainer.steps_left_in_phase(step) or total))
+            phase = trainer.phase_at(step)
+            if phase not in loops:
+                loops[phase] = trainer.make_train_loop(phase)
+            trainer.enter_phase(step)
+            profile.before_loop(step)
+            with inputs.guard(manager):
+                loop_sums = loops[phase](iterator, tf.constant(n))
+            trainer.data_batches.assign_add(n)
+            sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
+            step = int(trainer.global_step.numpy())  # waits for the loop's steps
+            profile.after_loop(step)
+            input_scalars = inputs.after_loop()
+            skipped = int(round(float(loop_sums["skipped"])))
+            bad_run = bad_run + skipped if skipped == n else 0
+            if skipped and (s.on_nan == "stop" or bad_run >= MAX_CONSECUTIVE_SKIPS):
+                why = ("on_nan=stop" if s.on_nan == "stop" else
+                       f"{bad_run} steps in a row, the run cannot recover")
+                raise RunError(f"non-finite loss or gradients at step {step + 1} ({why}; no "
+                               "such step is applied); last good checkpoint: "
+                               f"{manager.latest_checkpoint or 'none'}")
+            if step % s.log_every_steps == 0 or step >= total:
+                out, sums = summarize(sums, metrics_from_sums), None
+                seqs_per_s, eta = progress.rates(step)
+                lr = float(trainer.optimizer.learning_rate(step))
+                rates = perf.rates(seqs_per_s, s.batch_size) if perf else {}
+                logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
+                                             rates.get("perf/flops_per_second"),
+                                             rates.get("perf/mfu")))
+                write_scalars(writer, step, out, {"learning_rate": lr,
+                                                  "grad_norm": out.grad_norm,
+                                                  "sequences_per_second": seqs_per_s,
+                                                  **input_scalars, **rates})
+                out_metrics = dict(out.metrics, loss=out.loss, **rates)
+            saved = step != last_saved and (step % s.save_checkpoints_steps == 0 or
+                                            step >= total)
+            if saved:
+                last_saved = step
+                logging.info("Saved checkpoint %s", save_checkpoint(manager, step))
+            preemption.stop_if_noticed(step, lambda: manager.latest_checkpoint if saved
+                                       else save_checkpoint(manager, step))
+            progress.loop_done(step)
+    return out_metrics

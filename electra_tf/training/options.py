@@ -1,0 +1,97 @@
+"""How and where a run executes (not its hyper-parameters): one options type for both
+CLIs, the flags that set it, defined once, and the mapping from flags to options.
+
+No TensorFlow import here: the CLIs define their flags before TensorFlow loads.
+"""
+
+import dataclasses
+from typing import Optional, Tuple, Union
+
+from absl import flags
+
+STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.distribute's
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Everything about a run that is not a hyper-parameter.
+
+    Both jobs: where the run's state lives, the device strategy, XLA, the profiler window
+    and the peak FLOP/s for MFU. Pre-training reads the TFRecord fields; fine-tuning the
+    task-data, checkpoint, vocabulary and export fields."""
+    model_dir: str
+    strategy: str = "auto"
+    tpu: Optional[str] = None  # local, a TPU's name or grpc://HOST:PORT (distribute.py)
+    tpu_zone: Optional[str] = None
+    gcp_project: Optional[str] = None
+    jit_compile: Optional[bool] = None  # None: XLA where it is faster (trainer.default_jit)
+    # "START,END" or (START, END): trace global steps START+1..END with the profiler.
+    profile_steps: Union[None, str, Tuple[int, int]] = None
+    # Peak FLOP/s of one device for MFU (`hardware.peak_flops`); None: table or measured.
+    peak_flops: Union[None, str, float] = None
+    # pre-training
+    train_data: Optional[str] = None  # glob(s) or build dir; None = the bundled sample
+    eval_data: Optional[str] = None
+    do_train: bool = True
+    do_eval: bool = False
+    # fine-tuning
+    data_dir: Optional[str] = None
+    init_checkpoint: Optional[str] = None
+    export_dir: Optional[str] = None
+    vocab_file: Optional[str] = None
+    spm_model: Optional[str] = None
+    do_lower_case: bool = True
+    do_predict: bool = False  # test-set predictions of the median trial
+
+
+# The flags `define_run_flags` defines: RunOptions fields of the same name.
+_RUN_FLAGS = ("strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile", "profile_steps",
+              "peak_flops")
+
+
+def define_run_flags():
+    """The flags both CLIs share: the strategy (--strategy, --tpu, --tpu_zone,
+    --gcp_project; electra_tf.distribute.make_strategy), --precision, --jit_compile,
+    --on_nan, --profile_steps and --peak_flops."""
+    flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
+                      "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM "
+                      "or --tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists "
+                      "several workers, else every visible GPU, else the CPU.")
+    flags.DEFINE_string("tpu", None, "Which TPU (README: Cloud TPU quickstart): 'local' for "
+                        "the chips of this Cloud TPU VM (what auto-detection picks there); "
+                        "the TPU's NAME for a multi-host TPU VM slice (run on its worker 0 "
+                        "only, with TPU_LOAD_LIBRARY=0) or a TPU Node; or grpc://HOST:8470. "
+                        "Default: $TPU_NAME, else auto-detection.")
+    flags.DEFINE_string("tpu_zone", None, "Zone of the TPU named by --tpu=NAME (default: this "
+                        "GCE VM's zone, from the metadata server; outside Google Cloud, "
+                        "required).")
+    flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
+                        "this GCE VM's project; outside Google Cloud, required).")
+    flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
+                      "Compute precision; variables, losses, softmax and sampling stay "
+                      "float32. auto (the default): bfloat16 on TPU, float32 elsewhere; "
+                      "float16 adds dynamic loss scaling.")
+    flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
+    flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite loss or "
+                      "gradient is never applied; skip it and go on (counted in the logs; "
+                      "100 in a row stop the run), or stop with the last good checkpoint "
+                      "named. Default: the config's (skip).")
+    flags.DEFINE_string("profile_steps", None, "START,END: trace global steps START+1..END "
+                        "with the TensorFlow profiler (0 <= START < END; host loops end at "
+                        "both) into the run's train/ log directory, TensorBoard's Profile "
+                        "tab. Traces this process's host and devices (CPU, GPU, a TPU VM's "
+                        "TPUs); for a remote Cloud TPU node use "
+                        "tf.profiler.experimental.client.trace, or TensorBoard's Capture "
+                        "Profile, against the TPU's address instead.")
+    flags.DEFINE_string("peak_flops", None, "Peak FLOP/s of ONE device, for the MFU in the "
+                        "logs (e.g. 312e12 or 312T): one GPU, one TPU device as TensorFlow "
+                        "lists them (a TensorCore on v2/v3, a chip from v4 on) or one CPU "
+                        "host; it is multiplied by the number of devices. Default: the "
+                        "published dense peak of a known GPU/TPU for the run's precision "
+                        "(electra_tf/hardware.py), or on CPU a timed matmul.")
+
+
+def options_from_flags(flag_values, **fields) -> RunOptions:
+    """RunOptions from the shared flags plus the job's own `fields`."""
+    shared = {name: getattr(flag_values, name) for name in _RUN_FLAGS}
+    return RunOptions(**shared, **fields)

@@ -1,0 +1,285 @@
+"""The training state and the compiled step that pre-training and fine-tuning share.
+
+A `Trainer` owns the model, optimizer and counters (the checkpoint's object graph), and
+compiles one replica step: the job's loss (`Trainer.loss`, supplied by a subclass) in
+`grad_accum_steps` micro-batches, then the step tail every job runs the same way:
+all-reduce, loss-scale undo, global-norm clipping, a non-finite step skipped (never
+applied), the optimizer update, dynamic loss scaling for float16. Host loops run
+`steps_per_loop` such steps per visit from a distributed iterator and return the metric
+sums, reduced over replicas.
+
+Subclasses: `pretraining.Pretrainer` (the ELECTRA objectives) and
+`finetune.trainer.Finetuner` (a task head's loss).
+"""
+
+import dataclasses
+from typing import Callable, Dict, List, Optional
+
+import keras
+import tensorflow as tf
+
+from electra_tf import distribute, rng
+from electra_tf.modeling import use_matvec_means
+from electra_tf.optimization import all_reduce_gradients, clip_by_global_norm, update_loss_scale
+
+# Keys of the step's metric sums that every replica reports identically (not shares).
+_PER_STEP = ("steps", "grad_norm_sum", "skipped")
+
+
+def default_jit(strategy: tf.distribute.Strategy) -> bool:
+    """XLA everywhere except MirroredStrategy over several logical CPU devices, where XLA
+    cannot place the per-replica variables (and on TPU the strategy compiles anyway)."""
+    if isinstance(strategy, (tf.distribute.MirroredStrategy,
+                             tf.distribute.MultiWorkerMirroredStrategy)):
+        return not distribute.is_cpu_only(strategy)
+    return True
+
+
+@dataclasses.dataclass
+class LoopOutput:
+    """What one host loop returns to the host (Python numbers)."""
+    loss: float
+    metrics: Dict[str, float]
+    grad_norm: float
+    skipped_steps: int
+
+
+class Trainer:
+    """The state of a training run and its compiled functions.
+
+    `build_model()` and `build_optimizer(variables)` are called under the strategy's
+    scope after the global seed is set, under the Keras dtype policy that
+    `distribute.set_precision` chose (initial weights are a function of `seed`, so
+    reruns and every worker of a job start from the same model). `seed_stream` tells the
+    job's dropout/masking seeds apart from another job's with the same seed.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
+                 build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float, grad_accum_steps: int = 1,
+                 jit_compile: Optional[bool] = None):
+        self.strategy = strategy
+        # The precision the model is built with (distribute.set_precision); float16 scales
+        # the loss dynamically.
+        self.float16 = distribute.active_precision() == "float16"
+        self.clip_norm = clip_norm
+        self.grad_accum_steps = grad_accum_steps
+        keras.utils.set_random_seed(seed)
+        with strategy.scope():
+            self.model = build_model()
+            self.variables = list(self.model.trainable_variables)
+            self.optimizer = build_optimizer()
+            self.optimizer.build(self.variables)
+            agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                           name="global_step", aggregation=agg)
+            self.loss_scale = tf.Variable(2.0 ** 15 if self.float16 else 1.0,
+                                          trainable=False, name="loss_scale", aggregation=agg)
+            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                          name="loss_scale_good_steps", aggregation=agg)
+            # Global batches read so far: where the input resumes. It runs ahead of
+            # global_step by the steps skipped for non-finite gradients.
+            self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="data_batches", aggregation=agg)
+        # Masks and dropout are a function of this, the step and the row: a resumed run
+        # redraws what an uninterrupted one would have drawn.
+        self.base_seed = tf.constant([seed, seed_stream], tf.int32)
+        # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
+        use_matvec_means(distribute.is_cpu_only(strategy))
+        self.jit_compile = default_jit(strategy) if jit_compile is None else jit_compile
+        self.lr_multipliers = None  # or (variable, multiplier) pairs: layer-wise rates
+        # One compiled step (and eval step) per phase, made on first use.
+        self._replica_steps: Dict[int, Callable] = {}
+        self._replica_evals: Dict[int, Callable] = {}
+        self.trace_count = 0
+
+    # ------------------------------------------------------------------ the job's part
+
+    def loss(self, batch, seed, context, training: bool, phase: int = 0):
+        """-> (scalar float32 loss, dict of additive float32 metric sums) of this
+        replica's (micro-)batch, already divided by global denominators so that replicas
+        and micro-batches add up to the loss of the whole global batch."""
+        raise NotImplementedError
+
+    def step_context(self, batch) -> Dict[str, tf.Tensor]:
+        """Whatever `loss` needs from the whole replica batch before it is split into
+        micro-batches (pre-training: global loss denominators). Default: nothing."""
+        return {}
+
+    def eval_step(self, batch, phase: int = 0):
+        """One replica's evaluation outputs (a dict of tensors)."""
+        raise NotImplementedError
+
+    def phases(self) -> List[int]:
+        """The first global step of each phase (one phase by default)."""
+        return [0]
+
+    def on_phase_start(self, phase: int):
+        """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """The object graph of a training checkpoint: model, optimizer slots, step, loss
+        scale and the data position (what a rerun resumes from)."""
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   global_step=self.global_step, loss_scale=self.loss_scale,
+                                   loss_scale_good_steps=self.good_steps,
+                                   data_batches=self.data_batches)
+
+    def restore(self, path: str):
+        """Restores a training checkpoint. One written before data_batches existed puts
+        the data position at global_step."""
+        self.data_batches.assign(-1)
+        self.checkpoint().restore(path).assert_existing_objects_matched()
+        if int(self.data_batches.numpy()) < 0:
+            self.data_batches.assign(self.global_step)
+
+    # ------------------------------------------------------------------ phases
+
+    def phase_at(self, step: int) -> int:
+        """The phase that global step `step` (0-based, about to run) is in."""
+        return sum(1 for start in self.phases()[1:] if step >= start)
+
+    def steps_left_in_phase(self, step: int) -> Optional[int]:
+        """Steps from `step` to the next phase start (None in the last phase)."""
+        later = [start for start in self.phases() if start > step]
+        return later[0] - step if later else None
+
+    def enter_phase(self, step: int):
+        """Runs the phase-start hook when `step` is the first of a phase > 0 (idempotent:
+        the hook's effect does not depend on when it ran before)."""
+        starts = self.phases()
+        if step in starts[1:]:
+            self.on_phase_start(starts.index(step))
+
+    # ------------------------------------------------------------------ compiled steps
+
+    def replica_step(self, phase: int = 0):
+        """The compiled one-replica train step of `phase` (for `strategy.run`)."""
+        return self._compiled(self._replica_steps, self._replica_step_fn, phase)
+
+    def replica_eval(self, phase: int = 0):
+        """The compiled one-replica eval step of `phase`."""
+        return self._compiled(self._replica_evals, self.eval_step, phase)
+
+    def _compiled(self, cache: Dict[int, Callable], fn, phase: int):
+        if phase not in cache:
+            cache[phase] = tf.function(lambda batch: fn(batch, phase),
+                                       jit_compile=self.jit_compile)
+        return cache[phase]
+
+    def step_seed(self, batch, offset: int = 0):
+        """The seed of this replica's rows at the current global step (`offset` tells
+        evaluation's draws apart from training's)."""
+        return rng.step_seed(self.base_seed + offset, tf.cast(self.global_step, tf.int32),
+                             first_row(batch))
+
+    def _grads(self, batch, seed, context, phase=0):
+        with tf.GradientTape() as tape:
+            loss, sums = self.loss(batch, seed, context, True, phase)
+            scaled = loss * tf.cast(self.loss_scale, tf.float32)
+        grads = tape.gradient(scaled, self.variables)
+        return grads, loss, sums
+
+    def _replica_step_fn(self, batch, phase=0):
+        """One optimizer update on this replica's share of the global batch."""
+        self.trace_count += 1  # Python side effect: counts traces, not calls
+        seed = self.step_seed(batch)
+        context = self.step_context(batch)
+        grads, loss, sums = self._accumulated_grads(batch, seed, context, phase)
+        grads = all_reduce_gradients(grads, "sum")
+        inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
+        grads = [None if g is None else g * inv_scale for g in grads]
+        grads, norm = clip_by_global_norm(grads, self.clip_norm)
+        finite = tf.math.is_finite(norm)
+        self.optimizer.apply_gradients(zip(grads, self.variables), self.global_step,
+                                       lr_multipliers=self.lr_multipliers,
+                                       should_update=finite)
+        if self.float16:  # halve on overflow, double after 2000 good steps
+            update_loss_scale(self.loss_scale, self.good_steps, finite)
+        self.global_step.assign_add(tf.cast(finite, tf.int64))
+        sums = dict(sums)
+        sums["loss_sum"] = loss
+        sums["steps"] = tf.constant(1.0)
+        sums["grad_norm_sum"] = tf.where(finite, norm, 0.0)
+        sums["skipped"] = 1.0 - tf.cast(finite, tf.float32)
+        return sums
+
+    def _accumulated_grads(self, batch, seed, context, phase=0):
+        """Gradients of the replica's batch, in `grad_accum_steps` micro-batches.
+
+        Micro-batch losses are already divided by the denominators of the whole global
+        batch, so their gradients simply add up; the loop keeps one running sum, so
+        memory is that of one micro-batch.
+        """
+        k = self.grad_accum_steps
+        if k == 1:
+            return self._grads(batch, seed, context, phase)
+        micro_batches = {n: tf.reshape(t, [k, -1] + t.shape[1:].as_list())
+                         for n, t in batch.items()}
+        take = lambda i: {n: t[i] for n, t in micro_batches.items()}
+        rows = batch["input_ids"].shape[0] // k
+        grads, loss, sums = self._grads(take(0), seed, context, phase)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads, self.variables)]
+
+        def body(i, grads, loss, sums):
+            g, l, s = self._grads(take(i), rng.offset_rows(seed, i * rows), context, phase)
+            grads = [a if b is None else a + b for a, b in zip(grads, g)]
+            return i + 1, grads, loss + l, {n: sums[n] + s[n] for n in sums}
+
+        _, grads, loss, sums = tf.while_loop(lambda i, *_: i < k, body,
+                                             (tf.constant(1), grads, loss, sums),
+                                             maximum_iterations=k - 1)
+        return grads, loss, sums
+
+    # ------------------------------------------------------------------ host loops
+
+    def make_train_loop(self, phase: int = 0):
+        """A tf.function running `num_steps` train steps of `phase` from a distributed
+        iterator and returning the metric sums, reduced over replicas and summed over the
+        steps (a loop must not cross a phase boundary: `steps_left_in_phase`)."""
+        return self._host_loop(self.replica_step(phase))
+
+    def _host_loop(self, step_fn):
+        @tf.function
+        def loop(iterator, num_steps):
+            sums = self._reduce(self.strategy.run(step_fn, args=(next(iterator),)))
+            for _ in tf.range(num_steps - 1):
+                step_sums = self._reduce(
+                    self.strategy.run(step_fn, args=(next(iterator),)))
+                sums = {k: sums[k] + step_sums[k] for k in sums}
+            return sums
+
+        return loop
+
+    def _reduce(self, per_replica):
+        sums = {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
+                for k, v in per_replica.items()}
+        # Replica losses are shares of the global loss (global denominators) and add up;
+        # step counts and gradient norms are the same on every replica: undo the SUM.
+        n = float(self.strategy.num_replicas_in_sync)
+        for key in _PER_STEP:
+            if key in sums:
+                sums[key] = sums[key] / n
+        return sums
+
+
+def first_row(batch):
+    """Global index of this replica's first row (replicas hold equal, ordered shares)."""
+    ctx = tf.distribute.get_replica_context()
+    replica = ctx.replica_id_in_sync_group if ctx is not None else 0
+    return replica * tf.shape(batch["input_ids"])[0]
+
+
+def summarize(sums: Dict[str, tf.Tensor],
+              metrics_from_sums: Callable = lambda sums: sums) -> LoopOutput:
+    """Metric sums of one or more steps -> the reported numbers (`metrics_from_sums`
+    turns the job's own sums into its metrics)."""
+    sums = {k: v for k, v in sums.items()}
+    steps = max(float(sums.pop("steps")), 1.0)
+    loss = float(sums.pop("loss_sum")) / steps
+    skipped = int(round(float(sums.pop("skipped", 0.0))))
+    norm = float(sums.pop("grad_norm_sum", 0.0)) / max(steps - skipped, 1.0)
+    metrics = {k: float(v) for k, v in metrics_from_sums(sums).items()}
+    return LoopOutput(loss, metrics, norm, skipped)
