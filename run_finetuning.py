@@ -45,24 +45,35 @@ flags.DEFINE_string("init_checkpoint", None, "Pre-trained discriminator: a pre-t
                     "runs/pretrain_tiny.")
 flags.DEFINE_string("config", None, "Model preset or JSON (default: the config.json of the "
                     "pre-training run that wrote --init_checkpoint).")
+flags.DEFINE_string("finetune_config", None, "A JSON file of fine-tuning hyper-parameters "
+                    "(electra_tf.configs.FinetuneConfig keys, e.g. {\"learning_rate\": 1e-4, "
+                    "\"num_train_epochs\": 2}); --params_override and the flags below win "
+                    "over it.")
+flags.DEFINE_string("params_override", "", "Comma-separated key=value FinetuneConfig "
+                    "overrides, e.g. learning_rate=1e-4,adam_epsilon=1e-8,steps_per_loop=20; "
+                    "the flags win over it.")
 flags.DEFINE_string("model_dir", None, "Trial checkpoints, TensorBoard logs and "
                     "results.json (default runs/finetune_<task>). A rerun resumes here.")
 flags.DEFINE_string("export_dir", None, "Write SavedModels (task + encoder) here; default "
                     "<model_dir>/export for the bundled demo, none otherwise.")
-flags.DEFINE_integer("num_trials", 1, "Fine-tuning seeds; results.json has every score "
-                     "and the median.")
+flags.DEFINE_integer("num_trials", None, "Fine-tuning seeds (default 1); results.json has "
+                     "every score and the median.")
 flags.DEFINE_float("learning_rate", None, "Default: 3e-4 small, 1e-4 base, 5e-5 large.")
 flags.DEFINE_float("layerwise_lr_decay", None, "Default: 0.8 (0.9 large).")
-flags.DEFINE_bool("official_lr_bug", False, "Reproduce the official code's layer-wise "
+flags.DEFINE_bool("official_lr_bug", None, "Reproduce the official code's layer-wise "
                   "decay, which gives the top encoder layer decay^2 instead of decay^1.")
 flags.DEFINE_float("num_train_epochs", None, "Default: the task's (3; 10 for RTE and "
                    "STS-B; 2 for SQuAD).")
-flags.DEFINE_integer("train_batch_size", 32, "Global batch.")
-flags.DEFINE_integer("eval_batch_size", 32, "Global eval batch.")
-flags.DEFINE_integer("max_seq_length", 128, "Tokens per example (SQuAD: 512).")
-flags.DEFINE_float("warmup_proportion", 0.1, "Linear warmup share of the steps.")
-flags.DEFINE_integer("seed", 1, "Seed of the first trial (trial i uses seed + i).")
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval within a trial.")
+flags.DEFINE_integer("train_batch_size", None, "Global batch (default 32).")
+flags.DEFINE_integer("eval_batch_size", None, "Global eval batch (default 32).")
+flags.DEFINE_integer("max_seq_length", None, "Tokens per example (default 128; "
+                     "SQuAD: 512).")
+flags.DEFINE_float("warmup_proportion", None, "Linear warmup share of the steps "
+                   "(default 0.1).")
+flags.DEFINE_integer("seed", None, "Seed of the first trial (trial i uses seed + i; "
+                     "default 1).")
+flags.DEFINE_integer("save_checkpoints_steps", None, "Checkpoint interval within a "
+                     "trial (default 1000).")
 flags.DEFINE_list("text_columns", [], "User TSV task: header names of one or two text "
                   "columns.")
 flags.DEFINE_string("label_column", None, "User TSV task: header name of the label column "

@@ -58,22 +58,6 @@ flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run p
                   "(paper and hardware conventions; see electra_tf/flops.py) and exit "
                   "without training.")
 
-_FLAG_TO_KEY = {"num_train_steps": "train.num_train_steps",
-                "train_batch_size": "train.train_batch_size",
-                "max_seq_length": "train.max_seq_length",
-                "save_checkpoints_steps": "train.save_checkpoints_steps",
-                "steps_per_loop": "train.steps_per_loop",
-                "grad_accum_steps": "train.grad_accum_steps",
-                "learning_rate": "optimizer.learning_rate",
-                "precision": "train.precision", "seed": "train.seed",
-                "on_nan": "train.on_nan", "on_bad_shard": "train.on_bad_shard",
-                "objective": "objective.objective",
-                "generator": "objective.generator",
-                "gen_focal_gamma": "objective.gen_focal_gamma"}
-# --generator_tying -> (model.tie_embeddings, model.tie_all_weights)
-_TYING = {"none": ("false", "false"), "embeddings": ("true", "false"), "all": ("true", "true")}
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -85,13 +69,7 @@ def main(argv):
     from electra_tf.distribute import StrategyError
     from electra_tf.checkpoints import CheckpointError
     try:
-        overrides = configs.parse_overrides(FLAGS.params_override)
-        overrides.update({key: str(getattr(FLAGS, name)) for name, key in _FLAG_TO_KEY.items()
-                          if getattr(FLAGS, name) is not None})
-        if FLAGS.generator_tying:
-            overrides["model.tie_embeddings"], overrides["model.tie_all_weights"] = \
-                _TYING[FLAGS.generator_tying]
-        cfg = configs.load_config(FLAGS.config, overrides)
+        cfg = configs.pretraining_config_from_flags(FLAGS)
         if FLAGS.count_flops:
             from electra_tf import flops
             print(flops.format_table(cfg, FLAGS.config))

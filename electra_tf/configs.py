@@ -7,6 +7,7 @@ Unknown keys are errors that list the valid ones; overrides use `section.key=val
 import dataclasses
 import json
 import os
+import typing
 from typing import Any, Dict, Optional, Union
 
 # Repo-internal presets (local, next to this package); user config files go through
@@ -259,6 +260,62 @@ class PretrainingConfig:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """Hyper-parameters of a fine-tuning run (paper Appendix B defaults where None; the
+    trainer resolves those for the model size and task). Keys are flat:
+    `--params_override=learning_rate=1e-4,num_train_epochs=2`."""
+    learning_rate: Optional[float] = None  # None: 3e-4 small, 1e-4 base, 5e-5 large
+    layerwise_lr_decay: Optional[float] = None  # None: 0.8, 0.9 for large
+    official_lr_bug: bool = False  # the official code's top-layer decay^2
+    num_train_epochs: Optional[float] = None  # None: the task's (3; 10 RTE/STS-B; 2 SQuAD)
+    train_batch_size: int = 32
+    eval_batch_size: int = 32
+    max_seq_length: int = 128
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.0
+    adam_epsilon: float = 1e-6
+    clip_norm: float = 1.0
+    num_trials: int = 1
+    seed: int = 1
+    precision: str = "auto"  # as train.precision
+    steps_per_loop: int = 50
+    save_checkpoints_steps: int = 1000
+    on_nan: str = "skip"  # as train.on_nan
+
+    def resolved(self, model: ModelConfig, task) -> "FinetuneConfig":
+        """The defaults that depend on the model size and the task (its
+        `num_train_epochs`)."""
+        large = model.hidden_size >= 1024
+        lr = self.learning_rate
+        if lr is None:
+            lr = 5e-5 if large else (1e-4 if model.hidden_size >= 768 else 3e-4)
+        decay = self.layerwise_lr_decay
+        if decay is None:
+            decay = 0.9 if large else 0.8
+        epochs = task.num_train_epochs if self.num_train_epochs is None else self.num_train_epochs
+        return dataclasses.replace(self, learning_rate=lr, layerwise_lr_decay=decay,
+                                   num_train_epochs=float(epochs))
+
+    def check(self) -> "FinetuneConfig":
+        for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "num_trials",
+                     "steps_per_loop", "save_checkpoints_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name}={getattr(self, name)} must be at least 1")
+        if self.layerwise_lr_decay is not None and not 0 < self.layerwise_lr_decay <= 1:
+            raise ConfigError(f"--layerwise_lr_decay={self.layerwise_lr_decay} must be in (0, 1]")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ConfigError(f"--learning_rate={self.learning_rate} must be > 0")
+        if self.num_train_epochs is not None and self.num_train_epochs <= 0:
+            raise ConfigError(f"--num_train_epochs={self.num_train_epochs} must be > 0")
+        if self.on_nan not in ("skip", "stop"):
+            raise ConfigError(f"--on_nan={self.on_nan!r}: expected skip or stop")
+        if self.precision not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--precision={self.precision!r}: expected auto, float32, "
+                              "bfloat16 or float16")
+        return self
+
+
 _SECTION_CLASSES = {"model": ModelConfig, "objective": ObjectiveConfig,
                     "optimizer": OptimizerConfig, "train": TrainConfig}
 
@@ -267,9 +324,22 @@ def _fields(cls) -> Dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _coerce(value: Any, default: Any, key: str) -> Any:
-    """Converts a JSON or command-line value to the type of the field's default."""
-    kind = type(default)
+def _kind(cls, name: str):
+    """(the type of field `name`, whether None is allowed): from its default, or from
+    its annotation when the default is None (`Optional[float]`)."""
+    default = _fields(cls)[name].default
+    if default is not None:
+        return type(default), False
+    hint = typing.get_type_hints(cls)[name]
+    return next(a for a in typing.get_args(hint) if a is not type(None)), True
+
+
+def _coerce(value: Any, kind: type, key: str, optional: bool = False) -> Any:
+    """Converts a JSON or command-line value to the field's type (`none`/null: None
+    where the field allows it)."""
+    if optional and (value is None or (isinstance(value, str) and
+                                       value.strip().lower() in ("none", "null"))):
+        return None
     if isinstance(value, str) and kind is not str:
         text = value.strip()
         if kind is bool:
@@ -312,15 +382,31 @@ def _resolve_key(key: str) -> tuple:
     return owners[0], key
 
 
-def apply_overrides(cfg: PretrainingConfig, overrides: Dict[str, Any]) -> PretrainingConfig:
-    """Returns `cfg` with {key: value} applied (keys as in `_resolve_key`)."""
+def _replace(obj, values: Dict[str, Any], prefix: str = ""):
+    """A flat config dataclass with {field: value} applied, values coerced to the field
+    types; an unknown field is an error listing the valid ones."""
+    fields = _fields(type(obj))
+    changes = {}
+    for name, value in values.items():
+        if name not in fields:
+            raise ConfigError(f"unknown config key {prefix}{name!r}; valid keys: "
+                              f"{', '.join(prefix + n for n in fields)}")
+        kind, optional = _kind(type(obj), name)
+        changes[name] = _coerce(value, kind, f"{prefix}{name}", optional)
+    return dataclasses.replace(obj, **changes)
+
+
+def apply_overrides(cfg, overrides: Dict[str, Any]):
+    """Returns `cfg` with {key: value} applied. PretrainingConfig: keys as in
+    `_resolve_key`; a flat config (FinetuneConfig): its field names."""
+    if not isinstance(cfg, PretrainingConfig):
+        return _replace(cfg, overrides)
     changes: Dict[str, Dict[str, Any]] = {}
     for key, value in overrides.items():
         section, name = _resolve_key(key)
-        default = getattr(getattr(cfg, section), name)
-        changes.setdefault(section, {})[name] = _coerce(value, default, f"{section}.{name}")
+        changes.setdefault(section, {})[name] = value
     return dataclasses.replace(cfg, **{
-        s: dataclasses.replace(getattr(cfg, s), **kv) for s, kv in changes.items()})
+        s: _replace(getattr(cfg, s), kv, f"{s}.") for s, kv in changes.items()})
 
 
 def parse_overrides(text: str) -> Dict[str, str]:
@@ -355,33 +441,100 @@ def preset_names():
                   if f.endswith(".json"))
 
 
-def load_config(name_or_path: str = "tiny",
-                overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
-    """A preset name (configs/NAME.json) or a JSON path (any filesystem TensorFlow knows:
-    local, gs://...), plus overrides; checked."""
-    # TensorFlow is imported here, not at the top: run_pretraining.py imports this module
-    # to define its flags before TensorFlow loads.
+def _read_config_file(name_or_path: str, flag: str) -> Dict[str, Any]:
+    """The JSON object of a preset name (configs/NAME.json) or a JSON path (any
+    filesystem TensorFlow knows: local, gs://...)."""
+    # TensorFlow is imported here, not at the top: the CLIs import this module to define
+    # their flags before TensorFlow loads.
     import tensorflow as tf
     from electra_tf import fileio
     path = name_or_path
     try:
         found = fileio.exists(path)
     except tf.errors.OpError as e:  # e.g. an unreachable bucket
-        raise ConfigError(f"--config {path}: {fileio.error_reason(e)}") from None
+        raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
     if not found:
         if fileio.is_remote(path):
-            raise ConfigError(f"--config {path}: no such file")
+            raise ConfigError(f"{flag} {path}: no such file")
         path = os.path.join(PRESET_DIR, f"{name_or_path}.json")
         if not fileio.exists(path):
-            raise ConfigError(f"--config {name_or_path!r}: neither a file nor a preset; "
+            raise ConfigError(f"{flag} {name_or_path!r}: neither a file nor a preset; "
                               f"presets: {', '.join(preset_names())}")
     try:
         data = json.loads(fileio.read_text(path))
     except (OSError, tf.errors.OpError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--config {path}: {fileio.error_reason(e)}") from None
-    cfg = apply_overrides(PretrainingConfig(), _flatten(data, path))
+        raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
+    return _flatten(data, path)
+
+
+def _with_overrides(cfg, overrides: Optional[Union[str, Dict[str, Any]]]):
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)
-    if overrides:
-        cfg = apply_overrides(cfg, overrides)
-    return cfg.check()
+    return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+def load_config(name_or_path: str = "tiny",
+                overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
+    """A pre-training preset name (configs/NAME.json) or a JSON path (any filesystem),
+    plus overrides; checked."""
+    cfg = apply_overrides(PretrainingConfig(), _read_config_file(name_or_path, "--config"))
+    return _with_overrides(cfg, overrides).check()
+
+
+def load_finetune_config(path: Optional[str] = None,
+                         overrides: Optional[Union[str, Dict[str, Any]]] = None
+                         ) -> FinetuneConfig:
+    """Fine-tuning hyper-parameters: the defaults, a JSON file of FinetuneConfig keys (any
+    filesystem; --finetune_config), then overrides (--params_override, then the flags);
+    checked."""
+    cfg = FinetuneConfig()
+    if path:
+        cfg = apply_overrides(cfg, _read_config_file(path, "--finetune_config"))
+    return _with_overrides(cfg, overrides).check()
+
+
+# Flags of run_pretraining.py that set a config key.
+PRETRAINING_FLAGS = {"num_train_steps": "train.num_train_steps",
+                     "train_batch_size": "train.train_batch_size",
+                     "max_seq_length": "train.max_seq_length",
+                     "save_checkpoints_steps": "train.save_checkpoints_steps",
+                     "steps_per_loop": "train.steps_per_loop",
+                     "grad_accum_steps": "train.grad_accum_steps",
+                     "learning_rate": "optimizer.learning_rate",
+                     "precision": "train.precision", "seed": "train.seed",
+                     "on_nan": "train.on_nan", "on_bad_shard": "train.on_bad_shard",
+                     "objective": "objective.objective",
+                     "generator": "objective.generator",
+                     "gen_focal_gamma": "objective.gen_focal_gamma"}
+# --generator_tying -> (model.tie_embeddings, model.tie_all_weights)
+_TYING = {"none": ("false", "false"), "embeddings": ("true", "false"), "all": ("true", "true")}
+# Flags of run_finetuning.py that set a FinetuneConfig key (the same names).
+FINETUNE_FLAGS = {name: name for name in (
+    "learning_rate", "layerwise_lr_decay", "official_lr_bug", "num_train_epochs",
+    "train_batch_size", "eval_batch_size", "max_seq_length", "warmup_proportion",
+    "num_trials", "seed", "precision", "save_checkpoints_steps", "on_nan")}
+
+
+def overrides_from_flags(flag_values, keys: Dict[str, str]) -> Dict[str, str]:
+    """--params_override, then every flag of `keys` the user set (flags left at None
+    keep the config's value)."""
+    overrides = parse_overrides(flag_values.params_override)
+    overrides.update({key: str(getattr(flag_values, name)) for name, key in keys.items()
+                      if getattr(flag_values, name) is not None})
+    tying = getattr(flag_values, "generator_tying", None)
+    if tying:
+        overrides["model.tie_embeddings"], overrides["model.tie_all_weights"] = _TYING[tying]
+    return overrides
+
+
+def pretraining_config_from_flags(flag_values) -> PretrainingConfig:
+    """run_pretraining.py's config: --config, --params_override, then the flags."""
+    return load_config(flag_values.config, overrides_from_flags(flag_values,
+                                                                PRETRAINING_FLAGS))
+
+
+def finetune_config_from_flags(flag_values) -> FinetuneConfig:
+    """run_finetuning.py's hyper-parameters: --finetune_config, --params_override, then
+    the flags."""
+    return load_finetune_config(flag_values.finetune_config,
+                                overrides_from_flags(flag_values, FINETUNE_FLAGS))

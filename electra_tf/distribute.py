@@ -392,8 +392,10 @@ def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
     return os.path.join(model_dir, ".workers", f"{task_type}_{task_id}")
 
 
-def default_precision(strategy: tf.distribute.Strategy) -> str:
-    """bfloat16 on TPU, float32 elsewhere."""
+def resolve_precision(precision: str, strategy: tf.distribute.Strategy) -> str:
+    """precision=auto -> bfloat16 on TPU, float32 elsewhere; others as they are."""
+    if precision != "auto":
+        return precision
     return "bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"
 
 

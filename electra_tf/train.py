@@ -117,9 +117,7 @@ def _special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingCon
 
 def resolve_precision(cfg: PretrainingConfig, strategy) -> PretrainingConfig:
     """`train.precision=auto` -> bfloat16 on TPU, float32 elsewhere."""
-    if cfg.train.precision != "auto":
-        return cfg
-    precision = distribute.default_precision(strategy)
+    precision = distribute.resolve_precision(cfg.train.precision, strategy)
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
 
 

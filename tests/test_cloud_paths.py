@@ -156,13 +156,15 @@ def _finetune_flags(**kw):
     defaults (run_finetuning.py), with `kw` set."""
     flags = dict(task="polarity", data_dir=None, data_source="auto", tfds_data_dir=None,
                  do_predict=False, init_checkpoint=None, config=None, model_dir=None,
-                 export_dir=None, num_trials=1, learning_rate=None, layerwise_lr_decay=None,
-                 official_lr_bug=False, num_train_epochs=None, train_batch_size=32,
-                 eval_batch_size=32, max_seq_length=128, warmup_proportion=0.1, seed=1,
-                 save_checkpoints_steps=1000, text_columns=[], label_column=None,
+                 export_dir=None, finetune_config=None, params_override="",
+                 num_trials=None, learning_rate=None, layerwise_lr_decay=None,
+                 official_lr_bug=None, num_train_epochs=None, train_batch_size=None,
+                 eval_batch_size=None, max_seq_length=None, warmup_proportion=None,
+                 seed=None, save_checkpoints_steps=None, text_columns=[], label_column=None,
                  labels=None, metric="accuracy", vocab_file=None, spm_model=None,
                  do_lower_case=True, strategy="auto", tpu=None, tpu_zone=None,
-                 gcp_project=None, precision="auto", jit_compile=None)
+                 gcp_project=None, precision=None, jit_compile=None, on_nan=None,
+                 profile_steps=None, peak_flops=None)
     unknown = set(kw) - set(flags)
     assert not unknown, unknown
     flags.update(kw)

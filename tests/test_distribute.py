@@ -368,6 +368,8 @@ def test_is_chief_and_worker_dir(strategy, chief, directory):
     assert distribute.worker_dir("gs://b/run", strategy) == directory
 
 
-def test_default_precision():
-    assert distribute.default_precision(tf.distribute.OneDeviceStrategy("/cpu:0")) == "float32"
-    assert distribute.default_precision(_FakeTPU()) == "bfloat16"
+def test_resolve_precision():
+    assert distribute.resolve_precision("auto", tf.distribute.OneDeviceStrategy("/cpu:0")) \
+        == "float32"
+    assert distribute.resolve_precision("auto", _FakeTPU()) == "bfloat16"
+    assert distribute.resolve_precision("float16", _FakeTPU()) == "float16"

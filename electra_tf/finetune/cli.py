@@ -14,7 +14,7 @@ from electra_tf.checkpoints import CheckpointError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.trainer import FinetuneConfig, run
+from electra_tf.finetune.trainer import run
 from electra_tf.training.options import options_from_flags
 from tfrecord_builder import BuildError
 
@@ -95,13 +95,7 @@ def main(flags, repo: str) -> dict:
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
-    cfg = FinetuneConfig(
-        learning_rate=flags.learning_rate, layerwise_lr_decay=flags.layerwise_lr_decay,
-        official_lr_bug=flags.official_lr_bug, num_train_epochs=flags.num_train_epochs,
-        train_batch_size=flags.train_batch_size, eval_batch_size=flags.eval_batch_size,
-        max_seq_length=flags.max_seq_length, warmup_proportion=flags.warmup_proportion,
-        num_trials=flags.num_trials, seed=flags.seed, precision=flags.precision or "auto",
-        save_checkpoints_steps=flags.save_checkpoints_steps, on_nan=flags.on_nan or "skip")
+    cfg = configs.finetune_config_from_flags(flags)
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
         vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")

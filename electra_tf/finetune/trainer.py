@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import distribute, fileio
-from electra_tf.configs import ConfigError, ModelConfig
+from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
 from electra_tf.finetune.tasks import Task, TaskData
@@ -26,59 +26,6 @@ from electra_tf.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
 from electra_tf.training.options import RunOptions
 from electra_tf.training.trainer import Trainer
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneConfig:
-    """Hyper-parameters of a fine-tuning run (paper Appendix B defaults where None)."""
-    learning_rate: Optional[float] = None  # None: 3e-4 small, 1e-4 base, 5e-5 large
-    layerwise_lr_decay: Optional[float] = None  # None: 0.8, 0.9 for large
-    official_lr_bug: bool = False  # the official code's top-layer decay^2
-    num_train_epochs: Optional[float] = None  # None: the task's (3; 10 RTE/STS-B; 2 SQuAD)
-    train_batch_size: int = 32
-    eval_batch_size: int = 32
-    max_seq_length: int = 128
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.0
-    adam_epsilon: float = 1e-6
-    clip_norm: float = 1.0
-    num_trials: int = 1
-    seed: int = 1
-    precision: str = "auto"
-    steps_per_loop: int = 50
-    save_checkpoints_steps: int = 1000
-    on_nan: str = "skip"  # training/loop.py: Schedule
-
-    def resolved(self, model: ModelConfig, task: Task,
-                 strategy: Optional[tf.distribute.Strategy] = None) -> "FinetuneConfig":
-        large = model.hidden_size >= 1024
-        lr = self.learning_rate
-        if lr is None:
-            lr = 5e-5 if large else (1e-4 if model.hidden_size >= 768 else 3e-4)
-        decay = self.layerwise_lr_decay
-        if decay is None:
-            decay = 0.9 if large else 0.8
-        epochs = task.num_train_epochs if self.num_train_epochs is None else self.num_train_epochs
-        precision = self.precision
-        if precision in ("auto", None) and strategy is not None:
-            precision = distribute.default_precision(strategy)
-        return dataclasses.replace(self, learning_rate=lr, layerwise_lr_decay=decay,
-                                   num_train_epochs=float(epochs), precision=precision)
-
-    def check(self):
-        for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "num_trials",
-                     "steps_per_loop", "save_checkpoints_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name}={getattr(self, name)} must be at least 1")
-        if self.layerwise_lr_decay is not None and not 0 < self.layerwise_lr_decay <= 1:
-            raise ConfigError(f"--layerwise_lr_decay={self.layerwise_lr_decay} must be in (0, 1]")
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise ConfigError(f"--learning_rate={self.learning_rate} must be > 0")
-        if self.num_train_epochs is not None and self.num_train_epochs <= 0:
-            raise ConfigError(f"--num_train_epochs={self.num_train_epochs} must be > 0")
-        if self.on_nan not in loop.ON_NAN:
-            raise ConfigError(f"--on_nan={self.on_nan}: expected one of {', '.join(loop.ON_NAN)}")
-        return self
 
 
 def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
@@ -251,7 +198,8 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
 
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
-    cfg = cfg.resolved(model_config, task, strategy).check()
+    cfg = dataclasses.replace(cfg.resolved(model_config, task).check(),
+                              precision=distribute.resolve_precision(cfg.precision, strategy))
     distribute.set_precision(cfg.precision)
     chief = distribute.is_chief(strategy)
     encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
