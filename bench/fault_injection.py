@@ -67,7 +67,6 @@ PREEMPTED = 75
 
 STEP_RE = re.compile(r"\] step (\d+)/(\d+) \|")
 RESUMED_RE = re.compile(r"Resumed from (\S+) \(step (\d+)\)")
-RESUMED_TRIAL_RE = re.compile(r"Resumed trial from (\S+)")
 SIGTERM_RE = re.compile(r"SIGTERM at step (\d+)")
 TRIAL_DONE_RE = re.compile(r"Trial (\d+) \(seed \d+\) dev:")
 CKPT_NUM_RE = re.compile(r"ckpt-(\d+)")
@@ -719,7 +718,7 @@ def finetune_faults(init: str, ref_dir: str, out_dir: str, logs: str, n: int,
     for rec, path in pairs:
         with open(path) as f:
             text = f.read()
-        m = RESUMED_TRIAL_RE.search(text)
+        m = RESUMED_RE.search(text)
         done = re.findall(r"Trial (\d+) already done", text)
         resumed_trial = len(done)
         resumed = int(CKPT_NUM_RE.search(m.group(1)).group(1)) if m else 0

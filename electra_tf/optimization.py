@@ -1,4 +1,4 @@
-"""Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping, accumulation.
+"""Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping.
 
 Everything here is plain TensorFlow on `tf.Variable`s, so that one train step (forward,
 backward, clipping, update) can live in a single `tf.function(jit_compile=True)` that runs
@@ -10,7 +10,7 @@ through `strategy.run` under any `tf.distribute` strategy (TPU, Mirrored, one de
   decay skipping LayerNorm and bias variables). `LAMB`: You et al. (2019), Algorithm 2.
   Slots are `tf.Variable`s named `<var>/adam_m` and `<var>/adam_v`, the names of the slots
   in the official TF1 training checkpoints (`slot_variables()` maps names to slots).
-* `clip_by_global_norm`, `all_reduce_gradients`, `GradientAccumulator`: helpers for the
+* `clip_by_global_norm`, `all_reduce_gradients`, `update_loss_scale`: helpers for the
   train step.
 
 A train step under a strategy (replica function passed to `strategy.run`):
@@ -37,26 +37,14 @@ DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 
 # --------------------------------------------------------------------------- schedule
 
-def warmup_polynomial_decay(step, learning_rate: float, total_steps: int, warmup_steps: int = 0,
-                            end_learning_rate: float = 0.0, power: float = 1.0) -> tf.Tensor:
-    """The official ELECTRA learning rate at `step` (a scalar tensor, any numeric dtype).
+class WarmupPolynomialDecay:
+    """The official ELECTRA learning rate: a callable `step -> float32 lr` (`step` a scalar
+    tensor, any numeric dtype).
 
     decay = (lr - end) * (1 - min(step, total) / total) ** power + end   (TF1 polynomial_decay,
     cycle=False), then, when warmup_steps > 0, lr = decay * min(1, step / warmup_steps).
-    Warmup multiplies the decayed value, as in the official code. Returns float32.
+    Warmup multiplies the decayed value, as in the official code.
     """
-    step = tf.cast(step, tf.float32)
-    total = float(max(1, int(total_steps)))
-    progress = tf.minimum(step, total) / total
-    lr = (float(learning_rate) - float(end_learning_rate)) * tf.pow(
-        1.0 - progress, float(power)) + float(end_learning_rate)
-    if warmup_steps and warmup_steps > 0:
-        lr = lr * tf.minimum(1.0, step / float(warmup_steps))
-    return lr
-
-
-class WarmupPolynomialDecay:
-    """Callable schedule `step -> float32 lr`; see `warmup_polynomial_decay`."""
 
     def __init__(self, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                  end_learning_rate: float = 0.0, power: float = 1.0):
@@ -67,8 +55,14 @@ class WarmupPolynomialDecay:
         self.power = float(power)
 
     def __call__(self, step) -> tf.Tensor:
-        return warmup_polynomial_decay(step, self.learning_rate, self.total_steps,
-                                       self.warmup_steps, self.end_learning_rate, self.power)
+        step = tf.cast(step, tf.float32)
+        total = float(max(1, self.total_steps))
+        progress = tf.minimum(step, total) / total
+        lr = (self.learning_rate - self.end_learning_rate) * tf.pow(
+            1.0 - progress, self.power) + self.end_learning_rate
+        if self.warmup_steps > 0:
+            lr = lr * tf.minimum(1.0, step / float(self.warmup_steps))
+        return lr
 
     def get_config(self) -> Dict[str, Any]:
         return dict(learning_rate=self.learning_rate, total_steps=self.total_steps,
@@ -135,17 +129,13 @@ def _variable_strategy(tf_var):
     return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
 
 
-def _zeros_like_variable(tf_var, name: str, dtype=None, synchronization=None, aggregation=None):
+def _zeros_like_variable(tf_var, name: str):
     """A non-trainable zeros variable shaped like `tf_var`, created in its strategy's scope
     (mirrored under MirroredStrategy/TPUStrategy) and colocated with it."""
     strategy = _variable_strategy(tf_var)
-    shape = tf_var.shape
-    dtype = dtype or tf_var.dtype
-    kwargs = {}
-    if synchronization is not None:
-        kwargs.update(synchronization=synchronization, aggregation=aggregation)
+    shape, dtype = tf_var.shape, tf_var.dtype
     with strategy.scope(), strategy.extended.colocate_vars_with(tf_var):
-        return tf.Variable(lambda: tf.zeros(shape, dtype), trainable=False, name=name, **kwargs)
+        return tf.Variable(lambda: tf.zeros(shape, dtype), trainable=False, name=name)
 
 
 LrMultipliers = Union[Mapping[Any, float], Iterable[Tuple[Any, float]], None]
@@ -154,12 +144,17 @@ LrMultipliers = Union[Mapping[Any, float], Iterable[Tuple[Any, float]], None]
 # --------------------------------------------------------------------------- optimizers
 
 class _AdamFamily(tf.Module):
-    """Shared state and distribution plumbing of AdamW and LAMB."""
+    """Shared state and distribution plumbing of AdamW and LAMB. A subclass sets its
+    `NAME` and the default of `bias_correction` (`BIAS_CORRECTION`)."""
+    NAME: str
+    BIAS_CORRECTION: bool
 
-    def __init__(self, learning_rate_fn: Union[Callable, float], weight_decay: float,
-                 beta_1: float, beta_2: float, epsilon: float, bias_correction: bool,
-                 exclude_from_weight_decay: Optional[Sequence[str]], name: str):
-        super().__init__(name=name)
+    def __init__(self, learning_rate_fn: Union[Callable, float], weight_decay: float = 0.01,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
+                 bias_correction: Optional[bool] = None,
+                 exclude_from_weight_decay: Optional[Sequence[str]] =
+                 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, name: Optional[str] = None):
+        super().__init__(name=name or self.NAME)
         if callable(learning_rate_fn):
             self.learning_rate_fn = learning_rate_fn
         else:
@@ -169,7 +164,8 @@ class _AdamFamily(tf.Module):
         self.beta_1 = float(beta_1)
         self.beta_2 = float(beta_2)
         self.epsilon = float(epsilon)
-        self.bias_correction = bool(bias_correction)
+        self.bias_correction = bool(self.BIAS_CORRECTION if bias_correction is None
+                                    else bias_correction)
         self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
         self._state = _State()
         # Slots keyed by their TF1 names; tracked, so tf.train.Checkpoint saves them.
@@ -221,26 +217,6 @@ class _AdamFamily(tf.Module):
             out[f"{e.name}/adam_m"] = e.m
             out[f"{e.name}/adam_v"] = e.v
         return out
-
-    def get_slot(self, variable, slot: str) -> tf.Variable:
-        """`slot` is 'm' / 'adam_m' or 'v' / 'adam_v'."""
-        entry = self._entry(variable)
-        if slot in ("m", "adam_m"):
-            return entry.m
-        if slot in ("v", "adam_v"):
-            return entry.v
-        raise ValueError(f"unknown slot {slot!r}: expected m or v")
-
-    def weight_decay_flags(self) -> Dict[str, bool]:
-        """{variable name: whether weight decay is applied to it}."""
-        return {e.name: e.decay for e in self._state.entries}
-
-    def _entry(self, variable) -> _Entry:
-        index = self._state.by_id.get(id(_tf_variable(variable)))
-        if index is None:
-            raise ValueError(f"variable {variable_name(variable)!r} was not passed to "
-                             f"{type(self).__name__}.build()")
-        return self._state.entries[index]
 
     def _resolve_multipliers(self, lr_multipliers: LrMultipliers) -> Dict[int, float]:
         """{entry index: multiplier}; keys may be variables (TF or Keras), `var.ref()`
@@ -371,14 +347,7 @@ class AdamW(_AdamFamily):
         update += weight_decay * param      (unless the name matches exclude_from_weight_decay)
         param -= lr * update
     """
-
-    def __init__(self, learning_rate_fn: Union[Callable, float], weight_decay: float = 0.01,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
-                 bias_correction: bool = False,
-                 exclude_from_weight_decay: Optional[Sequence[str]] =
-                 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, name: str = "adamw"):
-        super().__init__(learning_rate_fn, weight_decay, beta_1, beta_2, epsilon,
-                         bias_correction, exclude_from_weight_decay, name)
+    NAME, BIAS_CORRECTION = "adamw", False
 
 
 class LAMB(_AdamFamily):
@@ -388,14 +357,7 @@ class LAMB(_AdamFamily):
         trust = ||param|| / ||r||   (1 if either norm is 0, and 1 for excluded variables)
         param -= lr * trust * r
     """
-
-    def __init__(self, learning_rate_fn: Union[Callable, float], weight_decay: float = 0.01,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
-                 bias_correction: bool = True,
-                 exclude_from_weight_decay: Optional[Sequence[str]] =
-                 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, name: str = "lamb"):
-        super().__init__(learning_rate_fn, weight_decay, beta_1, beta_2, epsilon,
-                         bias_correction, exclude_from_weight_decay, name)
+    NAME, BIAS_CORRECTION = "lamb", True
 
     def _step_size(self, entry, param, update, lr):
         if entry.excluded:
@@ -480,126 +442,6 @@ def all_reduce_gradients(grads: Sequence, reduce_op: str = "mean") -> List:
     for i, g in zip(present, reduced):
         out[i] = g
     return out
-
-
-class GradientAccumulator(tf.Module):
-    """Accumulates gradients over `steps` micro-batches; the result is their mean.
-
-    The accumulators are zeros-initialised `tf.Variable`s shaped like the trained ones,
-    replica-local (`ON_READ`) under a strategy, so accumulating needs no communication;
-    all-reduce the mean once, before clipping and the update.
-
-    Two ways to use it:
-    * inside one train step (XLA/TPU friendly): `accumulate_microbatches(grad_fn, batch)`
-      splits the replica's batch into `steps` micro-batches and loops with tf.while_loop;
-    * across calls: `accumulate(grads)` on each micro-step, and every `steps` micro-steps
-      (`ready()` is true, or the host counts) apply `gradients()` and `reset()`.
-    """
-
-    def __init__(self, steps: int, name: str = "gradient_accumulator"):
-        super().__init__(name=name)
-        if int(steps) < 1:
-            raise ValueError(f"gradient accumulation steps={steps} must be at least 1")
-        self.steps = int(steps)
-        self._state = _State()
-        self.accumulators: List[tf.Variable] = []
-        self.counter: Optional[tf.Variable] = None
-
-    def build(self, variables: Iterable) -> "GradientAccumulator":
-        """Creates one accumulator per variable (call eagerly under the strategy scope)."""
-        if self._state.entries:
-            raise ValueError("GradientAccumulator.build() was already called")
-        accumulators = []
-        for variable in variables:
-            tf_var = _tf_variable(variable)
-            name = variable_name(variable)
-            acc = _zeros_like_variable(
-                tf_var, f"{name}/grad_accum", synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM)
-            self._state.entries.append(_Entry(variable, name, False, False, acc, None))
-            accumulators.append(acc)
-        self.accumulators = accumulators
-        strategy = tf.distribute.get_strategy()
-        with strategy.scope():
-            self.counter = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="grad_accum_counter",
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        return self
-
-    def accumulate(self, grads: Sequence):
-        """Adds gradients (in the order of `build`) to the accumulators; None adds nothing."""
-        grads = list(grads)
-        if len(grads) != len(self.accumulators):
-            raise ValueError(f"got {len(grads)} gradients for {len(self.accumulators)} "
-                             "accumulators")
-        for acc, g in zip(self.accumulators, grads):
-            if g is not None:
-                acc.assign_add(tf.cast(_dense(g), acc.dtype))
-        self.counter.assign_add(1)
-
-    def gradients(self) -> List[tf.Tensor]:
-        """The mean accumulated gradient: sum / steps (replica-local in replica context)."""
-        return [tf.convert_to_tensor(acc) / float(self.steps) for acc in self.accumulators]
-
-    def ready(self) -> tf.Tensor:
-        """True once `steps` micro-batches have been accumulated since the last reset."""
-        return tf.convert_to_tensor(self.counter) >= self.steps
-
-    def reset(self):
-        for acc in self.accumulators:
-            acc.assign(tf.zeros(acc.shape, acc.dtype))
-        self.counter.assign(0)
-
-    def accumulate_microbatches(self, grad_fn: Callable, batch, aux_spec: Any = "scalar"):
-        """Mean gradient (and mean aux) over `steps` equal slices of `batch`.
-
-        grad_fn(micro_batch) -> (grads, aux): grads in the order of `build`; aux matches
-        `aux_spec`: nested tf.TensorSpec; "scalar" (default) = a float32 scalar such as the
-        loss; None = no aux (grad_fn still returns a pair, aux ignored). Floating aux values
-        are averaged over micro-batches, integer ones summed. `batch`: nested tensors whose
-        first dimension is divisible by `steps`.
-        grad_fn must not synchronise replicas (no all-reduce inside). Resets the
-        accumulators first; returns (mean_grads, mean_aux).
-        """
-        k = self.steps
-        if aux_spec is None:
-            def grads_only(micro):
-                return grad_fn(micro)[0], tf.constant(0.0)
-
-            mean_grads, _ = self.accumulate_microbatches(grads_only, batch)
-            return mean_grads, None
-        if isinstance(aux_spec, str) and aux_spec == "scalar":
-            aux_spec = tf.TensorSpec([], tf.float32)
-        self.reset()
-        stacked = tf.nest.map_structure(functools.partial(_split_leading, k=k), batch)
-        aux_zero = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), aux_spec)
-
-        def body(i, aux_sum):
-            micro = tf.nest.map_structure(lambda t: tf.gather(t, i), stacked)
-            grads, aux = grad_fn(micro)
-            self.accumulate(grads)
-            aux_sum = tf.nest.map_structure(
-                lambda s, a, spec: s + tf.cast(a, spec.dtype), aux_sum, aux, aux_spec)
-            return i + 1, aux_sum
-
-        _, aux_sum = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), aux_zero),
-                                   maximum_iterations=k, parallel_iterations=1)
-        aux_mean = tf.nest.map_structure(
-            lambda s: s / tf.cast(k, s.dtype) if s.dtype.is_floating else s, aux_sum)
-        return self.gradients(), aux_mean
-
-
-def _split_leading(t, k: int):
-    """[B, ...] -> [k, B/k, ...] (static shapes kept where known)."""
-    t = tf.convert_to_tensor(t)
-    batch = t.shape[0]
-    if batch is not None and batch % k:
-        raise ValueError(f"batch dimension {batch} is not divisible by {k} micro-batches")
-    rest = t.shape[1:]
-    if rest.is_fully_defined():
-        return tf.reshape(t, [k, -1] + rest.as_list())
-    return tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0))
 
 
 # --------------------------------------------------------------------------- factory

@@ -22,13 +22,14 @@ import collections
 import dataclasses
 import io
 import json
+import math
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 if REPO not in sys.path:
@@ -200,6 +201,67 @@ def variant_config(preset: str, variant: str, common: Dict[str, str], steps: int
         raise ExperimentError(f"variant {variant}: {e}") from None
 
 
+def train_flops(cfg, convention=flops.PAPER) -> float:
+    """Train FLOPs of the whole run `cfg` describes."""
+    return flops.count_config(cfg, convention).train_per_run()["total"]
+
+
+def with_train_steps(cfg, steps: int):
+    """`cfg` with `steps` train steps; an explicit two_stage switch step moves with the
+    run so that it stays at the same fraction of it (0, half of the run, stays 0)."""
+    steps = int(steps)
+    objective = cfg.objective
+    if objective.objective == "two_stage" and objective.two_stage_switch_step:
+        fraction = objective.switch_step(cfg.train.num_train_steps) / cfg.train.num_train_steps
+        switch = min(max(int(round(fraction * steps)), 1), max(steps - 1, 1))
+        objective = dataclasses.replace(objective, two_stage_switch_step=switch)
+    return dataclasses.replace(cfg, objective=objective,
+                               train=dataclasses.replace(cfg.train, num_train_steps=steps))
+
+
+def steps_for_budget(cfg, budget: float, convention=flops.PAPER) -> int:
+    """The number of train steps whose run (`with_train_steps`) costs nearest to `budget`
+    train FLOPs: at least 1 (2 for two_stage, which needs both stages)."""
+    if not budget > 0:
+        raise ValueError(f"a FLOP budget must be > 0, not {budget}")
+    least = 2 if cfg.objective.objective == "two_stage" else 1
+    guess = budget / flops.count_config(cfg, convention).train_per_step()["total"]
+    candidates = range(max(least, int(math.floor(guess)) - 2),
+                       max(least, int(math.ceil(guess)) + 3))
+    return min(candidates, key=lambda n: (
+        abs(train_flops(with_train_steps(cfg, n), convention) - budget), n))
+
+
+def stages(count: flops.Count) -> List[Tuple[int, float]]:
+    """(steps, train FLOPs of one of its steps) of each stage of `count`'s run: its
+    `phases` (two_stage), else the whole run."""
+    if not count.phases:
+        return [(count.num_train_steps, count.train_per_step()["total"])]
+    return [(p.steps, count.train_per_step(p.name)["total"]) for p in count.phases]
+
+
+def flops_at_step(count: flops.Count, step: float) -> float:
+    """Train FLOPs of the run's first `step` steps (the cost of the checkpoint at
+    `step`)."""
+    done, spent = 0.0, 0.0
+    for steps, per_step in stages(count):
+        spent += min(max(step - done, 0.0), steps) * per_step
+        done += steps
+    return spent
+
+
+def step_at_flops(count: flops.Count, target: float) -> int:
+    """The step whose `flops_at_step` is nearest to `target` (within the run)."""
+    if target <= 0:
+        return 0
+    done, spent = 0, 0.0
+    for steps, per_step in stages(count):
+        if per_step > 0 and spent + steps * per_step >= target:
+            return done + int(round((target - spent) / per_step))
+        done, spent = done + steps, spent + steps * per_step
+    return count.num_train_steps
+
+
 def checkpoint_steps(targets: Sequence[float], steps: int, cost, tolerance: float,
                      step_at=None, max_saves: Optional[int] = None):
     """-> (save interval g, the saved step for each target FLOPs).
@@ -241,20 +303,18 @@ def plan_variants(preset: str, variants: Sequence[str], reference: str,
     variant's steps, checkpoints and points. Pure: no training."""
     common = dict(common or {})
     ref_cfg = variant_config(preset, reference, common, reference_steps)
-    budget = flops.train_flops(ref_cfg, convention)
+    budget = train_flops(ref_cfg, convention)
     plans = collections.OrderedDict()
     for name in variants:
         cfg = variant_config(preset, name, common, reference_steps)
-        steps = flops.steps_for_budget(cfg, budget, convention)
-        cfg = flops.with_train_steps(cfg, steps)
+        steps = steps_for_budget(cfg, budget, convention)
+        cfg = with_train_steps(cfg, steps)
         count = flops.count_config(cfg, convention)
         targets = [p * budget for p in points]
         # A point may miss its FLOPs by up to a step of the run's costliest stage.
-        per_step = max([count.train_per_step(p.name)["total"] for p in count.phases] or
-                       [count.train_per_step()["total"]])
-        tolerance = max(0.02 * budget, per_step)
-        g, chosen = checkpoint_steps(targets, steps, count.train_at_step, tolerance,
-                                     count.step_at)
+        tolerance = max(0.02 * budget, max(per_step for _, per_step in stages(count)))
+        g, chosen = checkpoint_steps(targets, steps, lambda s: flops_at_step(count, s),
+                                     tolerance, lambda t: step_at_flops(count, t))
         overrides = dict(VARIANTS[name])
         overrides.update(common)
         overrides["train.num_train_steps"] = str(steps)
@@ -271,11 +331,12 @@ def plan_variants(preset: str, variants: Sequence[str], reference: str,
                 overrides["objective.two_stage_switch_step"] = str(switch)
         plans[name] = VariantPlan(
             name=name, overrides=overrides, steps=steps,
-            flops_per_step=flops.train_flops_per_step(cfg, convention),
+            flops_per_step=count.train_per_step()["total"],
             flops=count.train_per_run()["total"],
-            hardware_flops_per_step=flops.train_flops_per_step(cfg, flops.HARDWARE),
+            hardware_flops_per_step=flops.count_config(
+                cfg, flops.HARDWARE).train_per_step()["total"],
             save_every=g, keep=keep, switch_step=switch,
-            points=[Point(f, s, count.train_at_step(s)) for f, s in zip(points, chosen)])
+            points=[Point(f, s, flops_at_step(count, s)) for f, s in zip(points, chosen)])
     return {"budget": budget, "reference": reference, "reference_steps": reference_steps,
             "convention": convention.name, "variants": plans}
 
@@ -298,14 +359,6 @@ def estimate_seconds(plan: Dict, seeds: int) -> Dict[str, float]:
 
 
 # --- done markers ----------------------------------------------------------------------
-
-def write_json_atomic(path: str, data) -> None:
-    """Writes `data` to `path` (any filesystem: local, gs://...) through a temporary file
-    and a rename (`fileio.write_atomic`): a reader (or a rerun after a kill) sees the old
-    file, or the whole new one."""
-    fileio.makedirs(os.path.dirname(path))
-    fileio.write_atomic(path, json.dumps(data, indent=2, sort_keys=True))
-
 
 def read_marker(directory: str) -> Optional[dict]:
     # A marker that is missing or cannot be read is no marker: the job runs again.
@@ -459,8 +512,8 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
                     progress.skip(f"finetune/{v.name}/step{p.step}")
                 continue
             eval_results = read_json(fileio.join(pdir, "eval_results.json")) or {}
-            write_json_atomic(fileio.join(pdir, DONE), dict(
-                expected, seconds=seconds, eval_results=eval_results))
+            fileio.write_json_atomic(fileio.join(pdir, DONE), dict(
+                expected, seconds=seconds, eval_results=eval_results), sort_keys=True)
             print(progress.line(f"{job}: done in {format_seconds(seconds)}"), flush=True)
         for p in v.points:
             job = f"finetune/{v.name}/step{p.step}"
@@ -485,9 +538,9 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
                 failures[job] = f"exit {rc}: {last_error(log)} (log: {log})"
                 print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
                 continue
-            write_json_atomic(fileio.join(fdir, DONE), dict(
+            fileio.write_json_atomic(fileio.join(fdir, DONE), dict(
                 expected, seconds=seconds, metric=results.get("metric"),
-                scores=results.get("scores"), median=results.get("median")))
+                scores=results.get("scores"), median=results.get("median")), sort_keys=True)
             drop_trial_checkpoints(fdir)
             print(progress.line(f"{job}: median {results.get('median'):.4f} "
                                 f"(seeds {', '.join(f'{s:.4f}' for s in results['scores'])}) "
@@ -575,7 +628,7 @@ def render_report(results: Dict, command: str, machine_line: str,
              f"Budget: **{results['budget']:.4e}** train FLOPs ({results['convention']} "
              f"convention) = `{results['reference']}` at {results['reference_steps']} "
              "steps. Each variant trains for the steps whose FLOPs match it "
-             "(`electra_tf.flops.steps_for_budget`).", "",
+             "(`steps_for_budget` in experiments/compute_matched.py).", "",
              "## Runs", "",
              "| variant | overrides | steps | FLOPs / step | run FLOPs | / budget | "
              "hw FLOPs / step | fine-tuned checkpoints (step: FLOPs) | pre-train time |",
@@ -681,7 +734,8 @@ def write_outputs(args, plan: Dict, command: str, failures: Dict[str, str]) -> D
     results["command"] = command
     results["machine"] = machine()
     results["failures"] = failures
-    write_json_atomic(fileio.join(args.out_dir, "results.json"), results)
+    fileio.write_json_atomic(fileio.join(args.out_dir, "results.json"), results,
+                             sort_keys=True)
     notes = fileio.join(args.out_dir, INTERPRETATION_FILE)
     interpretation = fileio.read_text(notes) if fileio.exists(notes) else None
     report = render_report(results, command, results["machine"], failures, interpretation)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from electra_tf import configs, flops
+from electra_tf import configs, fileio, flops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,6 +21,12 @@ def _load():
 
 cm = _load()
 ALL = list(cm.VARIANTS)
+
+
+def write_marker(directory, data):
+    """A job's done marker, as the experiment writes it."""
+    fileio.makedirs(directory)
+    fileio.write_json_atomic(fileio.join(directory, cm.DONE), data, sort_keys=True)
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +48,16 @@ def test_variants_are_valid_configs():
 def test_plan_matches_every_variant_to_the_budget(plan):
     budget = plan["budget"]
     reference = cm.variant_config("tiny", "electra", {}, 100)
-    assert budget == flops.train_flops(reference)
+    assert budget == cm.train_flops(reference)
     v = plan["variants"]
     assert list(v) == ALL and v["electra"].steps == 100 and v["electra"].flops == budget
     for p in v.values():
         cfg = configs.load_config("tiny", p.overrides)  # what the subprocess will run
         assert cfg.train.num_train_steps == p.steps
-        assert flops.train_flops(cfg) == pytest.approx(p.flops, rel=1e-12)
+        assert cm.train_flops(cfg) == pytest.approx(p.flops, rel=1e-12)
         # Within one (costliest) step of the budget.
         count = flops.count_config(cfg)
-        step = max([count.train_per_step(ph.name)["total"] for ph in count.phases] or
-                   [count.train_per_step()["total"]])
+        step = max(per_step for _, per_step in cm.stages(count))
         assert abs(p.flops - budget) <= step
         # Every point is a step the run saves and keeps.
         assert [pt.fraction for pt in p.points] == [0.5, 1.0]
@@ -63,7 +68,7 @@ def test_plan_matches_every_variant_to_the_budget(plan):
         assert cfg.train.keep_checkpoint_max == p.keep
         assert cfg.optimizer.warmup_steps == max(1, round(0.1 * p.steps))
         for pt in p.points:
-            assert pt.flops == pytest.approx(count.train_at_step(pt.step), rel=1e-12)
+            assert pt.flops == pytest.approx(cm.flops_at_step(count, pt.step), rel=1e-12)
             assert abs(pt.flops - pt.fraction * budget) <= max(0.02 * budget, step)
     # Cheaper steps get more of them.
     assert v["bert_mlm"].steps > v["electra"].steps > v["replace_mlm"].steps > \
@@ -78,7 +83,7 @@ def test_plan_with_an_explicit_switch_and_another_reference():
                          {"objective.two_stage_switch_step": "50",
                           "train.train_batch_size": "16"})
     bert = cm.variant_config("tiny", "bert_mlm", {"train.train_batch_size": "16"}, 200)
-    assert p["budget"] == flops.train_flops(bert)
+    assert p["budget"] == cm.train_flops(bert)
     two = p["variants"]["two_stage"]
     assert two.switch_step == round(two.steps / 4)  # 50 of 200: a quarter of the run
     assert two.overrides["objective.two_stage_switch_step"] == str(two.switch_step)
@@ -97,10 +102,65 @@ def test_checkpoint_steps_on_a_linear_cost():
     assert steps[1] == 100 and abs(steps[0] - 33.3) <= 2 and g == steps[0]
 
 
+# --- the FLOP budget ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["electra", "bert_mlm", "all_tokens_mlm", "two_stage",
+                                     "hp_loss_focal"])
+def test_steps_for_budget_round_trips(variant):
+    extra = {"objective.two_stage_switch_step": "250"} if variant == "two_stage" else {}
+    cfg = cm.variant_config("tiny", variant, extra, 1000)
+    budget = cm.train_flops(cfg)
+    assert cm.steps_for_budget(cfg, budget) == 1000
+    hardware = cm.train_flops(cfg, flops.HARDWARE)
+    assert cm.steps_for_budget(cfg, hardware, flops.HARDWARE) == 1000
+    # Another variant at the same budget: its run costs the budget to within half its
+    # costliest step.
+    electra = cm.variant_config("tiny", "electra", {}, 777)
+    n = cm.steps_for_budget(cfg, cm.train_flops(electra))
+    matched = cm.with_train_steps(cfg, n)
+    costliest = max(per_step for _, per_step in cm.stages(flops.count_config(matched)))
+    assert abs(cm.train_flops(matched) - cm.train_flops(electra)) <= costliest / 2
+    if variant == "two_stage":  # the switch keeps its place in the run: 1/4
+        assert matched.objective.two_stage_switch_step == round(n / 4)
+    with pytest.raises(ValueError):
+        cm.steps_for_budget(cfg, 0)
+
+
+def test_steps_for_budget_orders_the_variants():
+    budget = cm.train_flops(cm.variant_config("tiny", "electra", {}, 1000))
+    steps = {v: cm.steps_for_budget(cm.variant_config("tiny", v, {}, 600), budget)
+             for v in ("electra", "bert_mlm", "all_tokens_mlm", "two_stage", "replace_mlm")}
+    assert steps["electra"] == 1000
+    assert steps["bert_mlm"] > steps["electra"] > steps["replace_mlm"] > \
+        steps["all_tokens_mlm"]
+    assert steps["two_stage"] > steps["electra"]  # equal-size networks, one trains a stage
+
+
+def test_flops_at_step_and_its_inverse():
+    cfg = cm.variant_config("tiny", "two_stage", {"objective.two_stage_switch_step": "300"},
+                            1000)
+    count = flops.count_config(cfg)
+    phase1, phase2 = (count.train_per_step(p)["total"] for p in ("generator", "discriminator"))
+    assert cm.stages(count) == [(300, phase1), (700, phase2)]
+    run = 300 * phase1 + 700 * phase2
+    assert cm.flops_at_step(count, 200) == pytest.approx(200 * phase1, rel=1e-12)
+    assert cm.flops_at_step(count, 500) == pytest.approx(300 * phase1 + 200 * phase2,
+                                                         rel=1e-12)
+    assert cm.step_at_flops(count, 300 * phase1 + 200 * phase2) == 500
+    assert cm.step_at_flops(count, run) == 1000 and cm.step_at_flops(count, 0) == 0
+    # One stage: the cost is linear in the step.
+    electra = flops.count_config(cm.variant_config("tiny", "electra", {}, 100))
+    per_step = electra.train_per_step()["total"]
+    assert cm.stages(electra) == [(100, per_step)]
+    assert cm.flops_at_step(electra, 40) == 40 * per_step
+    assert cm.step_at_flops(electra, 40.4 * per_step) == 40
+    assert cm.step_at_flops(electra, 1e30) == 100
+
+
 def test_markers_are_atomic_and_checked(tmp_path):
     d = str(tmp_path / "job")
     assert cm.read_marker(d) is None
-    cm.write_json_atomic(os.path.join(d, cm.DONE), {"steps": 10, "x": [1, 2]})
+    write_marker(d, {"steps": 10, "x": [1, 2]})
     assert os.listdir(d) == [cm.DONE]  # no temporary file left
     marker = cm.read_marker(d)
     assert cm.check_marker(marker, {"steps": 10}, "job")
@@ -157,13 +217,11 @@ def test_outputs_from_markers_and_resume_without_rerunning(tmp_path, monkeypatch
     args = cm.parse_args(["--variants=electra,bert_mlm", "--reference_steps=20",
                           f"--out_dir={tmp_path}"])
     for v in small["variants"].values():
-        pdir = cm.pretrain_dir(str(tmp_path), v.name)
-        cm.write_json_atomic(os.path.join(pdir, cm.DONE), {
+        write_marker(cm.pretrain_dir(str(tmp_path), v.name), {
             "steps": v.steps, "overrides": v.overrides, "config": "tiny", "seconds": 9.0,
             "eval_results": {"disc_auc": 0.6}})
         for p in v.points:
-            cm.write_json_atomic(os.path.join(cm.finetune_dir(str(tmp_path), v.name,
-                                                              p.step), cm.DONE), {
+            write_marker(cm.finetune_dir(str(tmp_path), v.name, p.step), {
                 "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": p.step,
                 "max_seq_length": 64, "epochs": None, "metric": "accuracy",
                 "scores": [0.5, 0.6, 0.7], "median": 0.6})
@@ -232,10 +290,10 @@ def test_outputs_and_logs_on_a_remote_filesystem(monkeypatch):
         args = cm.parse_args(["--variants=electra", "--reference_steps=20", "--points=1",
                               f"--out_dir={out}"])
         v = small["variants"]["electra"]
-        cm.write_json_atomic(f"{out}/pretrain/electra/{cm.DONE}", {
+        write_marker(cm.pretrain_dir(out, "electra"), {
             "steps": v.steps, "overrides": v.overrides, "config": "tiny", "seconds": 9.0,
             "eval_results": {"disc_auc": 0.625}})
-        cm.write_json_atomic(f"{cm.finetune_dir(out, 'electra', v.steps)}/{cm.DONE}", {
+        write_marker(cm.finetune_dir(out, "electra", v.steps), {
             "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": v.steps,
             "max_seq_length": 64, "epochs": None, "metric": "accuracy",
             "scores": [0.5, 0.75, 0.7], "median": 0.7})

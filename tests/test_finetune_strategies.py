@@ -43,7 +43,7 @@ def run_steps(finetuner, batch, n):
     ds = finetuner.strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(batch).repeat())
     out = finetuner.make_train_loop()(iter(ds), tf.constant(n))
-    return float(out["loss"]) / n, int(round(float(out["skipped"])))
+    return float(out["loss_sum"]) / n, int(round(float(out["skipped"])))
 
 
 # ----------------------------------------------------------------------------- replicas
@@ -173,7 +173,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"Resumed trial from {saved}" in done.stderr, done.stderr[-3000:]
+    assert f"Resumed from {saved} (step {step})" in done.stderr, done.stderr[-3000:]
     steps = [int(x.split(" step ")[1].split("/")[0]) for x in done.stderr.splitlines()
              if " step " in x and "/96 |" in x]
     assert steps and steps[0] > step and steps[-1] == 96, steps
@@ -212,6 +212,7 @@ def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
     trial's checkpoint records the batches consumed, so a trial stopped at its first
     checkpoint and resumed ends with the weights of one trained straight through."""
     from electra_tf.finetune import trainer
+    from electra_tf.training import loop
     data_dir = str(tmp_path / "data")
     write(f"{data_dir}/toy/train.tsv", synthetic_polarity(np.random.default_rng(3), 64))
     task = get_task("toy", data_dir, ["sentence"], "label")
@@ -231,16 +232,16 @@ def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
     skipped = int(straight.data_batches.numpy()) - 8
     assert int(straight.global_step.numpy()) == 8 and skipped >= 1
 
-    real_save = trainer.save_checkpoint
+    real_save = loop.save_checkpoint
 
     def save_then_crash(manager, step):
         path = real_save(manager, step)
         raise KeyboardInterrupt(f"simulated crash after {path}")
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_crash)
     with pytest.raises(KeyboardInterrupt, match="ckpt-4"):
         trial(tmp_path / "resumed")
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
     first = tf.train.load_checkpoint(str(tmp_path / "resumed"))
     assert first.get_tensor("data_batches/.ATTRIBUTES/VARIABLE_VALUE") == 4 + skipped
     resumed = trial(tmp_path / "resumed")

@@ -1,5 +1,6 @@
-"""electra_tf.optimization: schedule, AdamW/LAMB against numpy, clipping, accumulation,
-XLA and MirroredStrategy (the latter in a subprocess with 2 logical CPU devices)."""
+"""electra_tf.optimization: schedule, AdamW/LAMB against numpy, clipping, the mean of
+accumulated micro-batch gradients, XLA and MirroredStrategy (the latter in a subprocess
+with 2 logical CPU devices)."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from electra_tf import optimization as opt_lib
 from electra_tf.configs import OptimizerConfig
+from gradient_accumulator import GradientAccumulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,6 +67,11 @@ def numpy_adam_family(params, grads_per_step, lr_fn, decay_flags, *, weight_deca
     return params, m, v
 
 
+def slot(optimizer, variable, kind):
+    """The optimizer's `m` or `v` of `variable`."""
+    return optimizer.slot_variables()[f"{opt_lib.variable_name(variable)}/adam_{kind}"]
+
+
 def run_tf(optimizer, variables, grads_per_step, **apply_kwargs):
     optimizer.build(variables)
     for s, grads in enumerate(grads_per_step):
@@ -114,7 +121,7 @@ def test_adamw_matches_numpy(bias_correction):
     for g, w, i in zip(got, want, init):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-7)
         np.testing.assert_array_equal(g, i)
-    np.testing.assert_allclose(optimizer.get_slot(variables[0], "m").numpy(), 0.1 * grads[0][0],
+    np.testing.assert_allclose(slot(optimizer, variables[0], "m").numpy(), 0.1 * grads[0][0],
                                rtol=1e-6)
     for s, step_grads in enumerate(grads[1:], start=1):
         optimizer.apply_gradients(zip([tf.constant(g) for g in step_grads], variables), s)
@@ -123,23 +130,27 @@ def test_adamw_matches_numpy(bias_correction):
     for var, w in zip(variables, want):
         np.testing.assert_allclose(var.numpy(), w, rtol=1e-5, atol=1e-6)
     for var, mm, vv in zip(variables, m, v):
-        np.testing.assert_allclose(optimizer.get_slot(var, "adam_m").numpy(), mm, rtol=1e-5)
-        np.testing.assert_allclose(optimizer.get_slot(var, "adam_v").numpy(), vv, rtol=1e-5)
+        np.testing.assert_allclose(slot(optimizer, var, "m").numpy(), mm, rtol=1e-5)
+        np.testing.assert_allclose(slot(optimizer, var, "v").numpy(), vv, rtol=1e-5)
 
 
-def test_weight_decay_flags_and_effect():
-    variables = make_variables()
-    optimizer = opt_lib.AdamW(0.1, weight_decay=0.5).build(variables)
-    assert optimizer.weight_decay_flags() == {NAMES[0]: True, NAMES[1]: False, NAMES[2]: False}
+def zero_gradient_step(optimizer, variables):
+    """One first update (m = v = 0) with zero gradients, where the only movement is
+    decoupled weight decay: each variable after / before."""
+    optimizer.build(variables)
     before = [v.numpy() for v in variables]
-    zero = [tf.zeros_like(v) for v in variables]
-    optimizer.apply_gradients(zip(zero, variables), 3)
-    # zero gradient: the only movement is decoupled weight decay, on the kernel only
-    np.testing.assert_allclose(variables[0].numpy(), before[0] * (1 - 0.1 * 0.5), rtol=1e-6)
-    np.testing.assert_array_equal(variables[1].numpy(), before[1])
-    np.testing.assert_array_equal(variables[2].numpy(), before[2])
-    assert not opt_lib.AdamW(0.1, weight_decay=0.0).build(
-        make_variables()).weight_decay_flags()[NAMES[0]]
+    optimizer.apply_gradients([(tf.zeros_like(v), v) for v in variables], 3)
+    return [v.numpy() / b for v, b in zip(variables, before)]
+
+
+def test_weight_decay_is_decoupled_and_skips_layer_norm_and_bias():
+    kernel, layer_norm, bias = zero_gradient_step(opt_lib.AdamW(0.1, weight_decay=0.5),
+                                                  make_variables())
+    np.testing.assert_allclose(kernel, 1 - 0.1 * 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(layer_norm, 1.0)
+    np.testing.assert_array_equal(bias, 1.0)
+    for ratio in zero_gradient_step(opt_lib.AdamW(0.1, weight_decay=0.0), make_variables()):
+        np.testing.assert_array_equal(ratio, 1.0)
 
 
 def test_keras_variables_use_their_path():
@@ -147,7 +158,8 @@ def test_keras_variables_use_their_path():
     layer = keras.layers.Dense(4, name="dense")
     layer.build((None, 3))
     optimizer = opt_lib.AdamW(0.1).build(layer.trainable_variables)
-    assert optimizer.weight_decay_flags() == {"dense/kernel": True, "dense/bias": False}
+    assert [opt_lib.variable_name(v) for v in layer.trainable_variables] == [
+        "dense/kernel", "dense/bias"]
     assert set(optimizer.slot_variables()) == {"dense/kernel/adam_m", "dense/kernel/adam_v",
                                                "dense/bias/adam_m", "dense/bias/adam_v"}
     before = layer.kernel.numpy()
@@ -205,7 +217,7 @@ def test_should_update_false_changes_nothing():
                               should_update=tf.constant(False))
     for v, b in zip(variables, before):
         np.testing.assert_array_equal(v.numpy(), b)
-    assert not np.any(optimizer.get_slot(variables[0], "m").numpy())
+    assert not np.any(slot(optimizer, variables[0], "m").numpy())
 
 
 def test_slot_names_and_checkpoint(tmp_path):
@@ -216,7 +228,6 @@ def test_slot_names_and_checkpoint(tmp_path):
     for key, var in slots.items():
         assert var.name.startswith(key)  # e.g. 'enc/.../kernel/adam_m:0'
         assert not var.trainable
-    assert optimizer.get_slot(variables[0], "m") is slots[f"{NAMES[0]}/adam_m"]
     optimizer.apply_gradients(zip([tf.constant(g) for g in make_grads(1)[0]], variables), 1)
     saved = {k: v.numpy() for k, v in slots.items()}
     path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
@@ -294,7 +305,7 @@ def test_gradient_accumulation_equals_mean_gradient():
     x, y = _linear_problem()
     variables = make_variables()
     trained = [variables[0], variables[2]]
-    accumulator = opt_lib.GradientAccumulator(4).build(trained)
+    accumulator = GradientAccumulator(4).build(trained)
 
     def grad_fn(micro):
         with tf.GradientTape() as tape:
@@ -388,6 +399,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     import numpy as np
     from electra_tf import optimization as O
+    from gradient_accumulator import GradientAccumulator
 
     rng = np.random.RandomState(0)
     x = rng.randn(8, 3).astype(np.float32)
@@ -402,7 +414,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
         vs = [tf.Variable(v, name=n) for v, n in zip(init, names)]
         cls = O.AdamW if kind == "adamw" else O.LAMB
         opt = cls(O.WarmupPolynomialDecay(1e-2, 10, 1), weight_decay=0.1).build(vs)
-        acc = O.GradientAccumulator(2).build(vs)
+        acc = GradientAccumulator(2).build(vs)
         return vs, opt, acc
 
     def replica_step(vs, opt, acc, xb, yb, s):
@@ -440,8 +452,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
             "single": [v.numpy().tolist() for v in vs],
             "replica0": [v.values[0].numpy().tolist() for v in mvs],
             "replica1": [v.values[1].numpy().tolist() for v in mvs],
-            "m1": mopt.get_slot(mvs[0], "m").values[1].numpy().tolist(),
-            "m_single": opt.get_slot(vs[0], "m").numpy().tolist(),
+            "m1": mopt.slot_variables()["m/dense/kernel/adam_m"].values[1].numpy().tolist(),
+            "m_single": opt.slot_variables()["m/dense/kernel/adam_m"].numpy().tolist(),
             "slot_kinds": slot_kinds,
             "moved": float(np.abs(vs[0].numpy() - init[0]).max()),
         }
@@ -450,7 +462,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 
 
 def test_mirrored_strategy_matches_single_device():
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT], capture_output=True,
                           text=True, timeout=180, env=env, cwd=REPO)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")]
