@@ -1,13 +1,18 @@
-"""Training checkpoints on any filesystem: saving with a one-line error, and cleaning up
-what a killed write left behind.
+"""Checkpoints on any filesystem: training checkpoints (saving with a one-line error,
+cleaning up what a killed write left behind) and name-based checkpoints in the released
+TF1 layout, read and written as {TF1 name: array} or straight from / into a model.
 """
 
+import os
 import re
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
+from electra_tf.modeling import tf1_variables
 
 
 class CheckpointError(ValueError):
@@ -59,3 +64,93 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
                        f"({reason}); last good checkpoint: "
                        f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
                        "same command") from None
+
+
+# --- name-based checkpoints in the released TF1 layout --------------------------------
+
+def checkpoint_reader(path: str):
+    """A reader of the checkpoint `path`: a prefix (`<path>.index` exists) or a directory
+    with a `checkpoint` state file; any filesystem (gs://...). Raises ValueError when
+    there is none.
+
+    The prefix is tried first: `tf.train.load_checkpoint` asks `isdir` first, which on
+    filesystems that match names by prefix (ram://) is true of a prefix too."""
+    if tf.io.gfile.exists(path + ".index"):
+        return tf.compat.v1.train.NewCheckpointReader(path)
+    return tf.train.load_checkpoint(path)
+
+
+def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
+    """Every tensor of a name-based checkpoint (slots and global_step included)."""
+    reader = checkpoint_reader(ckpt_path)
+    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
+
+
+def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
+    """Writes {name: array} as a name-based checkpoint (what a TF1 Saver writes, readable by
+    tf.train.load_checkpoint) plus a `checkpoint` state file. Returns `prefix`."""
+    names = sorted(arrays)
+    directory = os.path.dirname(prefix) or "."
+    fileio.makedirs(directory)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
+    base = os.path.basename(prefix)
+    # The state file, which makes the checkpoint visible to latest_checkpoint, comes last.
+    state = f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n'
+    fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
+    return prefix
+
+
+def model_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np.ndarray]:
+    """{TF1 name: array} of `variables` (default: every trainable variable of `model`)."""
+    return {name: np.asarray(v.numpy()) for name, v in tf1_variables(model, variables).items()}
+
+
+def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None) -> str:
+    """`write_tf1(model_arrays(model, variables), prefix)`: the released names, no optimizer
+    slots, and the `checkpoint` state file; pass `discriminator_variables(model)` for a
+    discriminator-only file. Returns `prefix`. Runs eagerly (call outside tf.function)."""
+    return write_tf1(model_arrays(model, variables), prefix)
+
+
+def _assign(model, variables, shapes: Mapping[str, Sequence[int]],
+            read: Callable[[str], np.ndarray], allow_missing: bool,
+            source: Optional[str]) -> List[str]:
+    """Assigns each of `variables` the tensor of its TF1 name (shapes must match);
+    returns the names `shapes` lacks. `source` names a checkpoint in the errors."""
+    missing = []
+    for name, v in tf1_variables(model, variables).items():
+        if name not in shapes:
+            missing.append(name)
+            continue
+        if tuple(shapes[name]) != tuple(v.shape):
+            what = "checkpoint shape" if source else "shape"
+            raise ValueError(f"{name}: {what} {list(shapes[name])} != variable shape "
+                             f"{list(v.shape)}")
+        v.assign(read(name))
+    if missing and not allow_missing:
+        if source:
+            raise ValueError(f"{len(missing)} variables not in {source}: {missing[:5]}")
+        raise ValueError(f"{len(missing)} variables missing (first: {missing[0]})")
+    return missing
+
+
+def assign_arrays(model, arrays: Dict[str, np.ndarray], variables: Optional[Sequence] = None,
+                  allow_missing: bool = False) -> List[str]:
+    """Assigns {TF1 name: array} to `variables` (default: every trainable variable of
+    `model`); returns the names not in `arrays` (a ValueError unless `allow_missing`)."""
+    shapes = {name: np.shape(a) for name, a in arrays.items()}
+    return _assign(model, variables, shapes, arrays.__getitem__, allow_missing, None)
+
+
+def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = None,
+                        allow_missing: bool = False) -> List[str]:
+    """Assigns variables from a name-based (TF1) checkpoint, e.g. a released one, reading
+    only the tensors it needs.
+
+    Shapes must match exactly. Returns the names not found in the checkpoint (an error
+    unless `allow_missing`). Extra checkpoint entries (global_step, adam slots) are ignored.
+    """
+    reader = checkpoint_reader(ckpt_path)
+    return _assign(model, variables, reader.get_variable_to_shape_map(), reader.get_tensor,
+                   allow_missing, ckpt_path)

@@ -20,10 +20,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import fileio  # noqa: E402
+from electra_tf import checkpoints, fileio  # noqa: E402
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
                                 apply_overrides, load_config, parse_overrides)
-from electra_tf.modeling import checkpoint_reader, tf1_checkpoint_names, tf1_name  # noqa: E402
+from electra_tf.modeling import tf1_name, tf1_variables  # noqa: E402
 
 SLOT_SUFFIXES = ("/adam_m", "/adam_v")
 _LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
@@ -199,7 +199,7 @@ def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> Report:
 
 
 def _resolve(path: str) -> str:
-    if tf.io.gfile.exists(path + ".index"):  # a prefix (asked first: see checkpoint_reader)
+    if tf.io.gfile.exists(path + ".index"):  # a prefix: asked first, as checkpoint_reader does
         return path
     if tf.io.gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
@@ -212,30 +212,9 @@ def _resolve(path: str) -> str:
 def _reader(path: str):
     path = _resolve(path)
     try:
-        return checkpoint_reader(path)
+        return checkpoints.checkpoint_reader(path)
     except (tf.errors.OpError, ValueError) as e:
         raise ConvertError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
-
-
-def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
-    """Every tensor of a name-based checkpoint (slots and global_step included)."""
-    reader = _reader(ckpt_path)
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
-
-
-def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
-    """Writes {name: array} as a name-based checkpoint (what a TF1 Saver writes, readable by
-    tf.train.load_checkpoint) plus a `checkpoint` state file. Returns `prefix`."""
-    names = sorted(arrays)
-    directory = os.path.dirname(prefix) or "."
-    tf.io.gfile.makedirs(directory)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
-    base = os.path.basename(prefix)
-    # The state file, which makes the checkpoint visible to latest_checkpoint, comes last.
-    state = f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n'
-    fileio.write_atomic(os.path.join(directory, "checkpoint"), state)
-    return prefix
 
 
 # --- TF1 <-> our pre-training model_dir -----------------------------------------------
@@ -247,8 +226,7 @@ def _trainer(cfg: PretrainingConfig):
 
 def _named_variables(trainer) -> Dict[str, object]:
     """{TF1 name: variable} for the weights, their Adam slots and global_step."""
-    names = tf1_checkpoint_names(trainer.model)
-    out = {names[v.path]: v for v in trainer.model.trainable_variables}
+    out = dict(tf1_variables(trainer.model))
     for key, slot in trainer.optimizer.slot_variables().items():
         base, suffix = key.rsplit("/", 1)
         out[f"{tf1_name(base)}/{suffix}"] = slot
@@ -321,31 +299,7 @@ def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = Fals
     trainer = load_model_dir(model_dir)
     arrays = {n: v.numpy() for n, v in _named_variables(trainer).items()
               if include_optimizer or not n.endswith(SLOT_SUFFIXES)}
-    return write_tf1(arrays, prefix)
-
-
-def model_arrays(model) -> Dict[str, np.ndarray]:
-    """{TF1 name: array} of a model's (or encoder's) trainable variables."""
-    names = tf1_checkpoint_names(model)
-    return {names[v.path]: np.asarray(v.numpy()) for v in model.trainable_variables}
-
-
-def assign_arrays(model, arrays: Dict[str, np.ndarray], allow_missing: bool = False) -> List[str]:
-    """Assigns {TF1 name: array} to `model`'s variables; returns the missing names."""
-    names = tf1_checkpoint_names(model)
-    missing = []
-    for v in model.trainable_variables:
-        name = names[v.path]
-        if name not in arrays:
-            missing.append(name)
-            continue
-        if tuple(arrays[name].shape) != tuple(v.shape):
-            raise ConvertError(f"{name}: shape {list(arrays[name].shape)} != variable shape "
-                               f"{list(v.shape)}")
-        v.assign(arrays[name])
-    if missing and not allow_missing:
-        raise ConvertError(f"{len(missing)} variables missing (first: {missing[0]})")
-    return missing
+    return checkpoints.write_tf1(arrays, prefix)
 
 
 # --- Hugging Face transformers (safetensors) ------------------------------------------
@@ -636,9 +590,9 @@ def _parser() -> argparse.ArgumentParser:
 def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool]:
     if fileio.exists(fileio.join(source, "config.json")):
         trainer = load_model_dir(source)
-        return trainer.cfg.model, model_arrays(trainer.model), True
+        return trainer.cfg.model, checkpoints.model_arrays(trainer.model), True
     report = inspect_tf1(source, num_heads)
-    return report.config, read_tf1(source), report.has_generator
+    return report.config, checkpoints.read_tf1(source), report.has_generator
 
 
 def main(argv=None) -> int:
@@ -667,7 +621,7 @@ def main(argv=None) -> int:
             print(json.dumps(dataclasses.asdict(config), indent=2))
             if unmapped:
                 print(f"unmapped ({len(unmapped)}): {', '.join(unmapped)}")
-            print(write_tf1(arrays, args.prefix))
+            print(checkpoints.write_tf1(arrays, args.prefix))
     except (ConvertError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -5,12 +5,13 @@ in-memory filesystem, used by the tests) or any other scheme `tf.io.gfile` knows
 here calls `open`, `os.makedirs`, `glob.glob` or `shutil` on a user path; the only local
 files are the temporary staging directories of `local_staging_dir`.
 
-Atomic outputs: `write_atomic` writes a sibling temp file and renames it over the
-target. On a local disk the rename is atomic. On Cloud Storage a rename is a copy plus a
-delete, and an object only becomes visible once its upload completes, so a reader never
-sees a torn file either way; what a bucket does not give is an atomic multi-file commit.
-Hence every output made of several files writes the file that marks completion (the
-manifest, a DONE marker, the checkpoint state) last, after everything it vouches for.
+Atomic outputs: `atomic_output` / `write_atomic` write a sibling temp file and rename it
+over the target. On a local disk the rename is atomic. On Cloud Storage a rename is a
+copy plus a delete, and an object only becomes visible once its upload completes, so a
+reader never sees a torn file either way; what a bucket does not give is an atomic
+multi-file commit. Hence every output made of several files writes the file that marks
+completion (the manifest, a DONE marker, the checkpoint state) last, after everything it
+vouches for.
 """
 
 import bz2
@@ -138,27 +139,41 @@ def open_text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:
             yield from io.TextIOWrapper(f, encoding=encoding, newline="")
 
 
-def write_atomic(path: str, data: Union[str, bytes]):
-    """Writes `data` to `path` so that a reader sees the old file or the whole new one.
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[str]:
+    """A temp path to write `path`'s content to (with any writer: GFile, TFRecordWriter);
+    renamed over `path` when the block ends, removed if it raises, so that a reader sees
+    the old file or the whole new one. Close the writer inside the block.
 
-    The temp file has a unique name (two writers never share one) and ends with
-    TMP_SUFFIX; a kill between the write and the rename leaves it behind, never a torn
-    `path`.
+    The temp file has a unique name (two writers never share one, and never one a killed
+    run left: ram:// appends to a file it reopens) and ends with TMP_SUFFIX; a kill
+    between the write and the rename leaves it behind, never a torn `path`.
     """
-    if isinstance(data, str):
-        data = data.encode("utf-8")
     tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
-    with tf.io.gfile.GFile(tmp, "wb") as f:
-        f.write(data)
     try:
+        yield tmp
         tf.io.gfile.rename(tmp, path, overwrite=True)
     except BaseException:
         remove(tmp)
         raise
 
 
-def write_json_atomic(path: str, obj, indent: Optional[int] = 2):
-    write_atomic(path, json.dumps(obj, indent=indent) + "\n")
+def write_atomic(path: str, data: Union[str, bytes], sync: bool = False):
+    """Writes `data` to `path` through `atomic_output`. `sync`: flush it to disk before
+    the rename (`fsync`), for a file that vouches for others written before it."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with atomic_output(path) as tmp:
+        with tf.io.gfile.GFile(tmp, "wb") as f:
+            f.write(data)
+        if sync:
+            fsync(tmp)
+
+
+def write_json_atomic(path: str, obj, indent: Optional[int] = 2, sort_keys: bool = False,
+                      sync: bool = False):
+    """`obj` as JSON plus a newline, through `write_atomic`."""
+    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n", sync=sync)
 
 
 @contextlib.contextmanager

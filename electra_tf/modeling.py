@@ -11,8 +11,8 @@ checkpoints, e.g.::
     generator_predictions/output_bias                        [V]
     discriminator_predictions/dense_1/kernel                 [H, 1]
 
-(`tf1_checkpoint_names` returns that map and checks it; `load_tf1_checkpoint` /
-`save_tf1_checkpoint` read and write name-based checkpoints in the released format.)
+(`tf1_variables` / `tf1_checkpoint_names` return that map and check it; `checkpoints`
+reads and writes name-based checkpoints in the released format with it.)
 
 Variables are created when the objects are constructed (every size is in the config), so
 construct the model inside ``strategy.scope()``; nothing depends on a first call.
@@ -26,7 +26,6 @@ SeedGenerator state variable per layer that is awkward under tf.distribute).
 """
 
 import math
-import os
 import re
 from typing import Dict, List, Optional, Sequence
 
@@ -75,7 +74,7 @@ def dropout(x, rate: float, training: bool, seed=None):
     return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
 
 
-def _truncated_normal(stddev: float):
+def truncated_normal(stddev: float):
     return keras.initializers.TruncatedNormal(stddev=stddev)
 
 
@@ -152,7 +151,7 @@ class Embeddings(keras.layers.Layer):
 
     def build(self, input_shape=None):
         c = self.config
-        init = _truncated_normal(c.initializer_range)
+        init = truncated_normal(c.initializer_range)
         self.word_embeddings = self.add_weight(
             name="word_embeddings", shape=(c.vocab_size, c.embedding_size),
             initializer=init, autocast=False)
@@ -205,7 +204,7 @@ class TransformerLayer(keras.layers.Layer):
         def dense(units, name, activation=None):
             return keras.layers.Dense(
                 units, activation=activation, name=name, dtype=policy,
-                kernel_initializer=_truncated_normal(config.initializer_range),
+                kernel_initializer=truncated_normal(config.initializer_range),
                 bias_initializer="zeros")
 
         self.query = dense(self.hidden_size, "query")
@@ -331,7 +330,7 @@ class DiscriminatorPredictions(keras.layers.Layer):
         self.hidden_size = int(hidden_size)
         self.dense = keras.layers.Dense(
             self.hidden_size, activation=gelu, name="dense", dtype=self.dtype_policy,
-            kernel_initializer=_truncated_normal(config.initializer_range))
+            kernel_initializer=truncated_normal(config.initializer_range))
         # No initializer in the TF1 code: Glorot-uniform.
         self.dense_1 = keras.layers.Dense(1, name="dense_1", dtype=self.dtype_policy,
                                           kernel_initializer="glorot_uniform")
@@ -361,7 +360,7 @@ class GeneratorPredictions(keras.layers.Layer):
         self.embeddings = embeddings  # tracked; its variables are deduplicated by Keras
         self.dense = keras.layers.Dense(
             config.embedding_size, activation=gelu, name="dense", dtype=self.dtype_policy,
-            kernel_initializer=_truncated_normal(config.initializer_range))
+            kernel_initializer=truncated_normal(config.initializer_range))
         self.layer_norm = LayerNorm(config.embedding_size, config.layer_norm_eps,
                                     name="LayerNorm", dtype=self.dtype_policy)
 
@@ -391,7 +390,7 @@ def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
     """A built discriminator encoder (`electra/...`) with its own embeddings.
 
     What fine-tuning needs: its variable paths are the TF1 names, so
-    `load_tf1_checkpoint(encoder, released_ckpt)` loads a released model into it.
+    `checkpoints.load_tf1_checkpoint(encoder, released_ckpt)` loads a released model into it.
     """
     encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
                       config.num_attention_heads, config.intermediate_size,
@@ -464,7 +463,7 @@ class ElectraPretrainingModel(keras.Model):
         if "baseline" in self.heads:
             self.adversarial_baseline = keras.layers.Dense(
                 1, name="adversarial_baseline", dtype=policy,
-                kernel_initializer=_truncated_normal(config.initializer_range))
+                kernel_initializer=truncated_normal(config.initializer_range))
             self.adversarial_baseline.build((None, None, self.generator.hidden_size))
         self.built = True
 
@@ -545,72 +544,21 @@ def tf1_name(path: str) -> str:
     raise ValueError(f"variable {path!r} is not under any of {TF1_ROOTS}")
 
 
+def tf1_variables(model, variables: Optional[Sequence] = None) -> Dict[str, object]:
+    """{TF1 name: variable} for `variables` (default: every trainable variable of `model`,
+    any layer), in their order, each variable once. Raises if two would get the same name."""
+    out = {}
+    for v in _unique(model.trainable_variables if variables is None else variables):
+        name = tf1_name(v.path)
+        if name in out:
+            raise ValueError(f"variables {out[name].path!r} and {v.path!r} both map to {name!r}")
+        out[name] = v
+    return out
+
+
 def tf1_checkpoint_names(model, variables: Optional[Sequence] = None) -> Dict[str, str]:
     """{variable.path: TF1 name} for every trainable variable of `model` (any layer).
 
     Raises if two variables would get the same name.
     """
-    variables = _unique(model.trainable_variables if variables is None else variables)
-    out, owner = {}, {}
-    for v in variables:
-        name = tf1_name(v.path)
-        if name in owner:
-            raise ValueError(f"variables {owner[name]!r} and {v.path!r} both map to {name!r}")
-        if v.path in out:
-            raise ValueError(f"two variables share the path {v.path!r}")
-        owner[name] = v.path
-        out[v.path] = name
-    return out
-
-
-def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None) -> str:
-    """Writes a name-based checkpoint (released-checkpoint names, no optimizer slots).
-
-    `variables` defaults to all trainable ones; pass `discriminator_variables(model)` for a
-    discriminator-only file. Returns `prefix`. Runs eagerly (call outside tf.function).
-    """
-    variables = _unique(model.trainable_variables if variables is None else variables)
-    names = tf1_checkpoint_names(model, variables)
-    tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[names[v.path] for v in variables],
-                      shape_and_slices=[""] * len(variables),
-                      tensors=[tf.convert_to_tensor(v.value) for v in variables])
-    return prefix
-
-
-def checkpoint_reader(path: str):
-    """A reader of the checkpoint `path`: a prefix (`<path>.index` exists) or a directory
-    with a `checkpoint` state file; any filesystem (gs://...). Raises ValueError when
-    there is none.
-
-    The prefix is tried first: `tf.train.load_checkpoint` asks `isdir` first, which on
-    filesystems that match names by prefix (ram://) is true of a prefix too."""
-    if tf.io.gfile.exists(path + ".index"):
-        return tf.compat.v1.train.NewCheckpointReader(path)
-    return tf.train.load_checkpoint(path)
-
-
-def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = None,
-                        allow_missing: bool = False) -> List[str]:
-    """Assigns variables from a name-based (TF1) checkpoint, e.g. a released one.
-
-    Shapes must match exactly. Returns the names not found in the checkpoint (an error
-    unless `allow_missing`). Extra checkpoint entries (global_step, adam slots) are ignored.
-    """
-    reader = checkpoint_reader(ckpt_path)
-    shapes = reader.get_variable_to_shape_map()
-    variables = _unique(model.trainable_variables if variables is None else variables)
-    names = tf1_checkpoint_names(model, variables)
-    missing = []
-    for v in variables:
-        name = names[v.path]
-        if name not in shapes:
-            missing.append(name)
-            continue
-        if list(shapes[name]) != list(v.shape):
-            raise ValueError(f"{name}: checkpoint shape {shapes[name]} != variable shape "
-                             f"{list(v.shape)}")
-        v.assign(reader.get_tensor(name))
-    if missing and not allow_missing:
-        raise ValueError(f"{len(missing)} variables not in {ckpt_path}: {missing[:5]}")
-    return missing
+    return {v.path: name for name, v in tf1_variables(model, variables).items()}

@@ -184,7 +184,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
     from electra_tf.configs import load_config
     from electra_tf.training.options import RunOptions
     from electra_tf.finetune import cli
-    from electra_tf.modeling import checkpoint_reader
+    from electra_tf.checkpoints import checkpoint_reader, read_tf1
     from safetensors.numpy import load as load_safetensors
     from tfrecord_builder.build import BuildConfig, build
 
@@ -358,7 +358,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         # -- 6. convert (python -m electra_tf.convert ... -> convert.main).
         tf1_prefix = f"{root}/tf1/model.ckpt"
         assert convert.main(["export-tf1", pre, tf1_prefix, "--include_optimizer"]) == 0
-        tf1 = convert.read_tf1(tf1_prefix)
+        tf1 = read_tf1(tf1_prefix)
         assert int(tf1.pop("global_step")) == 6
         slots = {n for n in tf1 if n.endswith(convert.SLOT_SUFFIXES)}
         weights = {n: a for n, a in tf1.items() if n not in slots}
@@ -366,7 +366,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         assert set(weights) == set(convert.expected_shapes(model_cfg))
         assert len(slots) == 2 * len(weights)
         # The weights equal those train.run exported for fine-tuning (released names).
-        disc = convert.read_tf1(f"{pre}/discriminator/model.ckpt")
+        disc = read_tf1(f"{pre}/discriminator/model.ckpt")
         assert len(disc) > 20 and set(disc) <= set(weights)
         for name, array in disc.items():
             np.testing.assert_array_equal(weights[name], array, err_msg=name)
@@ -394,7 +394,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         back_prefix = f"{root}/from_hf/model.ckpt"
         assert convert.main(["import-hf", f"{hf}/discriminator", back_prefix,
                              "--generator_dir", f"{hf}/generator"]) == 0
-        back = convert.read_tf1(back_prefix)
+        back = read_tf1(back_prefix)
         assert set(back) == set(weights)
         for name, array in weights.items():
             np.testing.assert_array_equal(back[name], array, err_msg=name)
@@ -408,7 +408,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         again_prefix = f"{root}/tf1_again/model.ckpt"
         assert convert.main(["export-tf1", reimported, again_prefix,
                              "--include_optimizer"]) == 0
-        again = convert.read_tf1(again_prefix)
+        again = read_tf1(again_prefix)
         assert int(again.pop("global_step")) == 6
         assert set(again) == set(tf1)
         for name, array in tf1.items():

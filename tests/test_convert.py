@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import convert
+from electra_tf import checkpoints, convert
 from electra_tf.configs import ModelConfig
-from electra_tf.modeling import ElectraPretrainingModel, save_tf1_checkpoint, tf1_checkpoint_names
+from electra_tf.modeling import ElectraPretrainingModel, tf1_checkpoint_names
 
 TINY = ModelConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
                    num_attention_heads=1, intermediate_size=64, max_position_embeddings=24,
@@ -26,11 +26,11 @@ WIDE = ModelConfig(vocab_size=40, embedding_size=32, hidden_size=128, num_hidden
 def _ckpt(tmp_path, config, extra=None, name="model.ckpt", variables=None):
     model = ElectraPretrainingModel(config)
     prefix = str(tmp_path / name)
-    arrays = convert.model_arrays(model)
+    arrays = checkpoints.model_arrays(model)
     if variables is not None:
         arrays = {k: v for k, v in arrays.items() if k in variables}
     arrays.update(extra or {})
-    convert.write_tf1(arrays, prefix)
+    checkpoints.write_tf1(arrays, prefix)
     return model, prefix, arrays
 
 
@@ -47,11 +47,10 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
     slots = {"electra/embeddings/word_embeddings/adam_m": np.zeros((40, 32), np.float32),
              "electra/embeddings/word_embeddings/adam_v": np.zeros((40, 32), np.float32),
              "global_step": np.int64(1234), "some/other/var": np.ones(3, np.float32)}
-    prefix = save_tf1_checkpoint(model, str(tmp_path / "plain.ckpt"))
-    # what SaveV2 writes (save_tf1_checkpoint) and what write_tf1 writes read the same
-    arrays = convert.read_tf1(prefix)
+    prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "plain.ckpt"))
+    arrays = checkpoints.read_tf1(prefix)
     arrays.update(slots)
-    prefix = convert.write_tf1(arrays, str(tmp_path / "full.ckpt"))
+    prefix = checkpoints.write_tf1(arrays, str(tmp_path / "full.ckpt"))
     report = convert.inspect_tf1(prefix)
     c = report.config
     assert (c.vocab_size, c.embedding_size, c.hidden_size, c.num_hidden_layers) == (40, 32, 128, 2)
@@ -85,7 +84,7 @@ def test_inspect_discriminator_only_and_missing(tmp_path):
 def test_shape_mismatch_is_refused(tmp_path):
     _, prefix, arrays = _ckpt(tmp_path, TINY)
     arrays["electra/encoder/layer_1/intermediate/dense/kernel"] = np.zeros((32, 65), np.float32)
-    bad = convert.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
+    bad = checkpoints.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
     with pytest.raises(convert.ConvertError) as e:
         convert.inspect_tf1(bad)
     msg = str(e.value)
@@ -101,7 +100,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     arrays["global_step"] = np.int64(77)
     m = "electra/encoder/layer_0/output/dense/kernel/adam_m"
     arrays[m] = np.full((64, 32), 0.5, np.float32)
-    prefix = convert.write_tf1(arrays, str(tmp_path / "src" / "model.ckpt"))
+    prefix = checkpoints.write_tf1(arrays, str(tmp_path / "src" / "model.ckpt"))
     out = str(tmp_path / "run")
     report, path = convert.tf1_to_model_dir(prefix, out, overrides="num_train_steps=100")
     assert path.endswith("ckpt-77") and report.global_step == 77
@@ -116,8 +115,8 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     ckpt = trainer.checkpoint()  # the object graph train.run restores
     ckpt.restore(tf.train.latest_checkpoint(out)).assert_existing_objects_matched()
     assert int(trainer.global_step.numpy()) == 77
-    got = convert.model_arrays(trainer.model)
-    for name, value in convert.model_arrays(model).items():
+    got = checkpoints.model_arrays(trainer.model)
+    for name, value in checkpoints.model_arrays(model).items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     slots = {k.replace("electra_pretraining/", ""): v
              for k, v in trainer.optimizer.slot_variables().items()}
@@ -138,7 +137,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     TINY, WIDE, ModelConfig(**{**TINY.__dict__, "tie_embeddings": False})])
 def test_hf_round_trip(tmp_path, config):
     model = ElectraPretrainingModel(config)
-    arrays = convert.model_arrays(model)
+    arrays = checkpoints.model_arrays(model)
     disc = convert.export_hf(arrays, config, str(tmp_path / "d"))
     gen = convert.export_hf(arrays, config, str(tmp_path / "g"), "generator")
     from safetensors.numpy import load_file
@@ -177,7 +176,7 @@ def test_hf_round_trip(tmp_path, config):
 
 def test_hf_config_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
-    arrays = convert.model_arrays(ElectraPretrainingModel(WIDE))
+    arrays = checkpoints.model_arrays(ElectraPretrainingModel(WIDE))
     out = convert.export_hf(arrays, WIDE, str(tmp_path / "g"), "generator")
     hc = transformers.ElectraConfig.from_pretrained(out)
     assert (hc.hidden_size, hc.embedding_size, hc.num_attention_heads,
@@ -206,9 +205,9 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     root = f"ram://convert_{uuid.uuid4().hex}"
     model = ElectraPretrainingModel(TINY)
-    arrays = convert.model_arrays(model)
+    arrays = checkpoints.model_arrays(model)
     arrays["global_step"] = np.int64(12)
-    prefix = convert.write_tf1(arrays, f"{root}/src/model.ckpt")
+    prefix = checkpoints.write_tf1(arrays, f"{root}/src/model.ckpt")
     assert tf.train.latest_checkpoint(f"{root}/src") == prefix
     assert convert.main(["inspect", prefix]) == 0
     assert f"mapped variables: {len(arrays) - 1}\n" in capsys.readouterr().out
@@ -226,7 +225,7 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     assert convert.main(["import-hf", f"{root}/hf/discriminator", back, "--generator_dir",
                          f"{root}/hf/generator"]) == 0
     assert tf.train.latest_checkpoint(f"{root}/back") == back
-    got = convert.read_tf1(f"{root}/back")
+    got = checkpoints.read_tf1(f"{root}/back")
     assert sorted(got) == sorted(k for k in arrays if k != "global_step")
     for name, value in got.items():
         np.testing.assert_array_equal(value, arrays[name], err_msg=name)
@@ -235,7 +234,7 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     assert path == f"{root}/run/ckpt-12" and report.global_step == 12
     assert fileio.read_json(f"{root}/run/config.json")["model"]["hidden_size"] == 32
     assert convert.main(["export-tf1", f"{root}/run", f"{root}/tf1/model.ckpt"]) == 0
-    again = convert.read_tf1(f"{root}/tf1/model.ckpt")
+    again = checkpoints.read_tf1(f"{root}/tf1/model.ckpt")
     assert sorted(again) == sorted(arrays)
     for name, value in again.items():
         np.testing.assert_array_equal(value, arrays[name], err_msg=name)
@@ -252,7 +251,7 @@ def test_transformers_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = convert.export_hf(convert.model_arrays(model), WIDE, str(tmp_path / "d"))
+    out = convert.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "d"))
     hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
     ids = np.array([[2, 5, 7, 9, 1, 3]], np.int32)
     seg = np.array([[0, 0, 0, 1, 1, 1]], np.int32)
@@ -285,7 +284,7 @@ def test_transformers_generator_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = convert.export_hf(convert.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
+    out = convert.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
     hf = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
     ids, seg, mask, inputs = _torch_inputs(torch)
     positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
@@ -311,7 +310,7 @@ def test_transformers_model_imports_with_the_same_logits(tmp_path):
     config, arrays, unmapped = convert.import_hf(str(tmp_path / "hf"))
     assert (config.hidden_size, config.embedding_size, config.num_hidden_layers) == (64, 32, 2)
     model = ElectraPretrainingModel(config)
-    convert.assign_arrays(model, arrays, allow_missing=True)  # no generator in this dir
+    checkpoints.assign_arrays(model, arrays, allow_missing=True)  # no generator in this dir
     ids, seg, mask, inputs = _torch_inputs(torch)
     with torch.no_grad():
         theirs = hf(**inputs).logits.numpy()

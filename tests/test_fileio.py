@@ -42,7 +42,7 @@ ALLOWED = {
     # logged vocab path of a local file what they were.
     ("tfrecord_builder/corpus.py", "absolute", "os.path.abspath"): "local only, after ://",
     ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
-    ("tfrecord_builder/build.py", "_stat_input", "os.stat"): "local only: ns mtimes",
+    ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
     ("electra_tf/finetune/text.py", "__init__", "os.path.abspath"): "local only",
     # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio).
     ("electra_tf/distribute.py", "tpu_chips", "glob.glob"): "/dev",
@@ -152,6 +152,37 @@ def test_write_atomic_and_read_back(root):
     fileio.write_atomic(path, "replaced")
     assert fileio.read_text(path) == "replaced"
     assert fileio.listdir(fileio.join(root, "sub")) == ["x.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("where", ["local", "ram"])
+def test_atomic_output_renames_or_removes(root, tmp_path, where, monkeypatch):
+    directory = str(tmp_path) if where == "local" else root
+    fileio.makedirs(directory)
+    path = fileio.join(directory, "shard")
+    fileio.write_atomic(path, b"old")
+    with fileio.atomic_output(path) as tmp:
+        assert tmp.startswith(path + ".") and tmp.endswith(fileio.TMP_SUFFIX)
+        assert len(tmp) == len(path) + 1 + 12 + len(fileio.TMP_SUFFIX)
+        with tf.io.TFRecordWriter(tmp) as writer:
+            writer.write(b"record")
+        assert fileio.read_bytes(path) == b"old"  # nothing visible before the block ends
+    assert [r.numpy() for r in tf.data.TFRecordDataset(path)] == [b"record"]
+    with pytest.raises(KeyboardInterrupt):
+        with fileio.atomic_output(path) as tmp:
+            with fileio.open_file(tmp, "wb") as f:
+                f.write(b"torn")
+            raise KeyboardInterrupt
+    assert fileio.listdir(directory) == ["shard"]  # the temp file went, the old file stayed
+    assert [r.numpy() for r in tf.data.TFRecordDataset(path)] == [b"record"]
+    # sync: the temp file is flushed (fsync'ed when local) before the rename.
+    synced = []
+    monkeypatch.setattr(fileio, "fsync", synced.append)
+    fileio.write_json_atomic(path, {"b": [1, 2], "a": None}, indent=None, sort_keys=True,
+                             sync=True)
+    assert fileio.read_bytes(path) == b'{"a": null, "b": [1, 2]}\n'
+    assert len(synced) == 1 and synced[0].startswith(path + ".")
+    fileio.write_json_atomic(path, {"b": 1, "a": 2})
+    assert fileio.read_text(path) == '{\n  "b": 1,\n  "a": 2\n}\n' and len(synced) == 1
 
 
 def test_compressed_reads(root):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from electra_tf import convert
+from electra_tf import checkpoints, convert
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune.cli import find_config
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
@@ -152,7 +152,7 @@ def test_exported_electra_dir_initialises_the_finetuning_encoder(tmp_path):
                          max_position_embeddings=24, type_vocab_size=2,
                          generator_hidden_size=0.5)
     model = ElectraPretrainingModel(config)
-    arrays = convert.model_arrays(model)
+    arrays = checkpoints.model_arrays(model)
     d = convert.export_hf(arrays, config, str(tmp_path / "electra"))
     found = find_config(d, None)
     assert found == config.__class__(**{**config.__dict__, "generator_hidden_size": 0.25})

@@ -10,8 +10,8 @@ from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
                                        layerwise_lr_multipliers, make_head)
 from electra_tf.finetune.tasks import TsvTask, TaskData
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
-from electra_tf.modeling import (ElectraPretrainingModel, discriminator_variables,
-                                 save_tf1_checkpoint)
+from electra_tf.checkpoints import save_tf1_checkpoint
+from electra_tf.modeling import ElectraPretrainingModel, discriminator_variables
 
 CFG = ModelConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=3,
                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)

@@ -248,7 +248,8 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
     files under test, and compiling would double the time.)"""
     from electra_tf import convert, fileio
     from electra_tf.finetune.cli import find_config
-    from electra_tf.modeling import build_discriminator_encoder, save_tf1_checkpoint
+    from electra_tf.checkpoints import save_tf1_checkpoint
+    from electra_tf.modeling import build_discriminator_encoder
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(3)
     files = {"SST-2/train.tsv": synthetic_polarity(rng, 64),

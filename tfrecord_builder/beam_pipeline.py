@@ -33,7 +33,6 @@ import heapq
 import json
 import os
 import time
-import uuid
 import zlib
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -42,17 +41,18 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from tfrecord_builder import BuildError, corpus, manifest as manifest_lib
-from tfrecord_builder.build import (TOKEN_COUNTS_NAME, BuildConfig, Source, _fingerprint,
-                                    make_manifest, open_source, shard_name)
+from tfrecord_builder import BuildError
+from tfrecord_builder.build import (BuildConfig, build_fingerprint, discard, finished_build,
+                                    input_chunks, make_manifest, open_inputs, output_dir_errors,
+                                    publish, require_examples, shard_name)
+from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
-from tfrecord_builder.tokenizers import VocabInfo, read_vocab_data, vocab_info
+from tfrecord_builder.tokenizers import Tokenizer, VocabInfo
 
 DEFAULT_RUNNER = "DirectRunner"
 STAGING_DIR = ".building-beam"
 STATS_NAME = "stats.json"
 SHARD_COUNTS_NAME = "shard_counts.json"
-MAX_SKIP_EXAMPLES = 20  # as many as the local build keeps (examples.merge_stats)
 _NEED_BEAM = "--runner needs Apache Beam: pip install -e .[beam]"
 
 
@@ -62,21 +62,6 @@ def _import_beam():
     except ImportError:
         raise BuildError(_NEED_BEAM) from None
     return apache_beam
-
-
-# ----------------------------------------------------------------------------- files
-
-
-def _discard(path: str):
-    """Removes a directory tree, best effort (while another error is on its way)."""
-    try:
-        fileio.rmtree(path)
-    except Exception as e:  # pylint: disable=broad-except
-        logging.warning("Could not remove %s: %s", path, e)
-
-
-def _read_json(path: str):
-    return fileio.read_json(path)
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -95,19 +80,13 @@ def _write_shard(item: Tuple[int, Iterable[bytes]], directory: str,
     records are the placeholders that make every shard exist."""
     shard, records = item
     name = shard_name(shard, num_shards)
-    path = fileio.join(directory, name)
-    tmp = f"{path}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
     n = 0
-    try:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in records:
-                if record:
-                    writer.write(record)
-                    n += 1
-        fileio.rename(tmp, path, overwrite=True)
-    except BaseException:
-        fileio.remove(tmp)
-        raise
+    with fileio.atomic_output(fileio.join(directory, name)) as tmp, \
+            tf.io.TFRecordWriter(tmp) as writer:
+        for record in records:
+            if record:
+                writer.write(record)
+                n += 1
     return name, n
 
 
@@ -138,13 +117,9 @@ def _beam_fns() -> dict:
 
         def process(self, item):
             file_index, path = item
-            if self.cfg.tfds_name:
-                from tfrecord_builder import tfds_source
-                chunks = tfds_source.iter_tfds_chunks(self.cfg)
-            else:  # any filesystem TensorFlow knows, read on the worker
-                chunks = corpus.iter_file_chunks(path, file_index, self.cfg.chunk_bytes)
             counter = beam.metrics.Metrics.counter("tfrecord_builder", "chunks")
-            for chunk in chunks:
+            # Any filesystem TensorFlow knows, read on the worker.
+            for chunk in input_chunks(self.cfg, file_index, path):
                 counter.inc()
                 yield chunk
 
@@ -163,7 +138,6 @@ def _beam_fns() -> dict:
 
         def setup(self):
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            from tfrecord_builder.tokenizers import Tokenizer
             # The vocabulary travels with the job: workers need not see the launcher's disk.
             self.tokenizer = Tokenizer(self.vocab, self.vocab_bytes)
             metrics = beam.metrics.Metrics
@@ -236,12 +210,8 @@ def _pipeline_options(runner: str, beam_options: Sequence[str], num_workers: int
 def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
                     vocab_bytes: bytes, staging: str):
     fns = _beam_fns()
-    if cfg.tfds_name:
-        inputs = [(0, cfg.tfds_name)]
-    else:
-        inputs = list(enumerate(source.names))
     chunks = (p
-              | "Inputs" >> beam.Create(inputs)
+              | "Inputs" >> beam.Create(list(enumerate(source.names)))
               | "SpreadInputs" >> beam.Reshuffle()
               | "ReadChunks" >> beam.ParDo(fns["ReadChunks"](cfg))
               | "SpreadChunks" >> beam.Reshuffle())
@@ -266,32 +236,9 @@ def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
 # ----------------------------------------------------------------------------- build
 
 
-def _prepare_output(cfg: BuildConfig, fingerprint: str, staging: str) -> Optional[dict]:
-    """Returns the existing manifest when this exact build is already complete."""
-    fileio.makedirs(cfg.output_dir)
-    path = fileio.join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
-    if fileio.exists(path):
-        try:
-            old = manifest_lib.read_manifest(path)
-        except manifest_lib.ManifestError:
-            old = {}
-        if old.get("build_fingerprint") == fingerprint and not cfg.overwrite:
-            return old
-        if not cfg.overwrite:
-            raise BuildError(f"--output_dir {cfg.output_dir} already holds a different build "
-                             f"({path}); pass --overwrite to replace it or choose another "
-                             "directory")
-        # The marker of completeness goes first, then the old shards.
-        fileio.remove(path)
-        for shard in old.get("shards", []):
-            fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
-    fileio.rmtree(staging)  # what a failed run left
-    return None
-
-
 def _beam_fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str:
     """The local build's fingerprint, marked as Beam's: same examples, other shards."""
-    local = _fingerprint(cfg, source, vocab)
+    local = build_fingerprint(cfg, source, vocab)
     return hashlib.sha256(f"beam:{local}".encode()).hexdigest()
 
 
@@ -300,22 +247,15 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
     """Builds the dataset of `cfg` as a Beam pipeline on `runner`; returns the manifest."""
     beam = _import_beam()
     runner = runner or DEFAULT_RUNNER
-    cfg.check()
-    vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
-    vocab_bytes = read_vocab_data(vocab)
-    source = open_source(cfg)
+    vocab, vocab_bytes, source = open_inputs(cfg)
     fingerprint = _beam_fingerprint(cfg, source, vocab)
     staging = fileio.join(cfg.output_dir, STAGING_DIR)
-    try:
-        done = _prepare_output(cfg, fingerprint, staging)
-        if done is None:
-            fileio.makedirs(staging)
-    except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
-        raise BuildError(f"--output_dir {cfg.output_dir}: {fileio.error_reason(e)}") from None
-    if done is not None:
-        logging.info("%s already holds this build (%d examples); nothing to do.",
-                     cfg.output_dir, done["examples"])
-        return done
+    with output_dir_errors(cfg):
+        done = finished_build(cfg, fingerprint)
+        if done is not None:
+            return done
+        fileio.rmtree(staging)  # what a failed run left
+        fileio.makedirs(staging)
 
     t0 = time.monotonic()
     try:
@@ -329,24 +269,23 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
     try:
         state = pipeline.run().wait_until_finish()
     except Exception:
-        _discard(staging)  # nothing was published; drop the partial output
+        discard(staging)  # nothing was published; drop the partial output
         raise
     if str(state).rsplit(".", 1)[-1] != "DONE":
-        _discard(staging)
+        discard(staging)
         raise BuildError(f"the Beam pipeline on {runner} ended in state {state}; "
                          f"nothing was published in {cfg.output_dir}")
     run_s = time.monotonic() - t0
 
-    result = _read_json(fileio.join(staging, STATS_NAME))
+    result = fileio.read_json(fileio.join(staging, STATS_NAME))
     stats = ChunkStats.from_json(result["totals"])
     vocab_counts = result["vocab_counts"]
     tokens_per_input = dict((int(k), v) for k, v in result["tokens_per_input"])
     if stats.examples == 0:
-        _discard(staging)
-        raise BuildError(f"no text to build from: {', '.join(source.names)} "
-                         "hold no tokenizable lines")
+        discard(staging)
+        require_examples(stats, source)
     names = [shard_name(i, cfg.num_shards) for i in range(cfg.num_shards)]
-    shard_counts = dict(_read_json(fileio.join(staging, SHARD_COUNTS_NAME)))
+    shard_counts = dict(fileio.read_json(fileio.join(staging, SHARD_COUNTS_NAME)))
     missing = [n for n in names if n not in shard_counts]
     if missing:
         raise BuildError(f"the Beam pipeline did not write {', '.join(missing)}")
@@ -356,15 +295,9 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
                          f"{stats.examples} examples; nothing was published")
     empty_inputs = [name for i, name in enumerate(source.names) if not tokens_per_input.get(i)]
 
-    for name in names:
-        fileio.rename(fileio.join(staging, name), fileio.join(cfg.output_dir, name))
-    fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
-                        "\n".join(map(str, vocab_counts)) + "\n")
-    # Last: the manifest vouches for every file above.
-    manifest = make_manifest(cfg, vocab, source, stats, names, counts, empty_inputs,
-                             fingerprint)
-    manifest_lib.write_manifest(cfg.output_dir, manifest)
-    _discard(staging)
+    manifest = publish(cfg, staging, vocab_counts, make_manifest(
+        cfg, vocab, source, stats, counts, empty_inputs, fingerprint))
+    discard(staging)
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "
                  "(pipeline %.1fs on %s)", stats.examples, stats.example_tokens,
                  manifest["retention"], cfg.num_shards, cfg.output_dir,

@@ -29,7 +29,6 @@ import signal
 import struct
 import sys
 import time
-import uuid
 import zipfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -39,10 +38,10 @@ from absl import logging
 
 from electra_tf import fileio
 from tfrecord_builder import BuildError, __version__
-from tfrecord_builder import corpus, manifest as manifest_lib
+from tfrecord_builder import corpus, manifest as manifest_lib, tfds_source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
 from tfrecord_builder.progress import Progress
-from tfrecord_builder.tokenizers import VocabInfo, read_vocab_data, vocab_info
+from tfrecord_builder.tokenizers import Tokenizer, VocabInfo, read_vocab_data, vocab_info
 
 STATE_DIR = ".building"
 SHARD_PREFIX = "pretrain_data.tfrecord"
@@ -88,55 +87,31 @@ def shard_name(i: int, n: int) -> str:
 # ----------------------------------------------------------------------------- sources
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """The corpus as an ordered list of inputs that each yield chunks."""
-    names: Tuple[str, ...]
-    sizes: Tuple[int, ...]
-    fingerprint: dict
-
-    def chunks(self, cfg: BuildConfig) -> Iterator[corpus.Chunk]:
-        if cfg.tfds_name:
-            from tfrecord_builder import tfds_source
-            yield from tfds_source.iter_tfds_chunks(cfg)
-            return
-        for file_index, path in enumerate(self.names):
-            yield from corpus.iter_file_chunks(path, file_index, cfg.chunk_bytes)
-
-
-def open_source(cfg: BuildConfig) -> Source:
+def open_source(cfg: BuildConfig) -> corpus.Source:
+    """The inputs of the build: cfg's files, or its tensorflow-datasets split."""
     if cfg.tfds_name:
-        from tfrecord_builder import tfds_source
         return tfds_source.open_tfds_source(cfg)
-    files = corpus.expand_inputs(cfg.inputs)
-    # Remote metadata is one request per file: ask for many at once.
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        found = list(pool.map(_stat_input, files))
-    sizes = [size for size, _ in found]
-    stamps = [[path, size, mtime] for path, (size, mtime) in zip(files, found)]
-    return Source(tuple(files), tuple(sizes), {"files": stamps})
+    return corpus.open_files(cfg.inputs)
 
 
-def _stat_input(path: str) -> Tuple[int, int]:
-    """(size, modification time in ns) of an input, for the build's fingerprint."""
-    if "://" not in path:
-        # Local: os.stat keeps the nanoseconds that gfile's stat rounds to whole seconds,
-        # so a local build's fingerprint stays what it was.
-        if not os.access(path, os.R_OK):  # local path only (URLs above)
-            raise BuildError(f"cannot read {path}: permission denied")
-        try:
-            st = os.stat(path)  # local path only (URLs above)
-        except OSError as e:
-            raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
-        return st.st_size, st.st_mtime_ns
-    try:
-        st = tf.io.gfile.stat(path)
-    except tf.errors.OpError as e:
-        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
-    return st.length, st.mtime_nsec
+def open_inputs(cfg: BuildConfig) -> Tuple[VocabInfo, bytes, corpus.Source]:
+    """Checks `cfg` and what it reads: (vocabulary, its bytes for the workers, source)."""
+    cfg.check()
+    vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
+    return vocab, read_vocab_data(vocab), open_source(cfg)
 
 
-def _fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str:
+def input_chunks(cfg: BuildConfig, file_index: int, path: str) -> Iterator[corpus.Chunk]:
+    """The chunks of the source's input `file_index` (named `path`): a file, or the
+    tensorflow-datasets split (a TFDS source's only input), read where this runs."""
+    if cfg.tfds_name:
+        return tfds_source.iter_tfds_chunks(cfg)
+    return corpus.iter_file_chunks(path, file_index, cfg.chunk_bytes)
+
+
+def build_fingerprint(cfg: BuildConfig, source: corpus.Source, vocab: VocabInfo) -> str:
+    """What identifies the local build's output: a finished or unfinished build with the
+    same fingerprint is this one."""
     key = {
         "builder": __version__, "max_seq_length": cfg.max_seq_length,
         "num_shards": cfg.num_shards, "seed": cfg.seed, "chunk_bytes": cfg.chunk_bytes,
@@ -168,7 +143,6 @@ def _die_with_parent():
 def _init_worker(vocab: VocabInfo, vocab_data: Optional[bytes] = None):
     """`vocab_data`: the vocabulary file's bytes, so that a worker process need not see
     the file (tokenizers.read_vocab_data); read from `vocab.path` when None."""
-    from tfrecord_builder.tokenizers import Tokenizer
     _die_with_parent()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _WORKER["tokenizer"] = Tokenizer(vocab, vocab_data)
@@ -193,13 +167,9 @@ def _process_chunk(chunk: corpus.Chunk, pieces_dir: str, max_seq_length: int,
     packed, stats = encode_chunk(chunk, _WORKER["tokenizer"], max_seq_length, seed)
     records = serialize_examples(packed)
     piece, marker = _piece_paths(pieces_dir, chunk)
-    # A temp name of its own: never one a killed run left (ram:// appends to a file it
-    # reopens for writing).
-    tmp = f"{piece}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
-    with tf.io.TFRecordWriter(tmp) as writer:
+    with fileio.atomic_output(piece) as tmp, tf.io.TFRecordWriter(tmp) as writer:
         for record in records:
             writer.write(record)
-    fileio.rename(tmp, piece)
     buf = io.BytesIO()
     np.savez(buf, stats=np.array(json.dumps(stats.to_json())),
              count_ids=stats.count_ids, counts=stats.counts)
@@ -367,34 +337,55 @@ def _assemble_shards(pieces: Sequence[str], shards_dir: str, num_shards: int) ->
 # ----------------------------------------------------------------------------- build
 
 
-def _prepare_output(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
-    """Returns the existing manifest when this exact build is already complete."""
+@contextlib.contextmanager
+def output_dir_errors(cfg: BuildConfig):
+    """A filesystem error on --output_dir (no filesystem for the scheme, no access, ...)
+    as a one-line BuildError."""
     try:
-        return _prepare_output_dir(cfg, fingerprint)
-    except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
+        yield
+    except tf.errors.OpError as e:
         raise BuildError(f"--output_dir {cfg.output_dir}: {fileio.error_reason(e)}") from None
 
 
-def _prepare_output_dir(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
+def finished_build(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
+    """Creates --output_dir; returns its manifest when it holds this exact build. A
+    different finished build there is an error, or with --overwrite is removed (its
+    manifest, the marker of completeness, first, then its shards)."""
     fileio.makedirs(cfg.output_dir)
     path = fileio.join(cfg.output_dir, manifest_lib.MANIFEST_NAME)
-    if fileio.exists(path):
+    if not fileio.exists(path):
+        return None
+    try:
+        old = manifest_lib.read_manifest(path)
+    except manifest_lib.ManifestError:
+        old = {}
+    if old.get("build_fingerprint") == fingerprint and not cfg.overwrite:
+        logging.info("%s already holds this build (%d examples); nothing to do.",
+                     cfg.output_dir, old["examples"])
+        return old
+    if not cfg.overwrite:
+        raise BuildError(f"--output_dir {cfg.output_dir} already holds a different build "
+                         f"({path}); pass --overwrite to replace it or choose another directory")
+    fileio.remove(path)
+    for shard in old.get("shards", []):
         try:
-            old = manifest_lib.read_manifest(path)
-        except manifest_lib.ManifestError:
-            old = {}
-        if old.get("build_fingerprint") == fingerprint and not cfg.overwrite:
-            return old
-        if not cfg.overwrite:
-            raise BuildError(f"--output_dir {cfg.output_dir} already holds a different build "
-                             f"({path}); pass --overwrite to replace it or choose another directory")
-        # Remove the marker of completeness first, then the old shards.
-        fileio.remove(path)
-        for shard in old.get("shards", []):
-            try:
-                fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
-            except tf.errors.OpError:
-                pass
+            fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
+        except tf.errors.OpError:
+            pass
+    return None
+
+
+def discard(path: str):
+    """Removes a directory tree, best effort: a failure is logged, not raised (cleanup
+    once the output is complete, or while another error is on its way)."""
+    try:
+        fileio.rmtree(path)
+    except Exception as e:  # pylint: disable=broad-except
+        logging.warning("Could not remove %s: %s", path, fileio.error_reason(e))
+
+
+def _prepare_state_dir(cfg: BuildConfig, fingerprint: str):
+    """Keeps the pieces of an unfinished run of this build (resume), else starts over."""
     state_dir = fileio.join(cfg.output_dir, STATE_DIR)
     state_file = fileio.join(state_dir, "state.json")
     state = {}
@@ -415,21 +406,17 @@ def _prepare_output_dir(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
     # The state vouches that the pieces to come belong to this build; each piece's own
     # marker vouches for that piece.
     fileio.write_atomic(state_file, json.dumps({"fingerprint": fingerprint}))
-    return None
 
 
 def build(cfg: BuildConfig, progress_stream=None) -> dict:
     """Builds the dataset described by `cfg`; returns the manifest."""
-    cfg.check()
-    vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
-    vocab_data = read_vocab_data(vocab)
-    source = open_source(cfg)
-    fingerprint = _fingerprint(cfg, source, vocab)
-    done = _prepare_output(cfg, fingerprint)
-    if done is not None:
-        logging.info("%s already holds this build (%d examples); nothing to do.",
-                     cfg.output_dir, done["examples"])
-        return done
+    vocab, vocab_data, source = open_inputs(cfg)
+    fingerprint = build_fingerprint(cfg, source, vocab)
+    with output_dir_errors(cfg):
+        done = finished_build(cfg, fingerprint)
+        if done is not None:
+            return done
+        _prepare_state_dir(cfg, fingerprint)
 
     state_dir = fileio.join(cfg.output_dir, STATE_DIR)
     pieces_dir = fileio.join(state_dir, "pieces")
@@ -443,7 +430,9 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     t0 = time.monotonic()
     runner = _Runner(cfg, vocab, vocab_data, pieces_dir)
     try:
-        for chunk, stats, was_reused in runner.run(source.chunks(cfg)):
+        chunks = (chunk for i, name in enumerate(source.names)
+                  for chunk in input_chunks(cfg, i, name))
+        for chunk, stats, was_reused in runner.run(chunks):
             merge_stats(totals, stats, vocab_counts)
             pieces.append(_piece_paths(pieces_dir, chunk)[0])
             tokens_per_input[chunk.file_index] += stats.corpus_tokens
@@ -454,27 +443,14 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     progress.close()
     encode_s = time.monotonic() - t0
     empty_inputs = [name for name, n in zip(source.names, tokens_per_input) if n == 0]
-    if totals.examples == 0:
-        raise BuildError(f"no text to build from: {', '.join(source.names)} "
-                         "hold no tokenizable lines")
+    require_examples(totals, source)
 
     shards_dir = fileio.join(state_dir, "shards")
     fileio.rmtree(shards_dir)
     counts = _assemble_shards(pieces, shards_dir, cfg.num_shards)
-    names = [shard_name(i, cfg.num_shards) for i in range(cfg.num_shards)]
-    for name in names:
-        fileio.rename(fileio.join(shards_dir, name), fileio.join(cfg.output_dir, name))
-    fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
-                        "\n".join(map(str, vocab_counts.tolist())) + "\n")
-
-    # Last: the manifest vouches for every file above.
-    manifest = make_manifest(cfg, vocab, source, totals, names, counts, empty_inputs,
-                             fingerprint)
-    manifest_lib.write_manifest(cfg.output_dir, manifest)
-    try:
-        fileio.rmtree(state_dir)
-    except tf.errors.OpError as e:
-        logging.warning("Could not remove %s: %s", state_dir, fileio.error_reason(e))
+    manifest = publish(cfg, shards_dir, vocab_counts, make_manifest(
+        cfg, vocab, source, totals, counts, empty_inputs, fingerprint))
+    discard(state_dir)
     elapsed = time.monotonic() - t0
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "
                  "(%d chunks reused; encode %.1fs)", totals.examples, totals.example_tokens,
@@ -482,9 +458,31 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     return manifest
 
 
-def make_manifest(cfg: BuildConfig, vocab: VocabInfo, source: Source, totals: ChunkStats,
-                  names: Sequence[str], counts: Sequence[int], empty_inputs: Sequence[str],
+def require_examples(totals: ChunkStats, source: corpus.Source):
+    """A build without a single example is an error naming its inputs."""
+    if totals.examples == 0:
+        raise BuildError(f"no text to build from: {', '.join(source.names)} "
+                         "hold no tokenizable lines")
+
+
+def publish(cfg: BuildConfig, shards_dir: str, vocab_counts: Sequence[int],
+            manifest: dict) -> dict:
+    """Moves the finished shards from `shards_dir` into --output_dir, then writes
+    token_counts.txt, and the manifest last: it vouches for every file above."""
+    for shard in manifest["shards"]:
+        fileio.rename(fileio.join(shards_dir, shard["name"]),
+                      fileio.join(cfg.output_dir, shard["name"]))
+    fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
+                        "\n".join(map(str, np.asarray(vocab_counts).tolist())) + "\n")
+    manifest_lib.write_manifest(cfg.output_dir, manifest)
+    return manifest
+
+
+def make_manifest(cfg: BuildConfig, vocab: VocabInfo, source: corpus.Source,
+                  totals: ChunkStats, counts: Sequence[int], empty_inputs: Sequence[str],
                   fingerprint: str) -> dict:
+    """The manifest of a build whose shard i holds counts[i] examples."""
+    names = [shard_name(i, cfg.num_shards) for i in range(cfg.num_shards)]
     retention = totals.example_tokens / totals.corpus_tokens if totals.corpus_tokens else 0.0
     slots = totals.examples * cfg.max_seq_length
     return {

@@ -7,6 +7,7 @@ Every input goes through TensorFlow's filesystem layer (`electra_tf.fileio`), so
 directories and globs may be local or on any filesystem TensorFlow knows (gs://...).
 """
 
+import concurrent.futures
 import dataclasses
 import glob
 import os
@@ -22,6 +23,8 @@ DEFAULT_CHUNK_BYTES = 1 << 18
 # ... or, inside a very long document or line, at a line/word boundary past this many.
 MAX_CHUNK_FACTOR = 4
 READ_BLOCK = 1 << 16
+# Skipped lines quoted in the manifest (`skipped_line_examples`), the first ones in order.
+MAX_SKIP_EXAMPLES = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,46 @@ class Chunk:
     data: bytes
     split_line: bool  # the chunk ends inside a line that was too long to keep whole
     raw_pos: int = 0  # bytes of the (possibly compressed) input consumed so far
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The corpus as an ordered list of inputs (files, or one tensorflow-datasets split),
+    with their sizes (progress) and what identifies them (the build fingerprint)."""
+    names: Tuple[str, ...]
+    sizes: Tuple[int, ...]
+    fingerprint: dict
+
+
+def open_files(patterns: Sequence[str]) -> Source:
+    """The files `patterns` name (`expand_inputs`), each stamped with its size and
+    modification time."""
+    files = expand_inputs(patterns)
+    # Remote metadata is one request per file: ask for many at once.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        found = list(pool.map(_stat_input, files))
+    sizes = [size for size, _ in found]
+    stamps = [[path, size, mtime] for path, (size, mtime) in zip(files, found)]
+    return Source(tuple(files), tuple(sizes), {"files": stamps})
+
+
+def _stat_input(path: str) -> Tuple[int, int]:
+    """(size, modification time in ns) of an input, for the build's fingerprint."""
+    if "://" not in path:
+        # Local: os.stat keeps the nanoseconds that gfile's stat rounds to whole seconds,
+        # so a local build's fingerprint stays what it was.
+        if not os.access(path, os.R_OK):  # local path only (URLs above)
+            raise BuildError(f"cannot read {path}: permission denied")
+        try:
+            st = os.stat(path)  # local path only (URLs above)
+        except OSError as e:
+            raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
+        return st.st_size, st.st_mtime_ns
+    try:
+        st = tf.io.gfile.stat(path)
+    except tf.errors.OpError as e:
+        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
+    return st.length, st.mtime_nsec
 
 
 def expand_inputs(patterns: Sequence[str]) -> List[str]:
@@ -198,13 +241,6 @@ def _raw_tell(f, raw) -> int:
         return 0
 
 
-def input_size(path: str) -> int:
-    try:
-        return fileio.size(path)
-    except tf.errors.OpError as e:
-        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
-
-
 @dataclasses.dataclass
 class LineStats:
     """Per-chunk line accounting, summed into the manifest."""
@@ -215,7 +251,7 @@ class LineStats:
 
     def skip(self, reason: str, where: str):
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
-        if len(self.examples_of_skips) < 20:
+        if len(self.examples_of_skips) < MAX_SKIP_EXAMPLES:
             self.examples_of_skips.append(f"{where}: {reason}")
 
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from tfrecord_builder.corpus import Chunk, LineStats, clean_lines
+from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Chunk, LineStats, clean_lines
 from tfrecord_builder.packing import Packer, PackedExamples
 
 FEATURES = ("input_ids", "input_mask", "segment_ids")
@@ -121,7 +121,7 @@ def merge_stats(total: ChunkStats, part: ChunkStats, vocab_counts: np.ndarray):
     total.example_tokens += part.example_tokens
     for reason, n in part.skipped.items():
         total.skipped[reason] = total.skipped.get(reason, 0) + n
-    room = 20 - len(total.skip_examples)
+    room = MAX_SKIP_EXAMPLES - len(total.skip_examples)
     if room > 0:
         total.skip_examples.extend(part.skip_examples[:room])
     np.add.at(vocab_counts, part.count_ids, part.counts)

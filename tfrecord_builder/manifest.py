@@ -6,7 +6,6 @@ It is read and written through TensorFlow's filesystem layer (local, gs://, ...)
 """
 
 import json
-import uuid
 from typing import Optional
 
 import tensorflow as tf
@@ -23,19 +22,9 @@ class ManifestError(ValueError):
 
 
 def write_manifest(output_dir: str, manifest: dict):
-    """Atomically writes the manifest (temp file, fsync when local, rename), the build's
-    last step: on a bucket, where a rename is a copy, it still lands after every file it
-    names."""
-    path = fileio.join(output_dir, MANIFEST_NAME)
-    tmp = f"{path}.{uuid.uuid4().hex[:12]}{fileio.TMP_SUFFIX}"
-    try:
-        with fileio.open_file(tmp, "wb") as f:
-            f.write((json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode("utf-8"))
-        fileio.fsync(tmp)
-        fileio.rename(tmp, path, overwrite=True)
-    except BaseException:
-        fileio.remove(tmp)
-        raise
+    """Atomically writes the manifest (fsync'ed when local), the build's last step: on a
+    bucket, where a rename is a copy, it still lands after every file it names."""
+    fileio.write_json_atomic(fileio.join(output_dir, MANIFEST_NAME), manifest, sync=True)
 
 
 def read_manifest(path: str) -> dict:

@@ -18,12 +18,15 @@ For a TFDS chunk the fields of `corpus.Chunk` mean:
   first_line  the 0-based number of the chunk's first record in the split, so the chunk
               can be found again with --tfds_split "SPLIT[first_line:]";
   raw_pos     records consumed once the chunk is done (progress = raw_pos against
-              Source.sizes == (num_examples,)).
+              corpus.Source.sizes == (num_examples,)).
 """
 
 import os
 from typing import Iterator, List, Optional
 
+import tensorflow as tf
+
+from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
 
@@ -120,7 +123,6 @@ def _is_prepared(builder) -> bool:
     try:
         if hasattr(builder, "is_prepared"):
             return bool(builder.is_prepared())
-        from electra_tf import fileio
         return fileio.exists(fileio.join(str(builder.data_dir), "dataset_info.json"))
     except Exception:
         return False
@@ -154,7 +156,6 @@ def _feature_paths(features, prefix: str = "") -> List[str]:
 
 def _text_feature(cfg, builder):
     """Checks cfg.tfds_text_key ('a' or nested 'a/b'); returns its rank (0 or 1)."""
-    import tensorflow as tf
     features = builder.info.features
     feature = features
     for part in cfg.tfds_text_key.split("/"):
@@ -177,8 +178,7 @@ def _text_feature(cfg, builder):
 
 
 def open_tfds_source(cfg):
-    """Checks the dataset, split and text feature; returns the build's `Source`."""
-    from tfrecord_builder.build import Source
+    """Checks the dataset, split and text feature; returns the build's `corpus.Source`."""
     _, builder = _open_builder(cfg)
     split_info = _split_info(cfg, builder)
     _text_feature(cfg, builder)
@@ -200,7 +200,7 @@ def open_tfds_source(cfg):
             "layout": LAYOUT_VERSION,
         }
     }
-    return Source((source_label(cfg),), (num_examples,), fingerprint)
+    return corpus.Source((source_label(cfg),), (num_examples,), fingerprint)
 
 
 # ----------------------------------------------------------------------------- records
@@ -235,7 +235,6 @@ def document_bytes(text) -> bytes:
 
 def _iter_texts(cfg, tfds, builder, rank: int) -> Iterator[bytes]:
     """The text of each record of the split, in the dataset's stored order."""
-    import tensorflow as tf
     read_config = tfds.ReadConfig(
         interleave_cycle_length=1,  # one file after the other: the canonical order
         try_autocache=False,  # never cache a whole split in memory

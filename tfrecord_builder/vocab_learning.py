@@ -28,7 +28,7 @@ import posixpath
 import random
 import re
 import uuid
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -36,7 +36,7 @@ from absl import logging
 from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
-from tfrecord_builder.tokenizers import SPECIAL_TOKENS, vocab_info
+from tfrecord_builder.tokenizers import SPECIAL_TOKENS, bert_normalize, vocab_info
 
 VOCAB_TYPES = ("wordpiece", "sentencepiece")
 RESERVED_TOKENS = list(SPECIAL_TOKENS)  # [PAD] [UNK] [CLS] [SEP] [MASK] -> ids 0..4
@@ -125,9 +125,7 @@ def sample_lines(inputs: Sequence[str], max_sentences: int, seed: int = DEFAULT_
 def count_words(lines: Sequence[str], do_lower_case: bool, batch_size: int = 1024) -> dict:
     """Word counts with BERT's pre-tokenization, as tf-text's `bert_vocab_from_dataset`
     does it, over a tf.data.Dataset of the builder-normalised lines."""
-    import tensorflow as tf
     from tensorflow_text.python.ops import bert_tokenizer
-    from tfrecord_builder.tokenizers import bert_normalize
 
     def batches():
         for i in range(0, len(lines), batch_size):
@@ -222,11 +220,6 @@ def _trim(vocab: List[str], vocab_size: int, chars) -> List[str]:
         raise BuildError(f"--vocab_size={vocab_size} is too small: the special tokens and "
                          f"{len(chars)} characters (each also as ##-suffix) need {len(keep)}")
     return keep[::-1]
-
-
-def write_lines_atomically(lines: Iterable[str], path: str):
-    """One line each, '\n'-terminated, to `path` (any filesystem) via temp file + rename."""
-    fileio.write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 # ----------------------------------------------------------------------------- SentencePiece
@@ -338,7 +331,7 @@ def learn_vocab(inputs: Sequence[str], output: str, vocab_type: str = "wordpiece
         if len(tokens) <= len(RESERVED_TOKENS):
             raise BuildError(f"--input: no words to learn a vocabulary from in "
                              f"{_describe(files)}")
-        write_lines_atomically(tokens, path)
+        fileio.write_atomic(path, "".join(token + "\n" for token in tokens))
         info = vocab_info(vocab_file=path, do_lower_case=do_lower_case)
     else:
         with fileio.local_staging_dir("learn_vocab-") as tmp:

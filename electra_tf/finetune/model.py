@@ -16,8 +16,8 @@ from absl import logging
 
 from electra_tf import convert, rng
 from electra_tf.configs import ModelConfig
-from electra_tf.modeling import (Encoder, _truncated_normal, checkpoint_reader, dropout,
-                                 gelu, load_tf1_checkpoint)
+from electra_tf.checkpoints import assign_arrays, checkpoint_reader, load_tf1_checkpoint
+from electra_tf.modeling import Encoder, dropout, gelu, truncated_normal
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
@@ -27,7 +27,7 @@ HEAD_STREAM = 7919
 
 def _dense(units, config: ModelConfig, name, activation=None, dtype=None):
     return keras.layers.Dense(units, activation=activation, name=name, dtype=dtype,
-                              kernel_initializer=_truncated_normal(config.initializer_range))
+                              kernel_initializer=truncated_normal(config.initializer_range))
 
 
 class ClassificationHead(keras.layers.Layer):
@@ -203,7 +203,7 @@ def init_encoder_from_hf(encoder: Encoder, path: str):
     pre-training heads, buffers)."""
     try:
         _, arrays, ignored = convert.import_hf_encoder(path)
-        convert.assign_arrays(encoder, arrays)
+        assign_arrays(encoder, arrays)
     except convert.ConvertError as e:
         raise InitError(f"--init_checkpoint {path}: {str(e).splitlines()[0]}") from None
     if ignored:

@@ -1,0 +1,252 @@
+"""electra_tf.checkpoints: name-based (TF1) checkpoints read and written as arrays or
+from / into a model, torn-write cleanup, and the one-line error of a failed save."""
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import checkpoints, fileio, modeling
+from electra_tf.configs import ModelConfig
+from electra_tf.convert import expected_shapes
+
+# E=16 != H=32 (an embeddings projection), generator half as wide.
+TINY = ModelConfig(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=24,
+                   generator_hidden_size=0.5)
+STATE = 'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n'
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.keras.utils.set_random_seed(4)
+    return modeling.ElectraPretrainingModel(TINY)
+
+
+def _inputs():
+    rng = np.random.RandomState(0)
+    ids = rng.randint(5, TINY.vocab_size, size=(2, 12)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    seg = np.zeros_like(ids)
+    seg[:, 6:] = 1
+    positions = np.array([[1, 4, 7], [0, 2, 8]], np.int32)
+    return ids, mask, seg, positions
+
+
+def _ram_root(name):
+    return f"ram://{name}_{uuid.uuid4().hex}"
+
+
+def test_model_round_trip(model, tmp_path):
+    ids, mask, seg, pos = _inputs()
+    prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "full" / "model.ckpt"))
+    assert prefix == str(tmp_path / "full" / "model.ckpt")
+    listed = {name: tuple(shape) for name, shape in tf.train.list_variables(prefix)}
+    assert listed == expected_shapes(TINY) and len(listed) == 80
+    # The state file, as a TF1 Saver writes it: latest_checkpoint finds the prefix.
+    assert fileio.read_text(str(tmp_path / "full" / "checkpoint")) == STATE
+    assert tf.train.latest_checkpoint(str(tmp_path / "full")) == prefix
+    assert sorted(os.listdir(tmp_path / "full")) == [
+        "checkpoint", "model.ckpt.data-00000-of-00001", "model.ckpt.index"]
+
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    assert checkpoints.load_tf1_checkpoint(fresh, prefix) == []
+    for v in fresh.trainable_variables:
+        np.testing.assert_array_equal(v.numpy(), tf.train.load_variable(prefix, v.path),
+                                      err_msg=v.path)
+    np.testing.assert_array_equal(fresh.discriminator(ids, mask, seg).numpy(),
+                                  model.discriminator(ids, mask, seg).numpy())
+    np.testing.assert_array_equal(fresh.generator_mlm_logits(ids, mask, seg, pos).numpy(),
+                                  model.generator_mlm_logits(ids, mask, seg, pos).numpy())
+    # The directory works as well as the prefix.
+    again = modeling.ElectraPretrainingModel(TINY)
+    assert checkpoints.load_tf1_checkpoint(again, str(tmp_path / "full")) == []
+    np.testing.assert_array_equal(again.discriminator(ids, mask, seg).numpy(),
+                                  model.discriminator(ids, mask, seg).numpy())
+
+
+def test_discriminator_only_file_and_missing_names(model, tmp_path):
+    ids, mask, seg, _ = _inputs()
+    disc_vars = modeling.discriminator_variables(model)
+    prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "disc" / "model.ckpt"),
+                                             disc_vars)
+    names = {name for name, _ in tf.train.list_variables(prefix)}
+    assert names == set(expected_shapes(TINY, generator=False)) and len(names) == 43
+    encoder = modeling.build_discriminator_encoder(TINY)
+    assert checkpoints.load_tf1_checkpoint(encoder, prefix) == []
+    np.testing.assert_array_equal(encoder(ids, mask, seg).numpy(),
+                                  model.discriminator_hidden(ids, mask, seg).numpy())
+    # Into the whole model: the 37 generator-only variables are missing.
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    generator_only = [n for n in modeling.tf1_variables(fresh) if n not in names]
+    assert len(generator_only) == 37
+    with pytest.raises(ValueError) as e:
+        checkpoints.load_tf1_checkpoint(fresh, prefix)
+    assert str(e.value) == f"37 variables not in {prefix}: {generator_only[:5]}"
+    assert checkpoints.load_tf1_checkpoint(fresh, prefix, allow_missing=True) == generator_only
+    np.testing.assert_array_equal(fresh.discriminator(ids, mask, seg).numpy(),
+                                  model.discriminator(ids, mask, seg).numpy())
+
+
+def test_load_refuses_a_shape_mismatch(model, tmp_path):
+    arrays = checkpoints.model_arrays(model)
+    name = "electra/encoder/layer_1/intermediate/dense/kernel"
+    arrays[name] = np.zeros((32, 65), np.float32)
+    prefix = checkpoints.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    with pytest.raises(ValueError) as e:
+        checkpoints.load_tf1_checkpoint(fresh, prefix)
+    assert str(e.value) == f"{name}: checkpoint shape [32, 65] != variable shape [32, 64]"
+
+
+def test_arrays_round_trip_keeps_values_and_dtypes(tmp_path):
+    arrays = {"b/kernel": np.arange(6, dtype=np.float32).reshape(2, 3),
+              "a/bias": np.array([0.5, -1.25], np.float32),
+              "global_step": np.int64(1234),
+              "c/half": np.array([1.5, 2.0], np.float16)}
+    prefix = checkpoints.write_tf1(arrays, str(tmp_path / "x" / "model.ckpt"))
+    assert fileio.read_text(str(tmp_path / "x" / "checkpoint")) == STATE
+    got = checkpoints.read_tf1(prefix)
+    assert sorted(got) == ["a/bias", "b/kernel", "c/half", "global_step"]
+    for name, value in arrays.items():
+        assert got[name].dtype == np.asarray(value).dtype, name
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert int(got["global_step"]) == 1234
+    # Read back from the directory (its state file) too.
+    assert sorted(checkpoints.read_tf1(str(tmp_path / "x"))) == sorted(got)
+
+
+def test_model_arrays_and_assign_arrays(model):
+    arrays = checkpoints.model_arrays(model)
+    assert arrays.keys() == expected_shapes(TINY).keys()
+    for name, v in modeling.tf1_variables(model).items():
+        np.testing.assert_array_equal(arrays[name], v.numpy(), err_msg=name)
+    disc = checkpoints.model_arrays(model, modeling.discriminator_variables(model))
+    assert disc.keys() == expected_shapes(TINY, generator=False).keys()
+
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    assert checkpoints.assign_arrays(fresh, arrays) == []
+    for name, v in modeling.tf1_variables(fresh).items():
+        np.testing.assert_array_equal(v.numpy(), arrays[name], err_msg=name)
+    # Only the listed variables are assigned.
+    other = modeling.ElectraPretrainingModel(TINY)
+    bias = other.discriminator_predictions.dense_1.bias
+    before = other.electra.embeddings.word_embeddings.numpy()
+    assert checkpoints.assign_arrays(other, arrays, [bias]) == []
+    np.testing.assert_array_equal(bias.numpy(), arrays["discriminator_predictions/dense_1/bias"])
+    np.testing.assert_array_equal(other.electra.embeddings.word_embeddings.numpy(), before)
+
+
+def test_assign_arrays_errors(model):
+    arrays = checkpoints.model_arrays(model, modeling.discriminator_variables(model))
+    fresh = modeling.ElectraPretrainingModel(TINY)
+    with pytest.raises(ValueError) as e:
+        checkpoints.assign_arrays(fresh, arrays)
+    first = next(n for n in modeling.tf1_variables(fresh) if n not in arrays)
+    assert str(e.value) == f"37 variables missing (first: {first})"
+    missing = checkpoints.assign_arrays(fresh, arrays, allow_missing=True)
+    assert len(missing) == 37 and missing[0] == first
+    assert all(n.startswith("generator") for n in missing)
+    arrays["electra/embeddings/word_embeddings"] = np.zeros((61, 16), np.float32)
+    with pytest.raises(ValueError) as e:
+        checkpoints.assign_arrays(fresh, arrays, allow_missing=True)
+    assert str(e.value) == ("electra/embeddings/word_embeddings: shape [61, 16] != "
+                            "variable shape [60, 16]")
+
+
+def test_round_trip_on_ram(model, tmp_path, monkeypatch):
+    """With the prefix on TensorFlow's in-memory filesystem, where `isdir` is true of a
+    prefix too (it matches names by prefix); nothing local named after the path."""
+    monkeypatch.chdir(tmp_path)
+    root = _ram_root("checkpoints")
+    ids, mask, seg, _ = _inputs()
+    prefix = checkpoints.save_tf1_checkpoint(model, f"{root}/disc/model.ckpt",
+                                             modeling.discriminator_variables(model))
+    assert prefix == f"{root}/disc/model.ckpt" and tf.io.gfile.isdir(prefix)
+    assert sorted(tf.io.gfile.listdir(f"{root}/disc")) == [
+        "checkpoint", "model.ckpt.data-00000-of-00001", "model.ckpt.index"]
+    shapes = checkpoints.checkpoint_reader(prefix).get_variable_to_shape_map()
+    assert {k: tuple(v) for k, v in shapes.items()} == expected_shapes(TINY, generator=False)
+    assert checkpoints.read_tf1(prefix).keys() == shapes.keys()
+    encoder = modeling.build_discriminator_encoder(TINY)
+    assert checkpoints.load_tf1_checkpoint(encoder, prefix) == []
+    np.testing.assert_array_equal(encoder(ids, mask, seg).numpy(),
+                                  model.discriminator_hidden(ids, mask, seg).numpy())
+    with pytest.raises(ValueError, match=f"^37 variables not in {root}/disc/model.ckpt: "):
+        checkpoints.load_tf1_checkpoint(modeling.ElectraPretrainingModel(TINY), prefix)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
+
+
+def test_checkpoint_reader_without_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="Couldn't find 'checkpoint' file"):
+        checkpoints.checkpoint_reader(str(tmp_path))
+
+
+# --- torn writes and failed saves ------------------------------------------------------
+
+TORN = {"ckpt-4_temp/part-0": 100, "ckpt-4_temp/sub/part-1": 23, "checkpoint.tmp1a2b": 7,
+        "config.json.0123456789ab.tmp": 11, "eval_results.json.abcdefabcdef.tmp": 5}
+KEPT = {"ckpt-4.index": 10, "checkpoint": 3, "config.json": 2, "config.json.0123.tmp": 4,
+        "ckpt-x_temp": 6, "checkpoint.tmpxyz": 8, "notes_temp/a": 9,
+        "results.json.0123456789ab.tmp": 12}
+
+
+def _put(root, files):
+    for rel, size in files.items():
+        path = fileio.join(root, *rel.split("/"))
+        fileio.makedirs(os.path.dirname(path))
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(b"x" * size)
+
+
+@pytest.mark.parametrize("where", ["local", "ram"])
+def test_remove_torn_checkpoints_counts_the_bytes(tmp_path, where):
+    root = str(tmp_path / "run") if where == "local" else _ram_root("torn")
+    _put(root, TORN)
+    _put(root, KEPT)
+    assert checkpoints.remove_torn_checkpoints(root) == 100 + 23 + 7 + 11 + 5
+    assert fileio.listdir(root) == sorted({rel.split("/")[0] for rel in KEPT})
+    assert sum(fileio.size(p) for p in fileio.walk_files(root)) == sum(KEPT.values())
+    assert checkpoints.remove_torn_checkpoints(root) == 0
+    assert checkpoints.remove_torn_checkpoints(fileio.join(root, "missing")) == 0
+
+
+class _Manager:
+    directory = "/runs/x"
+
+    def __init__(self, error=None, latest="/runs/x/ckpt-3"):
+        self.error, self.latest_checkpoint, self.saved = error, latest, []
+
+    def save(self, checkpoint_number):
+        if self.error:
+            raise self.error
+        self.saved.append(checkpoint_number)
+        return f"{self.directory}/ckpt-{checkpoint_number}"
+
+
+def test_save_checkpoint_errors_are_one_line():
+    manager = _Manager()
+    assert checkpoints.save_checkpoint(manager, 7) == "/runs/x/ckpt-7"
+    assert manager.saved == [7]
+    full = tf.errors.ResourceExhaustedError(None, None, "No space left on device\nmore")
+    with pytest.raises(checkpoints.CheckpointError) as e:
+        checkpoints.save_checkpoint(_Manager(full), 5)
+    assert str(e.value) == ("could not write the step-5 checkpoint to /runs/x (No space left "
+                            "on device); last good checkpoint: /runs/x/ckpt-3; free space and "
+                            "rerun the same command")
+    with pytest.raises(checkpoints.CheckpointError) as e:
+        checkpoints.save_checkpoint(_Manager(OSError("bucket gone"), latest=None), 1)
+    assert str(e.value) == ("could not write the step-1 checkpoint to /runs/x (bucket gone); "
+                            "last good checkpoint: none; free space and rerun the same command")
+
+
+def test_save_checkpoint_writes_the_step(tmp_path):
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path), 2)
+    step.assign(9)
+    assert checkpoints.save_checkpoint(manager, 9) == str(tmp_path / "ckpt-9")
+    assert tf.train.load_variable(str(tmp_path / "ckpt-9"),
+                                  "step/.ATTRIBUTES/VARIABLE_VALUE") == 9
