@@ -24,6 +24,7 @@ from electra_tf import checkpoints, fileio  # noqa: E402
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
                                 apply_overrides, load_config, parse_overrides)
 from electra_tf.modeling import tf1_name, tf1_variables  # noqa: E402
+from electra_tf.pretraining import Pretrainer  # noqa: E402
 
 SLOT_SUFFIXES = ("/adam_m", "/adam_v")
 _LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
@@ -220,7 +221,6 @@ def _reader(path: str):
 # --- TF1 <-> our pre-training model_dir -----------------------------------------------
 
 def _trainer(cfg: PretrainingConfig):
-    from electra_tf.pretraining import Pretrainer  # heavy; only the model_dir paths need it
     return Pretrainer(cfg, tf.distribute.get_strategy())
 
 

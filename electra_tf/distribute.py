@@ -33,12 +33,12 @@ import json
 import math
 import os
 import re
-import urllib.request
 from typing import Mapping, Optional
 
 import tensorflow as tf
 from absl import logging
 
+from electra_tf import gce
 from electra_tf.training.options import STRATEGIES  # the --strategy values
 
 # resolve_tpu_target's kinds
@@ -269,13 +269,8 @@ def _module_exists(name: str) -> bool:
 
 def _metadata(path: str, timeout: float = 2.0) -> Optional[str]:
     """A GCE metadata value of this VM, or None."""
-    host = (os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP")
-            or "metadata.google.internal")
-    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
-                                     headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read().decode("utf-8").strip() or None
+        return gce.metadata(path, timeout=timeout) or None
     except (OSError, ValueError):
         return None
 
@@ -285,14 +280,13 @@ def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
     slice's accelerator type and this host's worker number from TPU_ACCELERATOR_TYPE /
     TPU_WORKER_ID (GKE) or the GCE metadata server (instance/attributes/accelerator-type,
     agent-worker-number)."""
-    from electra_tf.preemption import on_gce  # here: preemption imports this module
     env = os.environ if env is None else env
     chips = tpu_chips()
     tf_devices = 0 if chips else len(tf.config.list_logical_devices("TPU"))
-    gce = on_gce()
+    on_gce = gce.on_gce()
     accelerator_type = env.get("TPU_ACCELERATOR_TYPE") or None
     worker = env.get("TPU_WORKER_ID") or None
-    if (chips or tf_devices) and gce:
+    if (chips or tf_devices) and on_gce:
         accelerator_type = accelerator_type or _metadata(
             "instance/attributes/accelerator-type")
         if worker is None:
@@ -301,7 +295,7 @@ def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
         _module_exists("googleapiclient") and _module_exists("oauth2client"))
     return TpuHost(chips=chips, tf_tpu_devices=tf_devices, accelerator_type=accelerator_type,
                    worker_id=int(worker) if worker and worker.isdigit() else None,
-                   on_gce=gce, api_client=api)
+                   on_gce=on_gce, api_client=api)
 
 
 def _first_line(e: BaseException) -> str:

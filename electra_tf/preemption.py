@@ -18,22 +18,18 @@ On a notice the job saves a checkpoint at the current step and raises `Preempted
 CLIs exit with `PREEMPTED_EXIT_CODE`, and rerunning the same command resumes.
 """
 
-import os
 import signal
 import threading
-import urllib.request
 from typing import Callable, List, Optional
 
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute
+from electra_tf import distribute, gce
 
 # EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
 PREEMPTED_EXIT_CODE = 75
 
-# TensorFlow's name for the metadata server's address (tests point it at a fake server).
-METADATA_HOST_ENV = "GCE_METADATA_IP"
 METADATA_POLL_SECONDS = 5.0
 
 
@@ -42,30 +38,11 @@ class Preempted(Exception):
     stopped."""
 
 
-def on_gce() -> bool:
-    """Whether this machine is a GCE VM (Cloud TPU VMs included), from the DMI product
-    name, as Google's client libraries check it; no network. The metadata address
-    variable forces it on."""
-    if os.environ.get(METADATA_HOST_ENV):
-        return True
-    try:
-        with open("/sys/class/dmi/id/product_name") as f:  # local: /sys
-            return f.read().strip().startswith("Google")
-    except OSError:
-        return False
-
-
 def metadata_notice(host: Optional[str] = None, timeout: float = 2.0) -> Optional[str]:
     """The GCE metadata server's stop notice for this VM, or None: a maintenance event
     that terminates the VM, or a preemption. A live migration is not a notice (the VM keeps
     running). Raises OSError when the server cannot be read."""
-    host = host or os.environ.get(METADATA_HOST_ENV, "metadata.google.internal")
-
-    def get(path):
-        request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/{path}",
-                                         headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read().decode("utf-8").strip()
+    get = lambda path: gce.metadata(f"instance/{path}", host, timeout)  # noqa: E731
 
     event = get("maintenance-event")
     if event == "TERMINATE_ON_HOST_MAINTENANCE":
@@ -100,7 +77,7 @@ class PreemptionWatch:
             # signal handlers can only be set from the main thread
             self._previous_sigterm = signal.signal(
                 signal.SIGTERM, lambda signum, frame: self._notice("SIGTERM"))
-        if on_gce():
+        if gce.on_gce():
             # The first look is synchronous: a job started during a pending maintenance
             # stops after its first host loop.
             self._look_at_metadata()

@@ -248,13 +248,13 @@ def test_tpu_chips_from_dev(monkeypatch):
 
 
 def test_the_metadata_server_is_asked_on_a_tpu_vm_only(monkeypatch):
-    from electra_tf import preemption
+    from electra_tf import gce
     asked = []
     answers = {"instance/attributes/accelerator-type": "v4-32",
                "instance/attributes/agent-worker-number": "3"}
     monkeypatch.setattr(distribute, "_metadata", lambda path: asked.append(path) or
                         answers[path])
-    monkeypatch.setattr(preemption, "on_gce", lambda: True)
+    monkeypatch.setattr(gce, "on_gce", lambda: True)
     monkeypatch.setattr(distribute, "tpu_chips", lambda: 0)
     host = distribute.probe_tpu_host({})
     assert not asked and not host.tpu_vm and host.on_gce
@@ -265,7 +265,7 @@ def test_the_metadata_server_is_asked_on_a_tpu_vm_only(monkeypatch):
     host = distribute.probe_tpu_host({"TPU_ACCELERATOR_TYPE": "v5litepod-16",
                                       "TPU_WORKER_ID": "1"})
     assert not asked and (host.accelerator_type, host.worker_id) == ("v5litepod-16", 1)
-    monkeypatch.setattr(preemption, "on_gce", lambda: False)
+    monkeypatch.setattr(gce, "on_gce", lambda: False)
     host = distribute.probe_tpu_host({})
     assert not asked and host.accelerator_type is None
 

@@ -57,7 +57,7 @@ ALLOWED = {
 # Files whose every use is local by nature: the kernel's /proc and /sys.
 ALLOWED_FILES = {
     "electra_tf/hardware.py": "/proc/cpuinfo, /sys/devices (CPU and accelerator facts)",
-    "electra_tf/preemption.py": "/sys/class/dmi (is this a GCE VM?)",
+    "electra_tf/gce.py": "/sys/class/dmi (is this a GCE VM?)",
 }
 
 

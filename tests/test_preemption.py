@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.training.options import RunOptions
-from electra_tf import preemption, train
+from electra_tf import gce, preemption, train
 from electra_tf.configs import load_config
 
 
@@ -45,7 +45,7 @@ def metadata_server(monkeypatch, **values):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setenv(preemption.METADATA_HOST_ENV, f"127.0.0.1:{server.server_port}")
+    monkeypatch.setenv(gce.METADATA_HOST_ENV, f"127.0.0.1:{server.server_port}")
     monkeypatch.setattr(preemption, "METADATA_POLL_SECONDS", 0.02)
     try:
         yield FakeMetadata
@@ -63,14 +63,14 @@ def metadata_server(monkeypatch, **values):
 ])
 def test_metadata_notice(monkeypatch, event, preempted, expected):
     with metadata_server(monkeypatch, maintenance_event=event, preempted=preempted) as fake:
-        assert preemption.on_gce()
+        assert gce.on_gce()
         assert preemption.metadata_notice() == expected
         assert fake.requests[0] == "maintenance-event"
 
 
 def test_metadata_notice_sends_the_flavor_header(monkeypatch):
     with metadata_server(monkeypatch, maintenance_event="NONE", preempted="FALSE"):
-        host = os.environ[preemption.METADATA_HOST_ENV]
+        host = os.environ[gce.METADATA_HOST_ENV]
         with pytest.raises(OSError, match="403"):
             import urllib.request
             urllib.request.urlopen(f"http://{host}/computeMetadata/v1/instance/preempted")
@@ -85,8 +85,8 @@ def _saver(paths):
 
 
 def test_sigterm_is_a_notice_and_the_handler_is_restored(monkeypatch):
-    monkeypatch.delenv(preemption.METADATA_HOST_ENV, raising=False)
-    monkeypatch.setattr(preemption, "on_gce", lambda: False)
+    monkeypatch.delenv(gce.METADATA_HOST_ENV, raising=False)
+    monkeypatch.setattr(gce, "on_gce", lambda: False)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     previous = signal.getsignal(signal.SIGTERM)
     saved = []
@@ -127,7 +127,7 @@ def test_unreachable_metadata_server_is_no_notice(monkeypatch):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv(preemption.METADATA_HOST_ENV, f"127.0.0.1:{port}")
+    monkeypatch.setenv(gce.METADATA_HOST_ENV, f"127.0.0.1:{port}")
     monkeypatch.setattr(preemption, "METADATA_POLL_SECONDS", 0.02)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with preemption.PreemptionWatch(strategy) as watch:

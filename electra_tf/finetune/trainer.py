@@ -21,7 +21,9 @@ from electra_tf import distribute, fileio
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
+from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.tasks import Task, TaskData
+from electra_tf.finetune.text import TextEncoder
 from electra_tf.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
 from electra_tf.training.options import RunOptions
@@ -193,8 +195,6 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     median of the task's primary metric), with an export_dir exports the median trial and
     with do_predict writes its test-set predictions to `<model_dir>/predictions/`
     (`write_predictions`). Returns the results dict."""
-    from electra_tf.finetune import export as export_lib
-    from electra_tf.finetune.text import TextEncoder
 
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)

@@ -1,0 +1,35 @@
+"""The Google Compute Engine VM this process may run on (Cloud TPU VMs included): whether
+it is one, and its metadata server, which both the TPU resolution (`distribute.py`) and
+the preemption watch (`preemption.py`) read."""
+
+import os
+import urllib.request
+from typing import Optional
+
+# TensorFlow's name for the metadata server's address (tests point it at a fake server);
+# Google's client libraries also read GCE_METADATA_HOST.
+METADATA_HOST_ENV = "GCE_METADATA_IP"
+
+
+def on_gce() -> bool:
+    """Whether this machine is a GCE VM (Cloud TPU VMs included), from the DMI product
+    name, as Google's client libraries check it; no network. The metadata address
+    variable forces it on."""
+    if os.environ.get(METADATA_HOST_ENV):
+        return True
+    try:
+        with open("/sys/class/dmi/id/product_name") as f:  # local: /sys
+            return f.read().strip().startswith("Google")
+    except OSError:
+        return False
+
+
+def metadata(path: str, host: Optional[str] = None, timeout: float = 2.0) -> str:
+    """The metadata server's value at computeMetadata/v1/PATH for this VM (stripped).
+    Raises OSError (or ValueError for a bad host) when it cannot be read."""
+    host = (host or os.environ.get("GCE_METADATA_HOST") or os.environ.get(METADATA_HOST_ENV)
+            or "metadata.google.internal")
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode("utf-8").strip()
