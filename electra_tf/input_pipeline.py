@@ -43,11 +43,6 @@ ON_BAD_SHARD = ("skip", "stop")
 # its shards has proved unreadable: that is no longer a bad shard but lost data (a deleted
 # bucket, expired credentials), and training on what is left would quietly change the run.
 MAX_BAD_SHARD_FRACTION = 0.5
-# What a shard that ended early puts in the error raised inside tf.data (stop policy, or
-# too many bad shards); `explain_read_error` parses it back.
-_BAD_SHARD_TAG = "BAD_SHARD"
-_BAD_SHARD_RE = re.compile(_BAD_SHARD_TAG + r"<<(.*?)>> records=(-?\d+) expected=(-?\d+) "
-                           r"bytes=(-?\d+) expected_bytes=(-?\d+) too_many=(\d)")
 
 
 class InputDataError(ValueError):
@@ -99,8 +94,8 @@ class InputConfig:
     vocab_size: Optional[int] = None  # checked against the manifest when given
     check_data: bool = True  # manifest and first-record checks before building
     # A shard that turns out unreadable (missing, truncated, a corrupted record): "skip"
-    # logs one warning naming it, counts it (`skipped_shards()`), and reads on with the
-    # other shards; "stop" ends the read with an error naming it (see `explain_read_error`).
+    # logs one warning naming it, counts it (in make_dataset's ShardLog), and reads on with
+    # the other shards; "stop" ends the read with an error naming it (explain_read_error).
     #
     # "skip" is the default because the runs this is for last days on preemptible
     # machines under a supervisor that restarts them: with "stop", one bad shard becomes
@@ -453,21 +448,47 @@ class SkippedShard:
     times: int = 1
 
 
-class _SkipRegistry:
-    """The bad shards skipped in this process, reported from tf.data's threads."""
+@dataclasses.dataclass(frozen=True)
+class ShardEnd:
+    """A shard that ended before its expected record count (manifest; -1: none) or size
+    (stat, for files no manifest lists; -1: none), as `_read_shard` found it: `records`
+    and `bytes` (records' data plus framing) were read. `too_many`: it was skipped, but
+    its pipeline has now lost more than MAX_BAD_SHARD_FRACTION of its shards."""
+    path: str
+    records: int
+    expected_records: int
+    bytes: int
+    expected_bytes: int
+    too_many: bool = False
+
+
+class ShardLog:
+    """What the input pipelines of one run report about bad shards: the shards skipped
+    (on_bad_shard="skip") and the ShardEnd that stopped the input, if one did.
+
+    Give the same log to every `make_dataset` of a run (its input pipelines) and to
+    `explain_read_error`. The reports come from tf.data's threads through a Python
+    callback, so they reach the log only when the input pipeline runs in this Python
+    process (TPU VMs, GPU and CPU hosts), not on a remote tf.data worker.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._shards: Dict[str, SkippedShard] = {}
         self._pipelines: List[Tuple[int, set]] = []  # (number of files, bad files)
+        self._stopped: Optional[ShardEnd] = None
 
     def new_pipeline(self, num_files: int) -> int:
         with self._lock:
             self._pipelines.append((num_files, set()))
             return len(self._pipelines) - 1
 
-    def report(self, pipeline: int, path: str, records: int, expected: int) -> bool:
-        """Records that `path` ended early; True when its pipeline has too many bad shards."""
+    def report(self, pipeline: int, end: ShardEnd, on_bad_shard: str) -> bool:
+        """Records that a shard ended early; True when that stops the input (stop, or
+        too many of its pipeline's shards are bad)."""
+        if on_bad_shard == "stop":
+            return self._stop(end)
+        path, expected = end.path, end.expected_records
         with self._lock:
             known = self._shards.get(path)
             if known:
@@ -483,40 +504,42 @@ class _SkipRegistry:
                 count = len(self._shards)
             logging.warning("Skipping bad shard %s: %s; read %d%s of its records this epoch "
                             "(on_bad_shard=skip; %d bad shard(s) skipped so far)", path, reason,
-                            records, f" of {expected}" if expected >= 0 else "", count)
+                            end.records, f" of {expected}" if expected >= 0 else "", count)
         with self._lock:
             num_files, bad = self._pipelines[pipeline]
             bad.add(path)
-            return len(bad) > MAX_BAD_SHARD_FRACTION * num_files
+            too_many = len(bad) > MAX_BAD_SHARD_FRACTION * num_files
+        return too_many and self._stop(dataclasses.replace(end, too_many=True))
 
-    def shards(self) -> List[SkippedShard]:
+    def _stop(self, end: ShardEnd) -> bool:
+        with self._lock:
+            if self._stopped is None:  # the first is the one the read fails on
+                self._stopped = end
+        return True
+
+    def skipped(self) -> List[SkippedShard]:
+        """The shards skipped so far, in the order they were first found bad; each was
+        logged once as a warning naming it. A longer list than last time: new bad shards."""
         with self._lock:
             return [dataclasses.replace(s) for s in self._shards.values()]
 
-    def reset(self):
+    @property
+    def stopped(self) -> Optional[ShardEnd]:
+        """The shard end that stopped the input (None while it reads on)."""
         with self._lock:
-            self._shards.clear()
-            self._pipelines.clear()
+            return self._stopped
 
 
-_SKIPPED = _SkipRegistry()
+# The message of the op that stops the input on a bad shard; the facts are in the log.
+_SHARD_END_MESSAGE = ("an input shard ended before its expected records; the ShardLog "
+                      "given to make_dataset says which")
 
 
-def skipped_shards() -> List[SkippedShard]:
-    """The shards skipped so far in this process (on_bad_shard="skip"), in the order they
-    were first found bad; each was logged once as a warning naming it. The train loop
-    calls this after each host loop: a longer list than last time means new bad shards."""
-    return _SKIPPED.shards()
-
-
-def reset_skipped_shards():
-    """Forgets the skipped shards (tests; a new run in the same process)."""
-    _SKIPPED.reset()
-
-
-def _read_shard(path, expected_records, expected_bytes, on_bad_shard: str, pipeline: int):
+def _read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: ShardLog,
+                pipeline: int):
     """The records of one shard, read to its first error; a shard that ends before its
-    expected record count (manifest) or size (stat) is reported (skip) or raises (stop).
+    expected record count (manifest) or size (stat) is reported to `log`, which skips it
+    or stops the input (an op error with _SHARD_END_MESSAGE).
 
     Nothing runs in Python on the normal path, and the checks run on blocks of
     _CHECK_BLOCK records (per-record dataset functions would cost ~10x the read); the
@@ -544,29 +567,23 @@ def _read_shard(path, expected_records, expected_bytes, on_bad_shard: str, pipel
     zero = tf.constant(0, tf.int64)
     counted = blocks.scan((zero, zero), count)
 
-    def fail(n, nbytes, too_many):
-        message = tf.strings.join([
-            _BAD_SHARD_TAG, "<<", path, ">> records=", tf.strings.as_string(n),
-            " expected=", tf.strings.as_string(expected_records),
-            " bytes=", tf.strings.as_string(nbytes),
-            " expected_bytes=", tf.strings.as_string(expected_bytes),
-            " too_many=", too_many])
-        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-            return tf.constant(False)
+    def ended_early(p, n, e, nb, eb):
+        return log.report(pipeline, ShardEnd(p.decode(), int(n), int(e), int(nb), int(eb)),
+                          on_bad_shard)
+
+    def on_short(n, nbytes):
+        stop = tf.numpy_function(ended_early, [path, n, expected_records, nbytes,
+                                               expected_bytes], tf.bool, stateful=True)
+        stop = tf.reshape(stop, [])
+
+        def fail():
+            with tf.control_dependencies([tf.debugging.Assert(False, [_SHARD_END_MESSAGE])]):
+                return tf.constant(False)
+        return tf.cond(stop, fail, lambda: tf.constant(False))
 
     def at_trailer(n, nbytes):
         short = tf.logical_or(n < expected_records, nbytes < expected_bytes)
-        if on_bad_shard == "stop":
-            on_short = lambda: fail(n, nbytes, "0")  # noqa: E731
-        else:
-            def on_short():
-                too_many = tf.numpy_function(
-                    lambda p, k, e: _SKIPPED.report(pipeline, p.decode(), int(k), int(e)),
-                    [path, n, expected_records], tf.bool, stateful=True)
-                too_many = tf.reshape(too_many, [])
-                return tf.cond(too_many, lambda: fail(n, nbytes, "1"),
-                               lambda: tf.constant(False))
-        return tf.cond(short, on_short, lambda: tf.constant(False))
+        return tf.cond(short, lambda: on_short(n, nbytes), lambda: tf.constant(False))
 
     def keep(block, is_trailer, n, nbytes):
         return tf.cond(is_trailer, lambda: at_trailer(n, nbytes), lambda: tf.constant(True))
@@ -574,54 +591,60 @@ def _read_shard(path, expected_records, expected_bytes, on_bad_shard: str, pipel
     return counted.filter(keep).map(lambda block, is_trailer, n, nbytes: block).unbatch()
 
 
-def explain_read_error(error: BaseException, files: Sequence[str]) -> Optional[InputDataError]:
+def _shown(paths: Sequence[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def explain_read_error(error: BaseException, files: Sequence[str],
+                       log: Optional[ShardLog] = None) -> Optional[InputDataError]:
     """The one-line InputDataError for an error that reading the input raised (inside
     `next(iterator)`, often in a tf.function), or None when it did not come from the input.
+    `log` is the ShardLog the input's make_dataset reported into.
 
         try:
             loop(iterator, n)
         except tf.errors.OpError as e:
-            bad = input_pipeline.explain_read_error(e, files)
+            bad = input_pipeline.explain_read_error(e, files, log)
             if bad is None:
                 raise
             raise bad from None
 
-    A shard that ended early names itself in the error (BadShardError, with what a
-    host-side check finds wrong with it). Errors from the TFRecord reader itself name no
-    file ("corrupted record at 462"): the files are then checked host-side, in order,
-    until one is bad (reads them all in the worst case; only on this error path).
-    OutOfRangeError (the input ran out: every shard skipped) is an InputDataError
-    listing the skipped shards.
+    A shard that ended early and stopped the input is named from the log's ShardEnd
+    (BadShardError, with what a host-side check finds wrong with it). Errors from the
+    TFRecord reader itself name no file ("corrupted record at 462"): the files are then
+    checked host-side, in order, until one is bad (reads them all in the worst case; only
+    on this error path). OutOfRangeError (the input ran out: every shard skipped) is an
+    InputDataError listing the skipped shards.
     """
     message = getattr(error, "message", None) or str(error)
-    m = _BAD_SHARD_RE.search(message)
+    skipped = [s.path for s in log.skipped()] if log is not None else []
+    end = log.stopped if log is not None else None
     expected = _expected_records(files)
-    if m:
-        path, n, exp = m.group(1), int(m.group(2)), int(m.group(3))
-        if m.group(6) == "1":
-            bad = [s.path for s in skipped_shards()]
-            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    if end is not None and _SHARD_END_MESSAGE in message:
+        path, n, exp = end.path, end.records, end.expected_records
+        if end.too_many:
             return BadShardError(
-                f"{len(bad)} bad shard(s) (more than {MAX_BAD_SHARD_FRACTION:.0%} of an input "
-                f"pipeline's), the last {path}: lost data, not a bad shard; stopping "
-                f"(bad: {shown})", path)
+                f"{len(skipped)} bad shard(s) (more than {MAX_BAD_SHARD_FRACTION:.0%} of an "
+                f"input pipeline's), the last {path}: lost data, not a bad shard; stopping "
+                f"(bad: {_shown(skipped)})", path)
         reason = shard_problem(path, exp if exp >= 0 else expected.get(path)) or (
             "a read failed, but the file reads correctly now (a transient error?)")
         return BadShardError(f"{path}: {reason}; read {n}" + (f" of {exp}" if exp >= 0 else "")
                              + " records (on_bad_shard=stop)", path)
-    line = _tf_error_line(message)
+    line = _SHARD_END_MESSAGE if _SHARD_END_MESSAGE in message else _tf_error_line(message)
     if isinstance(error, tf.errors.OutOfRangeError):
-        bad = [s.path for s in skipped_shards()]
-        if bad:
-            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-            return InputDataError(f"the input ran out of records: {len(bad)} shard(s) were "
-                                  f"skipped as unreadable ({shown})")
+        if skipped:
+            return InputDataError(f"the input ran out of records: {len(skipped)} shard(s) "
+                                  f"were skipped as unreadable ({_shown(skipped)})")
         return InputDataError(f"the input ran out of records ({line})")
     for path in sorted(files, key=len, reverse=True):
         if path in message:
             reason = shard_problem(path, expected.get(path)) or line
             return BadShardError(f"{path}: {reason}", path)
-    if not isinstance(error, (tf.errors.DataLossError, tf.errors.NotFoundError)):
+    # A shard end without its record (the input reported into another log, or ran in
+    # another process) is found host-side, as reader errors are.
+    if not (isinstance(error, (tf.errors.DataLossError, tf.errors.NotFoundError))
+            or _SHARD_END_MESSAGE in message):
         return None
     for path in files:
         reason = shard_problem(path, expected.get(path))
@@ -831,7 +854,8 @@ def count_records(paths: Sequence[str]) -> Dict[str, int]:
 
 
 def make_dataset(config: InputConfig,
-                 input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+                 input_context: Optional[tf.distribute.InputContext] = None,
+                 log: Optional[ShardLog] = None) -> tf.data.Dataset:
     """The batched dataset of one input pipeline (one host).
 
     With an input context (from distribute_datasets_from_function) the pipeline reads its
@@ -848,8 +872,10 @@ def make_dataset(config: InputConfig,
     int32 [per_replica_batch, max_seq_length] (see `element_spec`).
 
     A shard that turns out unreadable while it is read (see InputConfig.on_bad_shard) is
-    skipped and reported through `skipped_shards()`, or fails the read with an error that
-    `explain_read_error` turns into a one-line BadShardError naming it.
+    reported into `log` (a fresh one of this dataset's own when none is given): skipped
+    and listed in `log.skipped()`, or it fails the read with an error that
+    `explain_read_error(error, files, log)` turns into a one-line BadShardError naming it.
+    The report needs the pipeline to run in this Python process (see ShardLog).
     """
     files = resolve_files(config.file_pattern, config.on_bad_shard)
     if config.check_data:
@@ -883,7 +909,8 @@ def make_dataset(config: InputConfig,
     expected_records = [counts.get(f, -1) for f in files]
     expected_bytes = [-1 if f in counts else (sizes[f] if sizes[f] is not None else 1)
                       for f in files]
-    pipeline = _SKIPPED.new_pipeline(len(files))
+    log = log if log is not None else ShardLog()
+    pipeline = log.new_pipeline(len(files))
 
     order = StreamOrder(num_shards=len(files), cycle_length=min(config.cycle_length, len(files)),
                         window=config.shuffle_buffer if config.shuffle_buffer > 1 else 1,
@@ -912,7 +939,8 @@ def make_dataset(config: InputConfig,
 
     def read(i):
         return _read_shard(tf.gather(files_t, i), tf.gather(expected_records, i),
-                           tf.gather(expected_bytes, i), config.on_bad_shard, pipeline)
+                           tf.gather(expected_bytes, i), config.on_bad_shard, log,
+                           pipeline)
 
     ds = order.dataset([counts.get(f, -1) for f in files], read, position,
                        repeat=config.repeat)

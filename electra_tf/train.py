@@ -19,7 +19,8 @@ from absl import logging
 from electra_tf import distribute, fileio, flops, hardware, input_pipeline
 from electra_tf import objective as obj
 from electra_tf.configs import PretrainingConfig
-from electra_tf.modeling import discriminator_variables, save_tf1_checkpoint
+from electra_tf.checkpoints import save_tf1_checkpoint
+from electra_tf.modeling import discriminator_variables
 from electra_tf.objectives import BERT_SPECIAL_IDS
 from electra_tf.pretraining import Pretrainer, summarize
 from electra_tf.training import loop
@@ -95,9 +96,9 @@ def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
         skip_batches=skip_batches, on_bad_shard=cfg.train.on_bad_shard)
 
 
-def _dataset(strategy, icfg: input_pipeline.InputConfig):
+def _dataset(strategy, icfg: input_pipeline.InputConfig, log: input_pipeline.ShardLog):
     return strategy.distribute_datasets_from_function(
-        lambda ctx: input_pipeline.make_dataset(icfg, ctx))
+        lambda ctx: input_pipeline.make_dataset(icfg, ctx, log))
 
 
 def _special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
@@ -139,7 +140,6 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     tc = cfg.train
     distribute.set_precision(tc.precision)
     chief = distribute.is_chief(strategy)
-    input_pipeline.reset_skipped_shards()
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = _special_ids_and_counts(manifest, files, cfg)
     fileio.makedirs(options.model_dir)
@@ -155,15 +155,17 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     if options.do_train:
         # The data order is a function of the seed, so a resumed run continues it exactly
         # by passing over the batches its checkpoint has already consumed.
+        inputs = ShardInputs(files)
         train_ds = _dataset(strategy, input_config(
-            files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())))
+            files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())),
+            inputs.log)
         per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
         logdir = fileio.join(options.model_dir, "train")
         result = loop.train(
             trainer, iter(train_ds), manager, schedule(cfg), what="",
             writer=loop.summary_writer(logdir, chief), chief=chief,
             perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
-            profile_steps=profile_steps, profile_dir=logdir, inputs=ShardInputs(files),
+            profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
             metrics_from_sums=obj.metrics_from_sums)
         if chief:
             export_discriminator(trainer.model, options.model_dir)
@@ -181,10 +183,6 @@ def export_discriminator(model, model_dir: str) -> str:
     directory = fileio.join(model_dir, "discriminator")
     prefix = save_tf1_checkpoint(model, fileio.join(directory, "model.ckpt"),
                                  discriminator_variables(model))
-    # The state file, written after the checkpoint it names, marks the export complete.
-    fileio.write_atomic(fileio.join(directory, "checkpoint"),
-                        'model_checkpoint_path: "model.ckpt"\n'
-                        'all_model_checkpoint_paths: "model.ckpt"\n')
     logging.info("Discriminator-only checkpoint (released TF1 layout): %s", prefix)
     return prefix
 
@@ -198,10 +196,12 @@ def schedule(cfg: PretrainingConfig) -> loop.Schedule:
 
 class ShardInputs(loop.InputWatch):
     """The TFRecord input of a run: read failures become one-line errors naming the
-    shard, and shards skipped as bad (on_bad_shard=skip) are logged and counted."""
+    shard, and shards skipped as bad (on_bad_shard=skip) are logged and counted. It owns
+    the run's ShardLog: give `.log` to the datasets it watches (in this process)."""
 
     def __init__(self, files: Sequence[str]):
         self.files = files
+        self.log = input_pipeline.ShardLog()
         self.reported = 0  # bad shards skipped and logged so far
 
     @contextlib.contextmanager
@@ -211,7 +211,7 @@ class ShardInputs(loop.InputWatch):
         try:
             yield
         except tf.errors.OpError as e:
-            bad = input_pipeline.explain_read_error(e, self.files)
+            bad = input_pipeline.explain_read_error(e, self.files, self.log)
             if bad is None:
                 raise
             last = manager.latest_checkpoint if manager is not None else None
@@ -219,7 +219,7 @@ class ShardInputs(loop.InputWatch):
                                        if manager is not None else "")) from None
 
     def after_loop(self) -> Dict[str, float]:
-        skipped = input_pipeline.skipped_shards()
+        skipped = self.log.skipped()
         if len(skipped) > self.reported:
             self.reported = len(skipped)
             logging.warning("%d bad shard(s) skipped so far: %s", self.reported,
@@ -231,9 +231,10 @@ def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
              chief: bool = True) -> Dict[str, float]:
     """The objective's metrics over held-out shards, no dropout, `max_eval_steps` batches."""
     tc = cfg.train
-    ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False))
+    inputs = ShardInputs(files)
+    ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False), inputs.log)
     eval_loop = trainer.make_eval_loop()
-    with ShardInputs(files).guard(None):
+    with inputs.guard(None):
         out = summarize(eval_loop(iter(ds), tf.constant(tc.max_eval_steps)))
     step = int(trainer.global_step.numpy())
     metrics = dict(out.metrics, loss=out.loss)

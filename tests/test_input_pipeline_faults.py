@@ -79,16 +79,9 @@ def _ids(batch):
     return [(int(r[0]), int(r[1])) for r in batch["input_ids"]]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_registry():
-    ip.reset_skipped_shards()
-    yield
-    ip.reset_skipped_shards()
-
-
-def _stop_error(ds, files, limit=1000):
+def _stop_error(ds, files, log, limit=1000):
     """Reads `ds` as the train loop does (next() inside a tf.function) until it fails;
-    returns explain_read_error's error."""
+    returns explain_read_error's error (from `log`, the ShardLog `ds` reports into)."""
     iterator = iter(ds)
 
     @tf.function
@@ -100,7 +93,8 @@ def _stop_error(ds, files, limit=1000):
 
     with pytest.raises(tf.errors.OpError) as e:
         loop(iterator, tf.constant(limit))
-    err = ip.explain_read_error(e.value, files)
+    assert "\n" not in ip._SHARD_END_MESSAGE and files[0] not in e.value.message
+    err = ip.explain_read_error(e.value, files, log)
     assert isinstance(err, ip.BadShardError), (type(err), e.value.message[-500:])
     assert "\n" not in str(err)
     return err
@@ -114,13 +108,16 @@ def _stop_error(ds, files, limit=1000):
 def test_bad_shard_stop_names_the_file(tmp_path, spoil, words):
     files = _write_shards(tmp_path)
     spoil(files[1])
-    ds = ip.make_dataset(_cfg(str(tmp_path), "stop", check_data=False))
-    err = _stop_error(ds, files)
+    log = ip.ShardLog()
+    ds = ip.make_dataset(_cfg(str(tmp_path), "stop", check_data=False), log=log)
+    err = _stop_error(ds, files, log)
     msg = str(err)
     assert err.path == files[1] and msg.startswith(files[1] + ": "), msg
     assert words in msg and f"after {BAD_AT} good records" in msg, msg
     assert f"read {BAD_AT} of {RECORDS} records" in msg and "on_bad_shard=stop" in msg, msg
-    assert ip.skipped_shards() == []
+    assert log.skipped() == []
+    assert log.stopped == ip.ShardEnd(files[1], BAD_AT, RECORDS, log.stopped.bytes, -1)
+    assert log.stopped.bytes == BAD_AT * (os.path.getsize(files[0]) // RECORDS)
 
 
 @pytest.mark.parametrize("spoil,words", [(_corrupt, "corrupted record 6"),
@@ -129,13 +126,16 @@ def test_bad_shard_stop_names_the_file(tmp_path, spoil, words):
 def test_bad_shard_skip_reads_the_other_shards(tmp_path, caplog, spoil, words, manifest):
     files = _write_shards(tmp_path, manifest=manifest)
     spoil(files[1])
-    got = [i for b in ip.make_dataset(_cfg(str(tmp_path / "pretrain_data.tfrecord-*"), "skip"))
+    log = ip.ShardLog()
+    got = [i for b in ip.make_dataset(_cfg(str(tmp_path / "pretrain_data.tfrecord-*"), "skip"),
+                                      log=log)
            for i in _ids(b)]
     want = {(s, i) for s in (0, 2) for i in range(RECORDS)} | {(1, i) for i in range(BAD_AT)}
     assert len(got) == 2 * RECORDS + BAD_AT == len(want)
     assert set(got) == want
-    skipped = ip.skipped_shards()
+    skipped = log.skipped()
     assert [s.path for s in skipped] == [files[1]] and skipped[0].times == 1
+    assert log.stopped is None
     assert words in skipped[0].reason, skipped[0].reason
     warnings = [r.getMessage() for r in caplog.records
                 if r.levelname == "WARNING" and "Skipping bad shard" in r.getMessage()]
@@ -146,13 +146,14 @@ def test_bad_shard_skip_reads_the_other_shards(tmp_path, caplog, spoil, words, m
 def test_skip_without_manifest_uses_file_sizes(tmp_path):
     """No manifest: a shard that ends before its size is bad; whole shards are not."""
     files = _write_shards(tmp_path, manifest=False)
-    got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path), "skip")))
-    assert got == 3 * RECORDS and ip.skipped_shards() == []
+    log = ip.ShardLog()
+    got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path), "skip"), log=log))
+    assert got == 3 * RECORDS and log.skipped() == []
     _truncate(files[2])
     got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path), "skip",
-                                                         check_data=False)))
+                                                         check_data=False), log=log))
     assert got == 2 * RECORDS + BAD_AT
-    assert [s.path for s in ip.skipped_shards()] == [files[2]]
+    assert [s.path for s in log.skipped()] == [files[2]]
 
 
 # ----------------------------------------------------------------------------- deleted
@@ -160,40 +161,41 @@ def test_skip_without_manifest_uses_file_sizes(tmp_path):
 
 def _delete_during_first_epoch(tmp_path, policy, records):
     files = _write_shards(tmp_path, records=records)
+    log = ip.ShardLog()
     ds = ip.make_dataset(_cfg(str(tmp_path), policy, repeat=True, deterministic=True, seed=1,
-                              check_data=False))
+                              check_data=False), log=log)
     it = iter(ds)
     head = [i for _ in range(5) for i in _ids(next(it))]  # every shard is open by now
     os.remove(files[0])
-    return files, it, head
+    return files, it, head, log
 
 
 def test_shard_deleted_mid_run_skip(tmp_path):
     records = 100
-    files, it, head = _delete_during_first_epoch(tmp_path, "skip", records)
+    files, it, head, log = _delete_during_first_epoch(tmp_path, "skip", records)
     rest = [i for _ in range(3 * records - 5 + 2 * records) for i in _ids(next(it))]
     first, second = head + rest[:3 * records - 5], rest[3 * records - 5:]
     # The open file still reads in epoch 1; epoch 2 reopens it: gone, and skipped.
     assert sorted(first) == [(s, i) for s in range(3) for i in range(records)]
     assert sorted(second) == [(s, i) for s in (1, 2) for i in range(records)]
-    skipped = ip.skipped_shards()
+    skipped = log.skipped()
     assert [s.path for s in skipped] == [files[0]]
     assert skipped[0].reason.startswith("missing")
     # Epoch 3 skips it again: counted (tf.data may already have read ahead into epoch
     # 4), still one bad shard.
     for _ in range(2 * records + 1):
         next(it)
-    skipped = ip.skipped_shards()
+    skipped = log.skipped()
     assert [s.path for s in skipped] == [files[0]] and skipped[0].times >= 2
 
 
 def test_shard_deleted_mid_run_stop(tmp_path):
     records = 100
-    files, it, _ = _delete_during_first_epoch(tmp_path, "stop", records)
+    files, it, _, log = _delete_during_first_epoch(tmp_path, "stop", records)
     with pytest.raises(tf.errors.OpError) as e:
         for _ in range(2 * 3 * records):
             next(it)
-    err = ip.explain_read_error(e.value, files)
+    err = ip.explain_read_error(e.value, files, log)
     assert isinstance(err, ip.BadShardError) and err.path == files[0]
     assert str(err).startswith(f"{files[0]}: missing") and "read 0 of 100 records" in str(err)
     assert "\n" not in str(err)
@@ -210,10 +212,42 @@ def test_too_many_bad_shards_stop_even_with_skip(tmp_path):
     files = _write_shards(tmp_path)
     _corrupt(files[0])
     _truncate(files[2])
+    log = ip.ShardLog()
     err = _stop_error(ip.make_dataset(_cfg(str(tmp_path), "skip", check_data=False,
-                                           deterministic=True, seed=0)), files)
+                                           deterministic=True, seed=0), log=log), files, log)
     assert "2 bad shard(s)" in str(err) and "lost data" in str(err), str(err)
-    assert sorted(s.path for s in ip.skipped_shards()) == [files[0], files[2]]
+    assert sorted(s.path for s in log.skipped()) == [files[0], files[2]]
+    assert log.stopped.too_many and log.stopped.path in (files[0], files[2])
+    assert err.path == log.stopped.path
+
+
+def test_separate_logs_do_not_share_skipped_shards(tmp_path):
+    """Each dataset reports into its own ShardLog (none given: a private one), never into
+    another's; explaining an error with another dataset's log falls back to a host check."""
+    a, b = _write_shards(tmp_path / "a"), _write_shards(tmp_path / "b")
+    _corrupt(a[1])
+    _truncate(b[2])
+    log_a, log_b = ip.ShardLog(), ip.ShardLog()
+    got_a = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "a"), "skip"),
+                                                      log=log_a))
+    got_b = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "b"), "skip"),
+                                                      log=log_b))
+    got = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "a"), "skip")))
+    assert got_a == got_b == got == 2 * RECORDS + BAD_AT
+    assert [(s.path, s.times) for s in log_a.skipped()] == [(a[1], 1)]
+    assert [(s.path, s.times) for s in log_b.skipped()] == [(b[2], 1)]
+    err = ip.explain_read_error(tf.errors.OutOfRangeError(None, None, "End of sequence"), a,
+                                log_a)
+    assert str(err) == (f"the input ran out of records: 1 shard(s) were skipped as "
+                        f"unreadable ({a[1]})")
+
+    log_c = ip.ShardLog()
+    with pytest.raises(tf.errors.OpError) as e:
+        list(ip.make_dataset(_cfg(str(tmp_path / "b"), "stop", check_data=False), log=log_c))
+    assert log_c.stopped.path == b[2] and log_b.stopped is None
+    err = ip.explain_read_error(e.value, b, log_b)  # not the log it reported into
+    assert err.path == b[2] and str(err).startswith(f"{b[2]}: truncated: record 6")
+    assert str(err).endswith(f"({ip._SHARD_END_MESSAGE})")
 
 
 # ----------------------------------------------------------------------------- explain
@@ -282,7 +316,8 @@ def test_up_front_checks_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, policy):
+def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, monkeypatch,
+                                              policy):
     """Through `train.run`: stop -> one RunError naming the shard and the last good
     checkpoint, nothing saved after it; skip -> the run finishes, the shard is logged."""
     import logging
@@ -301,6 +336,14 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, pol
     options = RunOptions(model_dir=str(tmp_path / "run"), train_data=str(data),
                                strategy="cpu", jit_compile=False)
     caplog.set_level(logging.WARNING)
+    watched = []  # the run's ShardInputs, whose log the train dataset reports into
+
+    class Watched(train.ShardInputs):
+        def __init__(self, files):
+            super().__init__(files)
+            watched.append(self)
+
+    monkeypatch.setattr(train, "ShardInputs", Watched)
     if policy == "stop":
         with pytest.raises(RunError, match=f"{shard}: corrupted record [0-9]+.*last good "
                                                  "checkpoint: none"):
@@ -309,5 +352,5 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, pol
     else:
         train.run(cfg, options)
         assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")
-        assert [os.path.basename(s.path) for s in ip.skipped_shards()] == [shard]
+        assert [os.path.basename(s.path) for s in watched[0].log.skipped()] == [shard]
         assert any(shard in r.getMessage() for r in caplog.records)
