@@ -20,12 +20,15 @@ setup(
         "numpy>=1.26",
         # Hugging Face conversion (electra_tf/convert.py) reads and writes safetensors.
         "safetensors>=0.4",
+        # GLUE metrics (electra_tf/finetune/metrics.py), as the official GLUE scripts.
+        "scikit-learn>=1.3",
+        "scipy>=1.11",
     ],
     extras_require={
         # CI installs every optional piece so that no test is skipped there.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "transformers>=4.40",
                  "tensorflow-datasets>=4.9,<5", "apache-beam>=2.60", "google-crc32c>=1.5",
-                 "scikit-learn>=1.3", "scipy>=1.11", "matplotlib>=3.7",
+                 "matplotlib>=3.7",
                  # tests/test_gcs_emulator.py: gs:// against a local Cloud Storage emulator.
                  "gcp-storage-emulator==2026.7.19", "cryptography>=42"],
         # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -69,8 +70,12 @@ def test_unknown_key_in_json_file(tmp_path):
 
 def test_frozen():
     cfg = PretrainingConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError,
+                       match="^cannot assign to field 'hidden_size'$"):
         cfg.model.hidden_size = 3
+    with pytest.raises(dataclasses.FrozenInstanceError,
+                       match="^cannot assign to field 'model'$"):
+        cfg.model = None
     assert apply_overrides(cfg, {"hidden_size": 512}).model.hidden_size == 512
     assert cfg.model.hidden_size == 256
 

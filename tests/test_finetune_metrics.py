@@ -1,9 +1,13 @@
-"""Fine-tuning metrics: hand-computed values, and sklearn/scipy on random inputs."""
+"""Fine-tuning metrics: hand-computed values, and the GLUE wrappers against direct
+sklearn/scipy calls on random inputs (labels of any type, the class to score, ties)."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
+from scipy import stats
+from sklearn import metrics as skm
 
 from electra_tf.finetune.metrics import (accuracy, classification_metrics, entity_f1,
                                          extract_spans, f1, matthews_corrcoef,
@@ -67,10 +71,16 @@ def test_pearson_spearman_by_hand():
 
 
 def test_correlations_of_constant_input_are_nan_as_scipy():
-    assert math.isnan(pearson([1, 1, 1], [1, 2, 3]))
-    assert math.isnan(pearson([1, 2, 3], [0.1, 0.1, 0.1]))
-    assert math.isnan(spearman([2, 2, 2], [1, 2, 3]))
-    assert math.isnan(pearson([1, float("nan"), 3], [1, 2, 3]))
+    # Without scipy's ConstantInputWarning (an evaluation log needs no warning per step).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(pearson([1, 1, 1], [1, 2, 3]))
+        assert math.isnan(pearson([1, 2, 3], [0.1, 0.1, 0.1]))
+        assert math.isnan(spearman([2, 2, 2], [1, 2, 3]))
+        assert math.isnan(pearson([1, float("nan"), 3], [1, 2, 3]))
+        assert math.isnan(spearman([1, 2, 3], [1, float("nan"), 3]))
+        # A constant labelling and prediction alike: MCC 0, without sklearn's warning.
+        assert matthews_corrcoef([1, 1], [1, 1]) == 0.0
 
 
 def test_classification_metrics():
@@ -105,12 +115,11 @@ def test_correlation_needs_two_points():
 
 
 # ---------------------------------------------------------------------------------------
-# Against sklearn / scipy
+# Against direct sklearn / scipy calls
 # ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_against_sklearn(seed):
-    skm = pytest.importorskip("sklearn.metrics")
     rng = np.random.default_rng(seed)
     n = int(rng.integers(5, 300))
     labels, preds = rng.integers(0, 2, n), rng.integers(0, 2, n)
@@ -138,7 +147,6 @@ def test_against_sklearn(seed):
 
 @pytest.mark.filterwarnings("ignore:A single label was found")
 def test_degenerate_cases_against_sklearn():
-    skm = pytest.importorskip("sklearn.metrics")
     for labels, preds in (([0, 0, 0], [0, 0, 0]), ([1, 1, 0], [1, 1, 1]), ([0, 0], [1, 1])):
         assert f1(labels, preds) == skm.f1_score(labels, preds, zero_division=0)
         assert matthews_corrcoef(labels, preds) == skm.matthews_corrcoef(labels, preds)
@@ -146,7 +154,6 @@ def test_degenerate_cases_against_sklearn():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_against_scipy(seed):
-    stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 200))
     x = rng.normal(size=n)

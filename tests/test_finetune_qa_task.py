@@ -4,14 +4,17 @@ Finetuner, and the in-graph serving path checked against the Python postprocessi
 import json
 import math
 import re
+import uuid
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import fileio
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import DataError, squad
 from electra_tf.finetune.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
+from electra_tf.finetune.metrics import squad_em, squad_f1
 from electra_tf.finetune.model import FinetuningModel, answer_mask, make_head
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tasks import get_task
@@ -115,7 +118,9 @@ def test_task_registry_and_files(tmp_path, encoder):
 def test_train_and_eval_arrays(v2_data):
     task, train, dev = v2_data
     n = train.num_examples
-    assert n == len(train.arrays["input_ids"]) > 8  # the long paragraph has several windows
+    # 8 questions: the 6 of the short paragraphs have one window each; LONG (96 tokens)
+    # has 4 for each of its 2 (windows of 64 - 3 - 5 or 6 question tokens, 16 apart).
+    assert n == len(train.arrays["input_ids"]) == 6 + 2 * 4
     assert set(train.arrays) == {"input_ids", "input_mask", "segment_ids", "start_positions",
                                  "end_positions", "is_impossible", "weight"}
     assert train.arrays["weight"].dtype == np.float32 and (train.arrays["weight"] == 1).all()
@@ -125,10 +130,13 @@ def test_train_and_eval_arrays(v2_data):
     ok = ~impossible
     rows = np.arange(n)[ok]
     assert (train.arrays["segment_ids"][rows, train.arrays["start_positions"][ok]] == 1).all()
-    assert 0 < ok.sum() < n
-    # Eval rows are features; the metrics map them to questions.
+    # One window holds each of the 5 answers ("margaret hill" ends LONG: its last window).
+    assert ok.sum() == 5
+    # Eval rows are features (the same 14 windows); the metrics map them to questions.
     feats = dev.meta.features
-    assert dev.num_examples == len(feats) > len(dev.meta.examples) == 8
+    assert dev.num_examples == len(feats) == 14 and len(dev.meta.examples) == 8
+    np.testing.assert_array_equal(np.bincount(feats.example_index),
+                                  [1, 1, 1, 1, 1, 1, 4, 4])
     assert set(dev.arrays) == {"input_ids", "input_mask", "segment_ids", "weight"}
     assert dev.meta.do_lower_case is True
 
@@ -137,9 +145,6 @@ def test_squad_files_read_from_ram(v2_data, encoder, tmp_path, monkeypatch):
     """SQuAD JSON under a ram:// data_dir (the official file names): the same arrays as
     from local files; a malformed or missing file names its ram:// path; nothing local
     named after the path appears."""
-    import uuid
-
-    from electra_tf import fileio
     task, train, dev = v2_data
     monkeypatch.chdir(tmp_path)
     root = f"ram://squad_{uuid.uuid4().hex}"
@@ -210,21 +215,39 @@ def test_training_lowers_the_loss_and_evaluates(v2_data, tmp_path):
     assert int(ft.global_step.numpy()) == 30
     assert after < before - 0.5, (before, after)
     result = ft.evaluate(dev)
-    for key in ("exact_match", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1",
-                "best_exact", "best_f1"):
-        assert 0.0 <= result[key] <= 100.0, (key, result)
-        assert isinstance(result[key], float)
-    assert result["total"] == 8.0 and result["HasAns_total"] == 5.0
-    assert result["best_f1"] >= result["f1"] - 1e-9
+    assert all(type(v) is float for v in result.values())
     assert "loss" not in result  # dev features carry no gold positions
-    # The metric is the official one on postprocess's predictions of the same outputs.
     fetched = ft.predict(dev)
     assert set(fetched) == {"start_top_log_probs", "start_top_index", "end_top_log_probs",
                             "end_top_index", "null_logit"}
     assert fetched["start_top_index"].shape == (dev.num_examples, 5)
     assert fetched["end_top_log_probs"].shape == (dev.num_examples, 5, 5)
+    # The metrics, recomputed question by question from postprocess's answers of the same
+    # outputs: abstain when P(no answer) > 0.5, then SQuAD 2.0's EM / F1.
     preds, na = task.predictions(dev, fetched)
-    assert set(preds) == set(na) == {ex.qid for ex in dev.meta.examples}
+    golds = squad.to_dataset_answers(dev.meta.examples)
+    assert set(preds) == set(na) == set(golds)
+    answered = {q: "" if na[q] > 0.5 else preds[q] for q in golds}
+    exact = {q: squad_em(answered[q], golds[q]) for q in golds}
+    f1 = {q: squad_f1(answered[q], golds[q]) for q in golds}
+    has = [q for q in golds if golds[q]]
+    no = [q for q in golds if not golds[q]]
+
+    def percent(scores, qids):
+        return 100.0 * sum(scores[q] for q in qids) / len(qids)
+
+    assert (result["total"], result["HasAns_total"], result["NoAns_total"]) == (8, 5, 3)
+    want = {"exact_match": percent(exact, golds), "f1": percent(f1, golds),
+            "HasAns_exact": percent(exact, has), "HasAns_f1": percent(f1, has),
+            "NoAns_exact": percent(exact, no), "NoAns_f1": percent(f1, no)}
+    assert {k: result[k] for k in want} == pytest.approx(want, abs=1e-9)
+    # best_f1: the official sweep answers the k questions of lowest P(no answer) with
+    # their raw predictions and abstains on the rest, for the best k.
+    order = sorted(golds, key=lambda q: na[q])
+    raw_f1 = {q: squad_f1(preds[q], golds[q]) for q in golds}
+    sweep = [sum(raw_f1[q] for q in order[:k]) + sum(not golds[q] for q in order[k:])
+             for k in range(len(order) + 1)]
+    assert result["best_f1"] == pytest.approx(100.0 * max(sweep) / len(order), abs=1e-9)
 
 
 def test_squad_v1_file_trains_a_step(tmp_path, encoder):
@@ -235,8 +258,15 @@ def test_squad_v1_file_trains_a_step(tmp_path, encoder):
     assert "null_logit" not in task.fetches({k: None for k in (
         "start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index",
         "start_logits")})
+    # 4 questions of one window each, and LONG's one answerable question in 4 windows.
+    assert train.num_examples == 4 + 4
     ft, before, after = trained(task, train, tmp_path, steps=1, jit=False)
-    assert int(ft.global_step.numpy()) == 1 and math.isfinite(after) and after != before
+    assert int(ft.global_step.numpy()) == 1
+    # At initialisation each cross-entropy is about the log of the allowed positions (no
+    # answerability term in v1); one step on half of the windows lowers the mean loss.
+    allowed = answer_mask(tensors(train.arrays)).numpy().sum(axis=1)
+    assert before == pytest.approx(float(np.mean(np.log(allowed))), abs=0.1)
+    assert after < before - 0.1, (before, after)
 
 
 # ------------------------------------------------------------------------------ serving
@@ -259,11 +289,14 @@ def test_windows_equal_the_training_features(encoder):
     questions = ["who was the curator?", "", "what " * 30, "why"]
     contexts = [LONG, "The quick, brown fox.", plain_text(rng, 70), "a\u202fb  c\td\u00a0e"]
     win = task.windows(encoder, L, questions, contexts)
-    examples = [squad.SquadExample(str(i), q, tuple(squad._WORD.findall(c)), ())
+    word = re.compile(f"[^{squad.WORD_SEPARATORS}]+")  # the reader's words of a context
+    examples = [squad.SquadExample(str(i), q, tuple(word.findall(c)), ())
                 for i, (q, c) in enumerate(zip(questions, contexts))]
     feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
                                                encoder.special_ids, L, 16, 16)
-    assert len(feats) > len(contexts) + 4  # several windows for the long rows
+    # LONG (96 tokens) under a 5-token question: 4 windows of 56 tokens, 16 apart; 70 plain
+    # words (108 tokens) under 30 "what"s (cut to 16 tokens): 5 of 45; the short ones 1.
+    np.testing.assert_array_equal(np.bincount(feats.example_index), [4, 1, 5, 1])
     for k in ("input_ids", "input_mask", "segment_ids"):
         np.testing.assert_array_equal(win["batch"][k].numpy(), feats.arrays()[k], err_msg=k)
     np.testing.assert_array_equal(win["request"].numpy(), feats.example_index)
@@ -287,7 +320,7 @@ def test_served_span_equals_postprocess(encoder):
                 for i, (q, c) in enumerate(zip(questions, contexts))]
     feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
                                                encoder.special_ids, L, 16, 16)
-    assert len(feats) > 20  # several windows per long context, more than one model call
+    assert len(feats) == 47  # several windows per long context: 16 model calls of <= 3
     fetched = task.fetches(model(tensors(feats.arrays(), ("input_ids", "input_mask",
                                                           "segment_ids")), training=False))
     preds, na, nbest = squad.postprocess(examples, feats, {k: v.numpy() for k, v in

@@ -4,17 +4,19 @@ tiny model learning a synthetic chunking set, and raw-text serving equal to the 
 import math
 import os
 import random
+import uuid
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import fileio
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError, export
 from electra_tf.finetune.export import TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.model import FinetuningModel, make_head
-from electra_tf.finetune.tagging import LabelMap, predictions_to_tags
+from electra_tf.finetune.tagging import LabelMap, predictions_to_tags, read_conll
 from electra_tf.finetune.tagging_task import TaggingTask, unlabelled
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.finetune.text import TextEncoder
@@ -132,10 +134,6 @@ def test_conll_files_read_from_ram(encoder, data_dir, tmp_path, monkeypatch):
     """CoNLL files under a ram:// data_dir: the same sentences, label map and arrays as
     the local files; a bad line and a missing file name their ram:// path; nothing local
     named after the path appears."""
-    import uuid
-
-    from electra_tf import fileio
-    from electra_tf.finetune.tagging import read_conll
     monkeypatch.chdir(tmp_path)
     root = f"ram://conll_{uuid.uuid4().hex}"
     fileio.makedirs(f"{root}/chunk")

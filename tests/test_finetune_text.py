@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.finetune.text import TextEncoder, pair_lengths
+from electra_tf.finetune.text import TextEncoder
 from tfrecord_builder.tokenizers import Tokenizer, vocab_info
 from ram_paths import forget
 
@@ -34,26 +34,41 @@ def test_invalid_utf8_is_dropped_not_an_error(encoder):
     assert ids[0].numpy().tolist() == ids[1].numpy().tolist() == [2204, 2143]
 
 
-@pytest.mark.parametrize("a,b,budget,want", [
-    (3, 2, 10, (3, 2)),     # fits
-    (10, 2, 8, (6, 2)),     # only the longer is cut
-    (2, 10, 8, (2, 6)),
-    (10, 10, 8, (4, 4)),    # equal: both cut to half
-    (10, 10, 7, (4, 3)),    # ties drop from the second segment first
-    (5, 4, 8, (4, 4)),
-])
-def test_pair_truncation_is_berts(a, b, budget, want):
-    def reference(a, b):
-        while a + b > budget:
-            if a > b:
-                a -= 1
-            else:
-                b -= 1
-        return a, b
-    assert reference(a, b) == want
-    got = pair_lengths(tf.constant([a], tf.int64), tf.constant([b], tf.int64),
-                       tf.constant(budget, tf.int64))
-    assert (int(got[0][0]), int(got[1][0])) == want
+def bert_pack(a, b, max_seq_length):
+    """Reference BERT packing of token lists: _truncate_seq_pair (pop the last token of
+    the longer list, of the second on ties), then [CLS] a [SEP] (b [SEP]) and padding."""
+    a, b = list(a), None if b is None else list(b)
+    budget = max_seq_length - (2 if b is None else 3)
+    while len(a) + len(b or []) > budget and (a or b):
+        if b is None or len(a) > len(b):
+            a.pop()
+        else:
+            b.pop()
+    ids = [101] + a + [102] + ([] if b is None else b + [102])
+    segments = [0] * (len(a) + 2) + ([] if b is None else [1] * (len(b) + 1))
+    ids, segments = ids[:max_seq_length], segments[:max_seq_length]
+    pad = max_seq_length - len(ids)
+    return ids + [0] * pad, [1] * len(ids) + [0] * pad, segments + [0] * pad
+
+
+@pytest.mark.parametrize("max_seq_length", [1, 3, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("graph", [False, True])
+def test_pair_truncation_is_berts(encoder, max_seq_length, graph):
+    # Every pair of segment lengths up to 3 past the budget, eagerly and in a graph (the
+    # SavedModel's path); the segments' tokens are distinct so a wrong cut shows.
+    lengths = range(max_seq_length + 4)
+    pairs = [(a, b) for a in lengths for b in lengths]
+    rows = [(list(range(1000, 1000 + a)), list(range(2000, 2000 + b))) for a, b in pairs]
+    ragged = [tf.ragged.constant([r[i] for r in rows], tf.int32, ragged_rank=1)
+              for i in (0, 1)]
+    pack = tf.function(encoder.pack) if graph else encoder.pack
+    for second in (ragged[1], None):
+        out = {k: v.numpy().tolist() for k, v in pack(ragged[0], second,
+                                                      max_seq_length).items()}
+        for i, (a, b) in enumerate(rows):
+            want = bert_pack(a, None if second is None else b, max_seq_length)
+            got = (out["input_ids"][i], out["input_mask"][i], out["segment_ids"][i])
+            assert got == want, (max_seq_length, len(a), len(b), second is None)
 
 
 def test_pack_pair_layout(encoder):
@@ -63,6 +78,12 @@ def test_pack_pair_layout(encoder):
                                             1041, 102]
     assert out["segment_ids"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
     assert out["input_mask"][0].tolist() == [1] * 10
+    # 10 + 10 tokens for a budget of 7: 4 + 3 (ties cut the second segment first).
+    out = encoder.pack(tf.ragged.constant([list(range(1000, 1010))], tf.int32),
+                       tf.ragged.constant([list(range(2000, 2010))], tf.int32), 10)
+    assert out["input_ids"].numpy().tolist() == [[101, 1000, 1001, 1002, 1003, 102, 2000,
+                                                  2001, 2002, 102]]
+    assert out["segment_ids"].numpy().tolist() == [[0] * 6 + [1] * 4]
     single = encoder.encode_numpy(["good", "x " * 50], max_seq_length=6)
     assert single["input_ids"].tolist() == [[101, 2204, 102, 0, 0, 0],
                                             [101, 1060, 1060, 1060, 1060, 102]]

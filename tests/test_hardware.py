@@ -1,6 +1,6 @@
 """Peak FLOP/s: the accelerator table, device counts, overrides and the CPU measurement."""
 
-import time
+import inspect
 import types
 
 import pytest
@@ -99,16 +99,30 @@ def test_cpu_device_counts():
     assert peak == 2e11 and where == "--peak_flops 100 GFLOP/s x 2 CPU hosts"
 
 
-def test_cpu_peak_is_measured_once():
+def _clock(monkeypatch, *durations):
+    """hardware's timer, reading `durations` (one per timed run) and nothing more."""
+    ticks = iter([t for i, d in enumerate(durations) for t in (10.0 * i, 10.0 * i + d)])
+    monkeypatch.setattr(hardware, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(ticks)))
+
+
+def test_cpu_peak_is_measured_once(monkeypatch):
+    monkeypatch.setattr(hardware, "_MEASURED", {})
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     assert hardware.device_type(strategy) == "CPU" and hardware.device_name(strategy) is None
-    peak, where = hardware.peak_flops(strategy, "float32")
-    assert 1e9 < peak < 1e14, peak  # a few cores: tens to hundreds of GFLOP/s
-    assert where.startswith(f"measured: {hardware.RUN_MATMUL_SIZE}^2 float32 matmul")
-    start = time.perf_counter()
-    again, _ = hardware.peak_flops(strategy, "float32")
-    assert again == peak and time.perf_counter() - start < 0.05
-    assert hardware.measure_matmul_flops(hardware.RUN_MATMUL_SIZE, "float32") == peak
+    assert inspect.signature(hardware.peak_flops).parameters[
+        "cpu_matmul_size"].default == hardware.RUN_MATMUL_SIZE
+    # Three timed runs after the untimed warm-up: the best, 0.25 s, gives 2 * 64^3 / 0.25.
+    _clock(monkeypatch, 0.5, 0.25, 0.4)
+    peak, where = hardware.peak_flops(strategy, "float32", cpu_matmul_size=64)
+    assert peak == 2 * 64 ** 3 / 0.25 == 2_097_152
+    assert where == "measured: 64^2 float32 matmul 2.1 MFLOP/s x 1 CPU host"
+    # The clock is used up: a second measurement would raise StopIteration.
+    assert hardware.peak_flops(strategy, "float32", cpu_matmul_size=64) == (peak, where)
+    assert hardware.measure_matmul_flops(64, "float32") == peak
+    # Another size is another measurement.
+    _clock(monkeypatch, 1.0, 2.0, 4.0)
+    assert hardware.measure_matmul_flops(32, "float32") == 2 * 32 ** 3 / 1.0
 
 
 def test_tpu_name_from_the_tpu_vm_environment(monkeypatch):

@@ -1,7 +1,8 @@
 import pytest
+import tensorflow as tf
 
 from tfrecord_builder import BuildError
-from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+from tfrecord_builder.tokenizers import Tokenizer, bert_normalize, normalize, vocab_info
 
 from bert_reference import ReferenceBertTokenizer
 from conftest import NEWS, VOCAB, WIKI
@@ -52,6 +53,30 @@ def test_reference_agrees_with_hugging_face():
               if hf.convert_tokens_to_ids(hf.tokenize(line)) != ref.encode(line)]
     assert all("Σ" in line for line in differ), differ[:3]
     assert len(differ) <= 3
+
+
+def test_normalize_by_hand():
+    raw = tf.constant([b"Caf\xc3\xa9 NA\xc3\x8fVE", b"a\x07b\xe2\x80\x8bc\tD\r\n",
+                       b"bad \xff\xfe bytes \xef\xbf\xbd", "ΟΔΟΣ İ".encode(),
+                       "\u0378x".encode()])
+    # Control (\x07), format (U+200B) and U+FFFD go, invalid bytes with them; tab, CR and
+    # newline stay. Lower-casing: Greek final sigma as str.lower, U+0130 -> i + U+0307
+    # (a mark: stripped with the accents). The unassigned U+0378 stays (reference BERT
+    # drops it).
+    want = [["café naïve", "abc\td\r\n", "bad  bytes ", "οδος i\u0307", "\u0378x"],
+            ["cafe naive", "abc\td\r\n", "bad  bytes ", "οδος i", "\u0378x"],
+            ["Café NAÏVE", "abc\tD\r\n", "bad  bytes ", "ΟΔΟΣ İ", "\u0378x"],
+            ["Café NAÏVE", "a\x07b\u200bc\tD\r\n", "bad \ufffd\ufffd bytes \ufffd",
+             "ΟΔΟΣ İ", "\u0378x"]]
+    cases = [dict(lower=True, strip_accents=False), dict(lower=True),
+             dict(lower=False), dict(lower=False, clean=False)]
+    for options, expected in zip(cases, want):
+        got = [s.decode("utf-8", "replace") for s in normalize(raw, **options).numpy()]
+        assert got == expected, options
+    assert normalize(tf.constant([["A"], ["É"]]), lower=True).numpy().tolist() == [
+        [b"a"], [b"e"]]
+    assert bert_normalize(["Héllo\x00 Wörld", ""], lower=True) == ["hello world", ""]
+    assert bert_normalize([], lower=True) == []
 
 
 def test_known_ids():

@@ -1,4 +1,6 @@
-"""Tokenizers for the builder: WordPiece (tf-text FastBertTokenizer) and SentencePiece.
+"""Vocabularies, BERT's text normalisation and the builder's tokenizers (WordPiece through
+tf-text FastBertTokenizer, SentencePiece); fine-tuning's in-graph TextEncoder
+(electra_tf/finetune/text.py) builds on the same functions, so both give the same ids.
 
 Both tokenize whole batches of lines in C++ and hand back flat ids plus row splits; the
 vocabulary is checked for the special tokens ELECTRA needs before any work starts.
@@ -7,15 +9,14 @@ so they may be local or on any filesystem TensorFlow knows (gs://...).
 """
 
 import dataclasses
-import functools
 import hashlib
 import os
-import re
-import unicodedata
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import sentencepiece as spm
 import tensorflow as tf
+import tensorflow_text as tf_text
 
 from electra_tf import fileio
 from tfrecord_builder import BuildError
@@ -31,7 +32,9 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _read(path: str, flag: str) -> bytes:
+def read_vocab_bytes(path: str, flag: str) -> bytes:
+    """The bytes of a vocabulary file or SentencePiece model on any filesystem; BuildError
+    names `flag` and the path."""
     try:
         return fileio.read_bytes(path)
     except (OSError, tf.errors.OpError) as e:
@@ -41,7 +44,7 @@ def _read(path: str, flag: str) -> bytes:
 def read_wordpiece_vocab(path: str, data: Optional[bytes] = None) -> List[str]:
     """One token per line, id = line number (the BERT vocab.txt layout). `data`: the
     file's bytes when they are at hand (then `path` only names it in errors)."""
-    raw = _read(path, "--vocab_file") if data is None else data
+    raw = read_vocab_bytes(path, "--vocab_file") if data is None else data
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -53,6 +56,13 @@ def read_wordpiece_vocab(path: str, data: Optional[bytes] = None) -> List[str]:
     if not tokens:
         raise BuildError(f"--vocab_file: {path} is empty")
     return tokens
+
+
+def wordpiece_tokenizer(vocab: List[str]) -> tf_text.FastBertTokenizer:
+    """WordPiece over `normalize`d text: the tokenizer only splits and looks up."""
+    return tf_text.FastBertTokenizer(vocab, suffix_indicator="##", max_bytes_per_word=100,
+                                     token_out_type=tf.int32, unknown_token="[UNK]",
+                                     lower_case_nfd_strip_accents=False)
 
 
 def _special_ids(lookup: Dict[str, int], path: str, flag: str) -> Dict[str, int]:
@@ -78,10 +88,9 @@ class VocabInfo:
                 "do_lower_case": self.do_lower_case, "special_token_ids": self.special_ids}
 
 
-def _read_spm(path: str, data: Optional[bytes] = None):
+def read_spm_model(path: str, data: Optional[bytes] = None):
     """(model bytes, SentencePieceProcessor) of the model at `path` (or in `data`)."""
-    import sentencepiece as spm
-    model = _read(path, "--spm_model") if data is None else data
+    model = read_vocab_bytes(path, "--spm_model") if data is None else data
     try:
         return model, spm.SentencePieceProcessor(model_proto=model)
     except RuntimeError as e:
@@ -93,7 +102,7 @@ def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None
                do_lower_case: bool = True) -> VocabInfo:
     """Reads and checks a WordPiece vocab or SentencePiece model."""
     if spm_model:
-        model, proc = _read_spm(spm_model)
+        model, proc = read_spm_model(spm_model)
         pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
         lookup = {p: i for i, p in enumerate(pieces)}
         return VocabInfo("sentencepiece", spm_model, len(pieces),
@@ -101,7 +110,7 @@ def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None
                          _special_ids(lookup, spm_model, "--spm_model"), do_lower_case)
     if not vocab_file:
         raise BuildError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
-    raw = _read(vocab_file, "--vocab_file")
+    raw = read_vocab_bytes(vocab_file, "--vocab_file")
     tokens = read_wordpiece_vocab(vocab_file, raw)
     lookup = {}
     for i, t in enumerate(tokens):
@@ -115,49 +124,52 @@ def read_vocab_data(info: VocabInfo) -> bytes:
     these rather than the path: they need not see the file (a ram:// file is private to
     its process; a Beam worker may not see the launcher's disk)."""
     flag = "--spm_model" if info.kind == "sentencepiece" else "--vocab_file"
-    data = _read(info.path, flag)
+    data = read_vocab_bytes(info.path, flag)
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise BuildError(f"{flag}: {info.path} changed while it was read; run again")
     return data
 
 
-@functools.lru_cache(maxsize=65536)
-def _removed(ch: str, kind: str) -> bool:
-    """Whether the reference BERT normaliser drops `ch`: `junk` is NUL, U+FFFD and
-    category C except tab/newline/CR; `marks` is category Mn (after NFD)."""
-    if kind == "marks":
-        return unicodedata.category(ch) == "Mn"
-    return ch in "\x00\ufffd" or (ch not in "\t\n\r" and unicodedata.category(ch)[0] == "C")
+# Category C except tab/newline/CR, and U+FFFD (what invalid UTF-8 decodes to): the
+# characters BERT's normaliser deletes. Unicode data is TensorFlow's (RE2, ICU), not
+# Python's: RE2's \pC has no Cn, so unassigned code points stay (reference BERT drops
+# those of its Python's Unicode version), and letters newer than ICU's data keep their case.
+_JUNK = r"[^\PC\t\n\r]|\x{FFFD}"
 
 
-def _drop(text: str, kind: str) -> str:
-    # Classify each distinct character once, then remove the offenders with a small
-    # regex: a class of all of Unicode category C would make `re` ~100x slower.
-    bad = sorted(ch for ch in set(text) if _removed(ch, kind))
-    if not bad:
-        return text
-    return re.sub("[" + "".join(map(re.escape, bad)) + "]+", "", text)
+def normalize(strings, lower: bool, strip_accents: bool = True,
+              clean: bool = True) -> tf.Tensor:
+    """BERT's text normalisation of a string tensor (any shape), in-graph; never fails on
+    bad bytes. The builder, fine-tuning and exported SavedModels all normalise here.
 
-
-_ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def bert_normalize(lines: List[str], lower: bool) -> List[str]:
-    """BERT's text normalisation before WordPiece: drop control characters and U+FFFD;
-    if `lower`, str.lower(), NFD and drop non-spacing marks.
+    clean: invalid UTF-8 becomes U+FFFD, dropped with every control character. lower:
+    ICU's full lower-casing (final sigma included, as Python's str.lower); with
+    strip_accents also NFD and no non-spacing marks (category Mn).
 
     Done here rather than by FastBertTokenizer, which splits at control characters and
     case-folds with NFKC (e.g. '²' -> '2', '…' -> '...', final 'ς' -> 'σ'), departing
     from the reference BERT ids on ~0.2% of Wikipedia lines.
     """
-    text = "\n".join(lines)
-    if not text.isascii() or _ASCII_CONTROL.search(text):
-        text = _drop(text, "junk")
+    strings = tf.convert_to_tensor(strings, tf.string)
+    if clean:
+        strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
+                                               replacement_char=0xFFFD)
+        strings = tf.strings.regex_replace(strings, _JUNK, "")
     if lower:
-        text = text.lower()
-        if not text.isascii():
-            text = _drop(unicodedata.normalize("NFD", text), "marks")
-    return text.split("\n")
+        strings = tf.strings.lower(strings, encoding="utf-8")
+        if strip_accents:
+            strings = tf_text.normalize_utf8(strings, "NFD")
+            strings = tf.strings.regex_replace(strings, r"\p{Mn}", "")
+    return strings
+
+
+def bert_normalize(lines: List[str], lower: bool) -> List[str]:
+    """`normalize` (the WordPiece builder's: clean, and if `lower` lower-case and strip
+    accents) of Python strings."""
+    if not lines:
+        return []
+    out = normalize(tf.constant(lines, tf.string), lower, strip_accents=lower)
+    return [line.decode("utf-8") for line in out.numpy().tolist()]
 
 
 class Tokenizer:
@@ -166,34 +178,27 @@ class Tokenizer:
     def __init__(self, info: VocabInfo, data: Optional[bytes] = None):
         """`data`: the vocabulary file's bytes (`read_vocab_data`); read from
         `info.path` when not given."""
-        import tensorflow_text as tf_text
         self.info = info
         self.special_ids = info.special_ids
-        self._tf = tf
+        lower = info.do_lower_case
         if info.kind == "sentencepiece":
-            model, proc = _read_spm(info.path, data)
+            model, proc = read_spm_model(info.path, data)
             self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-            self._tok = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+            tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+            # SentencePiece models see raw text, lower-cased only when asked.
+            options = dict(lower=lower, strip_accents=False, clean=False)
         else:
             self.vocab = read_wordpiece_vocab(info.path, data)
-            self._tok = tf_text.FastBertTokenizer(
-                self.vocab, suffix_indicator="##", max_bytes_per_word=100,
-                token_out_type=tf.int32, unknown_token="[UNK]",
-                lower_case_nfd_strip_accents=False)
-        if info.kind == "wordpiece":
-            self._normalize = functools.partial(bert_normalize, lower=info.do_lower_case)
-        elif info.do_lower_case:
-            self._normalize = lambda lines: [line.lower() for line in lines]
-        else:
-            self._normalize = None
+            tokenizer = wordpiece_tokenizer(self.vocab)
+            options = dict(lower=lower, strip_accents=lower)
+        self._tokenizer, self._options = tokenizer, options
 
     def tokenize(self, lines: List[str]) -> Tuple[np.ndarray, np.ndarray]:
         """Batch of lines -> (flat int32 ids, int64 row splits of len(lines) + 1)."""
         if not lines:
             return np.zeros([0], np.int32), np.zeros([1], np.int64)
-        if self._normalize is not None:
-            lines = self._normalize(lines)
-        ragged = self._tok.tokenize(self._tf.constant(lines, dtype=self._tf.string))
+        strings = normalize(tf.constant(lines, dtype=tf.string), **self._options)
+        ragged = self._tokenizer.tokenize(strings)
         return ragged.flat_values.numpy(), ragged.row_splits.numpy()
 
     def ids_to_tokens(self, ids) -> List[str]:

@@ -1,12 +1,13 @@
-"""Fine-tuning metrics, computed exactly as the official scripts compute them (GLUE, SQuAD
-v1.1/v2.0 evaluate, conlleval); pure numpy/python so evaluation never needs TensorFlow."""
+"""Fine-tuning metrics as the official scripts compute them: GLUE's through scikit-learn
+and scipy, SQuAD v1.1/v2.0 evaluate's and conlleval's in Python. No TensorFlow."""
 
 import collections
-import math
 import re
 import string
 
 import numpy as np
+from scipy import stats as scipy_stats
+from sklearn import metrics as sklearn_metrics
 
 __all__ = [
     "accuracy", "f1", "matthews_corrcoef", "pearson", "spearman",
@@ -34,92 +35,60 @@ def _paired(a, b, names=("labels", "predictions")):
 
 
 def accuracy(labels, predictions) -> float:
-    """Fraction (0-1) of predictions equal to their label."""
+    """Fraction (0-1) of predictions equal to their label (GLUE's simple_accuracy)."""
     labels, predictions = _paired(labels, predictions)
     return float(np.mean(labels == predictions))
 
 
 def f1(labels, predictions, positive=1) -> float:
-    """Binary F1 (0-1) of the `positive` class, as GLUE MRPC/QQP (sklearn f1_score).
+    """Binary F1 (0-1) of the `positive` class, sklearn's f1_score as GLUE MRPC/QQP.
 
-    0.0 when there are neither true nor predicted positives (sklearn's zero_division=0).
+    Any other label counts as negative; 0.0 when there are neither true nor predicted
+    positives (zero_division=0).
     """
     labels, predictions = _paired(labels, predictions)
-    gold, pred = labels == positive, predictions == positive
-    tp = int(np.sum(gold & pred))
-    fp = int(np.sum(~gold & pred))
-    fn = int(np.sum(gold & ~pred))
-    # 2PR/(P+R) simplifies to this, and stays defined when P or R alone is undefined.
-    denominator = 2 * tp + fp + fn
-    return 2.0 * tp / denominator if denominator else 0.0
+    # Booleans make the class binary whatever the label set, which sklearn's
+    # average="binary" otherwise refuses (multiclass labels, or `positive` absent).
+    return float(sklearn_metrics.f1_score(labels == positive, predictions == positive,
+                                          zero_division=0))
 
 
 def matthews_corrcoef(labels, predictions) -> float:
-    """Matthews correlation (-1..1), multiclass (Gorodkin's R_K, sklearn's formula).
+    """Matthews correlation (-1..1), multiclass: sklearn's matthews_corrcoef as GLUE CoLA.
 
     0.0 when the denominator is 0 (a constant labelling or prediction), as sklearn.
     """
     labels, predictions = _paired(labels, predictions)
-    classes, index = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
-    k, n = len(classes), len(labels)
-    confusion = np.zeros((k, k), dtype=np.int64)
-    np.add.at(confusion, (index[:n], index[n:]), 1)
-    # Python ints: the products below overflow int64 on a few million examples.
-    t_sum = [int(v) for v in confusion.sum(axis=1)]
-    p_sum = [int(v) for v in confusion.sum(axis=0)]
-    correct = int(np.trace(confusion))
-    cov_tp = correct * n - sum(t * p for t, p in zip(t_sum, p_sum))
-    cov_pp = n * n - sum(p * p for p in p_sum)
-    cov_tt = n * n - sum(t * t for t in t_sum)
-    if cov_pp * cov_tt == 0:
-        return 0.0
-    return cov_tp / math.sqrt(cov_pp * cov_tt)
+    if len(np.unique(np.concatenate([labels, predictions]))) < 2:
+        return 0.0  # sklearn's answer, without its single-label warning
+    return float(sklearn_metrics.matthews_corrcoef(labels, predictions))
 
 
 def _correlation_inputs(x, y):
+    """Float64 copies of x and y; None when scipy's correlation is undefined (a constant
+    side, or a nan), for which the metrics return nan as scipy does, minus its warning."""
     x, y = _paired(x, y, ("x", "y"))
     if len(x) < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
-    return x.astype(np.float64), y.astype(np.float64)
-
-
-def _pearson(x, y) -> float:
-    # scipy's tests for constancy by equality, not by a zero norm after centring (which
-    # rounding can leave a hair above 0).
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    # scipy tests constancy by equality, as here.
     if np.isnan(x).any() or np.isnan(y).any() or (x == x[0]).all() or (y == y[0]).all():
-        return float("nan")
-    xm, ym = x - x.mean(), y - y.mean()
-    r = float(np.dot(xm / np.linalg.norm(xm), ym / np.linalg.norm(ym)))
-    # Rounding can push |r| a hair past 1.
-    return max(-1.0, min(1.0, r))
+        return None
+    return x, y
 
 
 def pearson(x, y) -> float:
-    """Pearson correlation (as scipy.stats.pearsonr); nan if a side is constant or has nan."""
-    return _pearson(*_correlation_inputs(x, y))
-
-
-def _average_ranks(a):
-    """1-based ranks, ties sharing the mean of their positions (scipy rankdata 'average')."""
-    order = np.argsort(a, kind="mergesort")
-    ordered = a[order]
-    new_value = np.concatenate([[True], ordered[1:] != ordered[:-1]])
-    group = np.cumsum(new_value) - 1
-    bounds = np.flatnonzero(np.concatenate([new_value, [True]]))
-    # A tie group occupying sorted positions s..e-1 has mean 1-based rank (s + e + 1) / 2.
-    mean_rank = (bounds[:-1] + bounds[1:] + 1) / 2.0
-    ranks = np.empty(len(a), dtype=np.float64)
-    ranks[order] = mean_rank[group]
-    return ranks
+    """Pearson correlation (scipy.stats.pearsonr, as GLUE STS-B); nan if a side is
+    constant or has nan."""
+    pair = _correlation_inputs(x, y)
+    return float("nan") if pair is None else float(scipy_stats.pearsonr(*pair).statistic)
 
 
 def spearman(x, y) -> float:
-    """Spearman correlation with average ranks for ties (as scipy.stats.spearmanr); nan if
-    a side is constant or has nan."""
-    x, y = _correlation_inputs(x, y)
-    if np.isnan(x).any() or np.isnan(y).any():
-        return float("nan")
-    return _pearson(_average_ranks(x), _average_ranks(y))
+    """Spearman correlation with average ranks for ties (scipy.stats.spearmanr, as GLUE
+    STS-B); nan if a side is constant or has nan."""
+    pair = _correlation_inputs(x, y)
+    return float("nan") if pair is None else float(scipy_stats.spearmanr(*pair).statistic)
 
 
 _CLASSIFICATION_KINDS = ("accuracy", "accuracy_f1", "mcc", "pearson_spearman")

@@ -12,16 +12,15 @@ import tensorflow_text as tf_text
 from electra_tf import fileio
 from electra_tf.configs import ConfigError
 from electra_tf.finetune import DataError
+from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.metrics import squad_scores
-from electra_tf.finetune.squad import (SquadExample, SquadFeatures,
+from electra_tf.finetune.squad import (WORD_SEPARATORS, SquadExample, SquadFeatures,
                                        convert_examples_to_features, postprocess, read_squad,
                                        to_dataset_answers)
-from electra_tf.finetune.tasks import Task, TaskData
 from electra_tf.finetune.text import TextEncoder
 
-# The complement of squad._WORD: serving must cut the context into the very words the
-# training features were made from.
-_DELIMITERS = "[ \t\r\n\u202f]+"
+# Serving must cut the context into the very words the training features were made from.
+_DELIMITERS = f"[{WORD_SEPARATORS}]+"
 
 _TOP_K = ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index")
 

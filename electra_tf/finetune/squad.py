@@ -17,8 +17,9 @@ from absl import logging
 from electra_tf.finetune import DataError, where
 
 # The official readers split the context on exactly these characters (U+202F appears in
-# SQuAD contexts and must not end up inside a word).
-_WORD = re.compile("[^ \t\r\n\u202f]+")
+# SQuAD contexts and must not end up inside a word); serving splits on them too.
+WORD_SEPARATORS = " \t\r\n\u202f"
+_WORD = re.compile(f"[^{WORD_SEPARATORS}]+")
 
 Tokenize = Callable[[List[str]], Sequence[Sequence[int]]]
 

@@ -11,10 +11,10 @@ from absl import logging
 
 from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics
+from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
                                          TaggingFeatures, convert_labels, convert_sentences,
                                          predictions_to_tags, read_conll)
-from electra_tf.finetune.tasks import Task, TaskData
 from electra_tf.finetune.text import TextEncoder
 
 # What a raw request is split on besides ASCII whitespace (tf.strings.split's set): BERT

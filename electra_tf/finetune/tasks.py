@@ -1,12 +1,10 @@
-"""Fine-tuning tasks: each says how to read its data, which head it needs, its loss, its
-metrics, what its SavedModel answers and how its test-set predictions are submitted.
-GLUE, the bundled polarity set, user TSV tasks.
+"""Fine-tuning tasks by name (`get_task`): GLUE, the bundled polarity set and user TSV
+tasks (`TsvTask`), with SQuAD (`qa_task.py`) and tagging (`tagging_task.py`); all
+implement `base_task.Task`.
 
-A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`); SQuAD and
-tagging live in `qa_task.py` / `tagging_task.py` on the same interface.
+A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`).
 """
 
-import abc
 import dataclasses
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -16,95 +14,12 @@ import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics, where
+from electra_tf.finetune.base_task import Task, TaskData
+from electra_tf.finetune.qa_task import SquadTask
+from electra_tf.finetune.tagging_task import TaggingTask
 from electra_tf.finetune.text import TextEncoder
 
 Column = Union[str, int]  # a header name, or an index for header-less files
-
-
-@dataclasses.dataclass
-class TaskData:
-    """One split, ready for the model: `arrays` (model inputs, labels and a `weight` that
-    is 0 on padding rows) of `num_examples` rows, and whatever the metrics need."""
-    arrays: Dict[str, np.ndarray]
-    num_examples: int
-    meta: Any = None
-    name: str = ""
-
-
-class Task(abc.ABC):
-    """The interface every task implements (all tensors float32 outputs of the head).
-    Subclasses have a `name` (directory and export name)."""
-    kind: str = "classification"  # classification | regression | tagging | qa
-    primary_metric: str = "accuracy"
-    num_train_epochs: float = 3.0
-
-    @abc.abstractmethod
-    def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
-        """The packed training set."""
-
-    @abc.abstractmethod
-    def eval_splits(self, data_dir: str, encoder: TextEncoder,
-                    max_seq_length: int) -> List[TaskData]:
-        """The dev sets, the first one being the one whose metric is reported."""
-
-    @abc.abstractmethod
-    def num_outputs(self) -> int:
-        """Output units of the head (classes, 1 for regression, tags, ...)."""
-
-    def head_options(self) -> Dict[str, Any]:
-        return {}
-
-    @abc.abstractmethod
-    def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:
-        """Per-example losses [B] (the train step weights and averages them)."""
-
-    def fetches(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """What evaluation brings back to the host, per example."""
-        return outputs
-
-    @abc.abstractmethod
-    def metrics(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> Dict[str, float]:
-        """The official metrics of one evaluated split."""
-
-    # --- serving -----------------------------------------------------------------
-    @abc.abstractmethod
-    def text_fields(self) -> Tuple[str, ...]:
-        """Names of the raw-string inputs of the serving signature."""
-
-    @abc.abstractmethod
-    def serving_outputs(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """The serving signature's answers from the head's outputs."""
-
-    def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
-                   texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """Raw strings (one [N] tensor per `text_fields()` name) -> answers, in-graph,
-        truncated exactly as the training data."""
-        fields = [texts[name] for name in self.text_fields()]
-        batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
-                               max_seq_length)
-        return self.serve_ids(model, batch)
-
-    def serve_ids(self, model, batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        return self.serving_outputs(model(batch, training=False))
-
-    def assets(self) -> Dict[str, str]:
-        """Extra files written beside an export (e.g. the label list), name -> text."""
-        return {}
-
-    # --- test-set predictions ----------------------------------------------------
-    def test_splits(self, data_dir: str, encoder: TextEncoder,
-                    max_seq_length: int) -> List[TaskData]:
-        """The unlabelled test sets that `--do_predict` writes predictions for: `name` is
-        the submission file's stem (GLUE: `SST-2`, `MNLI-m`, `AX`), `meta` the test
-        file's index column."""
-        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
-                        "this task has no test sets")
-
-    def predicted_labels(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> List[str]:
-        """One prediction string per example of a test split, as submitted (tasks that
-        have `test_splits` override both)."""
-        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
-                        "this task has no test sets")
 
 
 # --------------------------------------------------------------------------- TSV reading
@@ -447,10 +362,8 @@ def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[s
     if key == "polarity":
         return POLARITY
     if key in ("squad", "squad_v1", "squadv1", "squad1", "squad_v2", "squadv2", "squad2"):
-        from electra_tf.finetune.qa_task import SquadTask
         return SquadTask(v2=key in ("squad_v2", "squadv2", "squad2"))
     if key in ("chunk", "chunking", "ner"):
-        from electra_tf.finetune.tagging_task import TaggingTask
         return TaggingTask(name=key if key != "chunking" else "chunk",
                            label_column=-1 if label_column is None else int(label_column))
     if not text_columns or label_column is None:

@@ -1,9 +1,8 @@
 """Raw text -> model inputs inside the TensorFlow graph (tensorflow-text), shared by the
 fine-tuning data pipeline and the exported SavedModels, so both truncate alike.
 
-The normalisation reproduces the pre-training builder's (`tfrecord_builder.tokenizers`):
-invalid UTF-8 replaced then dropped with the other control characters, lower-casing, NFD
-and accent stripping; WordPiece ids therefore equal the builder's on the same text.
+Text is normalised by the pre-training builder's own `tfrecord_builder.tokenizers.normalize`,
+so WordPiece ids equal the builder's on the same text.
 """
 
 import os
@@ -15,46 +14,8 @@ import tensorflow_text as tf_text
 
 from electra_tf import fileio
 from tfrecord_builder import BuildError
-from tfrecord_builder.tokenizers import SPECIAL_TOKENS, read_wordpiece_vocab
-
-# Category C except tab/newline/CR, and U+FFFD (what invalid UTF-8 decodes to): the
-# characters BERT's normaliser deletes.
-_JUNK = r"[^\PC\t\n\r]|\x{FFFD}"
-
-
-def normalize(strings: tf.Tensor, lower: bool) -> tf.Tensor:
-    """BERT normalisation of a string tensor (any shape); never fails on bad bytes."""
-    strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
-                                           replacement_char=0xFFFD)
-    strings = tf.strings.regex_replace(strings, _JUNK, "")
-    if lower:
-        strings = tf.strings.lower(strings, encoding="utf-8")
-        strings = tf_text.normalize_utf8(strings, "NFD")
-        strings = tf.strings.regex_replace(strings, r"\p{Mn}", "")
-    return strings
-
-
-def _read_model_file(path: str, flag: str) -> bytes:
-    """The bytes of a SentencePiece model on any filesystem (gs://...)."""
-    try:
-        return fileio.read_bytes(path)
-    except (OSError, tf.errors.OpError) as e:
-        raise BuildError(f"{flag}: cannot read {path}: {fileio.error_reason(e)}") from None
-
-
-def pair_lengths(a, b, budget):
-    """How many tokens of each segment survive BERT's pair truncation (repeatedly drop the
-    last token of the longer segment, the second one on ties) to fit `budget` tokens."""
-    keep_a = tf.minimum(a, tf.maximum(budget - b, budget - budget // 2))
-    keep_a = tf.where(a + b <= budget, a, keep_a)
-    keep_b = tf.where(a + b <= budget, b, budget - keep_a)
-    return keep_a, keep_b
-
-
-def _truncate(ragged: tf.RaggedTensor, keep) -> tf.RaggedTensor:
-    keep = tf.broadcast_to(tf.cast(keep, tf.int64), [ragged.nrows()])
-    mask = tf.ragged.range(ragged.row_lengths()) < tf.expand_dims(keep, 1)
-    return tf.ragged.boolean_mask(ragged, mask)
+from tfrecord_builder.tokenizers import (SPECIAL_TOKENS, normalize, read_spm_model,
+                                         read_wordpiece_vocab, wordpiece_tokenizer)
 
 
 class TextEncoder(tf.Module):
@@ -72,9 +33,7 @@ class TextEncoder(tf.Module):
             raise BuildError("give exactly one of --vocab_file and --spm_model")
         self.do_lower_case = bool(do_lower_case)
         if spm_model is not None:
-            import sentencepiece as spm
-            proto = _read_model_file(spm_model, "--spm_model")
-            proc = spm.SentencePieceProcessor(model_proto=proto)
+            proto, proc = read_spm_model(spm_model)
             self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
             self.kind = "sentencepiece"
             self.asset = tf.saved_model.Asset(spm_model)
@@ -83,10 +42,7 @@ class TextEncoder(tf.Module):
             self.vocab = read_wordpiece_vocab(vocab_file)
             self.kind = "wordpiece"
             self.asset = tf.saved_model.Asset(vocab_file)
-            self._tokenizer = tf_text.FastBertTokenizer(
-                self.vocab, suffix_indicator="##", max_bytes_per_word=100,
-                token_out_type=tf.int32, unknown_token="[UNK]",
-                lower_case_nfd_strip_accents=False)
+            self._tokenizer = wordpiece_tokenizer(self.vocab)
         lookup = {}
         for i, token in enumerate(self.vocab):
             lookup.setdefault(token, i)
@@ -105,39 +61,28 @@ class TextEncoder(tf.Module):
 
     def tokenize(self, strings) -> tf.RaggedTensor:
         """[N] strings -> [N, (tokens)] int32 ids."""
-        strings = tf.convert_to_tensor(strings, tf.string)
-        lower = self.do_lower_case
-        if self.kind == "sentencepiece":
-            strings = normalize(strings, lower=False)
-            if lower:
-                strings = tf.strings.lower(strings, encoding="utf-8")
-            return self._tokenizer.tokenize(strings)
-        return self._tokenizer.tokenize(normalize(strings, lower))
+        # SentencePiece keeps its accents: only WordPiece (BERT) strips them.
+        strings = normalize(strings, self.do_lower_case,
+                            strip_accents=self.kind == "wordpiece")
+        return self._tokenizer.tokenize(strings)
 
     def pack(self, first: tf.RaggedTensor, second: Optional[tf.RaggedTensor] = None,
              max_seq_length: int = 128) -> Dict[str, tf.Tensor]:
         """Token ids of one or two segments -> padded BERT inputs [N, max_seq_length]."""
-        cls_id, sep_id = self.special_ids["[CLS]"], self.special_ids["[SEP]"]
-        first = tf.cast(first, tf.int32)
-        n = first.nrows()
-        cls = tf.RaggedTensor.from_row_lengths(tf.fill([n], cls_id), tf.ones([n], tf.int64))
-        sep = tf.RaggedTensor.from_row_lengths(tf.fill([n], sep_id), tf.ones([n], tf.int64))
-        if second is None:
-            first = _truncate(first, max_seq_length - 2)
-            pieces, segments = [cls, first, sep], [0, 0, 0]
-        else:
-            second = tf.cast(second, tf.int32)
-            keep_a, keep_b = pair_lengths(first.row_lengths(), second.row_lengths(),
-                                          tf.constant(max_seq_length - 3, tf.int64))
-            first, second = _truncate(first, keep_a), _truncate(second, keep_b)
-            pieces, segments = [cls, first, sep, second, sep], [0, 0, 0, 1, 1]
-        ids = tf.concat(pieces, axis=1)
-        seg = tf.concat([tf.zeros_like(p) + s for p, s in zip(pieces, segments)], axis=1)
-        shape = [None, max_seq_length]
-        input_ids = ids.to_tensor(default_value=self.special_ids["[PAD]"], shape=shape)
-        return {"input_ids": input_ids,
-                "input_mask": tf.ones_like(ids).to_tensor(default_value=0, shape=shape),
-                "segment_ids": seg.to_tensor(default_value=0, shape=shape)}
+        segments = [tf.cast(first, tf.int32)]
+        if second is not None:
+            segments.append(tf.cast(second, tf.int32))
+        # BERT's pair truncation (drop the last token of the longer segment, of the second
+        # on ties) keeps what a round robin allots; tests/test_finetune_text.py checks
+        # every pair of lengths. WaterfallTrimmer would empty the second segment first.
+        budget = max_seq_length - 1 - len(segments)  # [CLS], and a [SEP] per segment
+        segments = tf_text.RoundRobinTrimmer(budget).trim(segments)
+        ids, segment_ids = tf_text.combine_segments(
+            segments, self.special_ids["[CLS]"], self.special_ids["[SEP]"])
+        input_ids, input_mask = tf_text.pad_model_inputs(ids, max_seq_length,
+                                                         self.special_ids["[PAD]"])
+        segment_ids, _ = tf_text.pad_model_inputs(segment_ids, max_seq_length, 0)
+        return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
 
     def encode(self, first, second=None, max_seq_length: int = 128) -> Dict[str, tf.Tensor]:
         """Raw strings [N] (and an optional second segment [N]) -> packed inputs."""

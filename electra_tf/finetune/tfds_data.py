@@ -14,11 +14,14 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
+from absl import logging
 
 from electra_tf.finetune import DataError
+from electra_tf.finetune.base_task import Task
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.squad import parse_squad_tree
-from electra_tf.finetune.tasks import Rows, SubmissionFile, Task, TsvTask
+from electra_tf.finetune.tasks import Rows, SubmissionFile, TsvTask
 
 # The tfds feature of each text column, in the TSV task's column order.
 GLUE_FEATURES: Dict[str, Tuple[str, ...]] = {
@@ -88,7 +91,6 @@ def open_builder(name: str, data_dir: Optional[str]):
 def read_split(name: str, data_dir: Optional[str], split: str) -> Dict[str, list]:
     """Every feature of a split as Python lists (nested features as 'a/b'; strings as
     bytes), in TFDS's stored order."""
-    import tensorflow as tf
     tfds = _import_tfds()
     builder = open_builder(name, data_dir)
     if split not in builder.info.splits:
@@ -181,7 +183,6 @@ class TfdsGlueTask(TsvTask):
             try:
                 return self._read(test.file, labelled=False)
             except DataError as e:
-                from absl import logging
                 logging.info("No %s predictions: %s", test.submission, e)
                 return None
         return self._read(test.file, labelled=False)

@@ -1,0 +1,98 @@
+"""The interface every fine-tuning task implements (`Task`) and the packed split it hands
+the trainer (`TaskData`); GLUE/TSV, SQuAD and tagging tasks all build on it."""
+
+import abc
+import dataclasses
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from electra_tf.finetune import DataError
+from electra_tf.finetune.text import TextEncoder
+
+
+@dataclasses.dataclass
+class TaskData:
+    """One split, ready for the model: `arrays` (model inputs, labels and a `weight` that
+    is 0 on padding rows) of `num_examples` rows, and whatever the metrics need."""
+    arrays: Dict[str, np.ndarray]
+    num_examples: int
+    meta: Any = None
+    name: str = ""
+
+
+class Task(abc.ABC):
+    """The interface every task implements (all tensors float32 outputs of the head).
+    Subclasses have a `name` (directory and export name)."""
+    kind: str = "classification"  # classification | regression | tagging | qa
+    primary_metric: str = "accuracy"
+    num_train_epochs: float = 3.0
+
+    @abc.abstractmethod
+    def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
+        """The packed training set."""
+
+    @abc.abstractmethod
+    def eval_splits(self, data_dir: str, encoder: TextEncoder,
+                    max_seq_length: int) -> List[TaskData]:
+        """The dev sets, the first one being the one whose metric is reported."""
+
+    @abc.abstractmethod
+    def num_outputs(self) -> int:
+        """Output units of the head (classes, 1 for regression, tags, ...)."""
+
+    def head_options(self) -> Dict[str, Any]:
+        return {}
+
+    @abc.abstractmethod
+    def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:
+        """Per-example losses [B] (the train step weights and averages them)."""
+
+    def fetches(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        """What evaluation brings back to the host, per example."""
+        return outputs
+
+    @abc.abstractmethod
+    def metrics(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> Dict[str, float]:
+        """The official metrics of one evaluated split."""
+
+    # --- serving -----------------------------------------------------------------
+    @abc.abstractmethod
+    def text_fields(self) -> Tuple[str, ...]:
+        """Names of the raw-string inputs of the serving signature."""
+
+    @abc.abstractmethod
+    def serving_outputs(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        """The serving signature's answers from the head's outputs."""
+
+    def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
+                   texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        """Raw strings (one [N] tensor per `text_fields()` name) -> answers, in-graph,
+        truncated exactly as the training data."""
+        fields = [texts[name] for name in self.text_fields()]
+        batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
+                               max_seq_length)
+        return self.serve_ids(model, batch)
+
+    def serve_ids(self, model, batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+        return self.serving_outputs(model(batch, training=False))
+
+    def assets(self) -> Dict[str, str]:
+        """Extra files written beside an export (e.g. the label list), name -> text."""
+        return {}
+
+    # --- test-set predictions ----------------------------------------------------
+    def test_splits(self, data_dir: str, encoder: TextEncoder,
+                    max_seq_length: int) -> List[TaskData]:
+        """The unlabelled test sets that `--do_predict` writes predictions for: `name` is
+        the submission file's stem (GLUE: `SST-2`, `MNLI-m`, `AX`), `meta` the test
+        file's index column."""
+        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
+                        "this task has no test sets")
+
+    def predicted_labels(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> List[str]:
+        """One prediction string per example of a test split, as submitted (tasks that
+        have `test_splits` override both)."""
+        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
+                        "this task has no test sets")
