@@ -14,6 +14,7 @@ from electra_tf.checkpoints import CheckpointError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
+from electra_tf.finetune.tfds_data import from_tfds
 from electra_tf.finetune.trainer import run
 from electra_tf.training.options import options_from_flags
 from tfrecord_builder import BuildError
@@ -91,7 +92,6 @@ def main(flags, repo: str) -> dict:
     task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
                     flags.metric)
     if use_tfds(flags.data_source, flags.tfds_data_dir):
-        from electra_tf.finetune.tfds_data import from_tfds
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)

@@ -22,7 +22,7 @@ from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
 from electra_tf.finetune import export as export_lib
-from electra_tf.finetune.tasks import Task, TaskData
+from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.text import TextEncoder
 from electra_tf.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
