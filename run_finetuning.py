@@ -4,7 +4,7 @@
 With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` on the
 bundled polarity set, prints dev accuracy, exports a SavedModel and answers one raw-text
 request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
-by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/preemption.py) after
+by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after
 saving a checkpoint (rerun the same command to resume).
 """
 
@@ -95,7 +95,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
     from electra_tf.finetune import cli
-    from electra_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from electra_tf.training.preemption import PREEMPTED_EXIT_CODE, Preempted
     try:
         cli.main(FLAGS, REPO)
     except Preempted as e:

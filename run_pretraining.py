@@ -1,9 +1,9 @@
-"""Pre-trains ELECTRA: flags -> config -> `electra_tf.train.run`.
+"""Pre-trains ELECTRA: flags -> config -> `electra_tf.pretraining.pretrain.run`.
 
 With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (built into
 ./cache on first use) and writes checkpoints and TensorBoard logs to runs/pretrain_tiny.
 Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by a preemption
-notice (SIGTERM, a GCE maintenance event; electra_tf/preemption.py) after saving a
+notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after saving a
 checkpoint (rerun the same command to resume).
 """
 
@@ -55,23 +55,25 @@ flags.DEFINE_enum("on_bad_shard", None, ["skip", "stop"], "A corrupted, truncate
                   "deleted TFRecord shard: skip the rest of it (a warning naming it, counted "
                   "in the logs; default) or stop the run naming it.")
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
-                  "(paper and hardware conventions; see electra_tf/flops.py) and exit "
+                  "(paper and hardware conventions; see electra_tf/pretraining/flops.py) and exit "
                   "without training.")
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
-    from electra_tf import configs, preemption, train
-    from electra_tf.input_pipeline import InputDataError
+    from electra_tf import configs
+    from electra_tf.pretraining import pretrain
+    from electra_tf.training import preemption
+    from electra_tf.data.input_pipeline import InputDataError
     from tfrecord_builder import BuildError
     from tfrecord_builder.manifest import ManifestError
-    from electra_tf.distribute import StrategyError
-    from electra_tf.checkpoints import CheckpointError
+    from electra_tf.training.distribute import StrategyError
+    from electra_tf.training.checkpoints import CheckpointError
     try:
         cfg = configs.pretraining_config_from_flags(FLAGS)
         if FLAGS.count_flops:
-            from electra_tf import flops
+            from electra_tf.pretraining import flops
             print(flops.format_table(cfg, FLAGS.config))
             return
         # A config file on a bucket names the default run by its stem, never a local
@@ -82,11 +84,11 @@ def main(argv):
         options = options_from_flags(FLAGS, model_dir=model_dir, train_data=FLAGS.train_data,
                                      eval_data=FLAGS.eval_data, do_train=FLAGS.do_train,
                                      do_eval=FLAGS.do_eval)
-        train.run(cfg, options)
+        pretrain.run(cfg, options)
     except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
-    except (configs.ConfigError, train.RunError, InputDataError, ManifestError, BuildError,
+    except (configs.ConfigError, pretrain.RunError, InputDataError, ManifestError, BuildError,
             StrategyError, CheckpointError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)

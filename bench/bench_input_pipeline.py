@@ -1,4 +1,4 @@
-"""Throughput of electra_tf.input_pipeline on the bundled Wikipedia sample.
+"""Throughput of electra_tf.data.input_pipeline on the bundled Wikipedia sample.
 
 Reads with repeat=True, as the trainer does, and compares the rate with how fast a trainer
 consumes sequences (--trainer_seqs_per_s), to show whether input could ever be the limit.
@@ -19,7 +19,7 @@ sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import input_pipeline as ip  # noqa: E402
+from electra_tf.data import input_pipeline as ip  # noqa: E402
 
 DEFAULT_DATA = os.path.join(REPO, "cache", "tfrecords", "enwiki_sample-seq128")
 CORPUS = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")

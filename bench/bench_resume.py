@@ -23,7 +23,8 @@ sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import fileio, input_pipeline as ip  # noqa: E402
+from electra_tf import fileio
+from electra_tf.data import input_pipeline as ip  # noqa: E402
 from tfrecord_builder import manifest as manifest_lib  # noqa: E402
 
 

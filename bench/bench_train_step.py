@@ -3,9 +3,9 @@
 For a preset, a batch and a sequence length, times `steps` train steps (one host visit,
 as `steps_per_loop` does in training) after a warm-up call, for each precision and XLA
 setting asked for, each in a fresh subprocess. Achieved FLOP/s use the hardware
-convention of `electra_tf.flops` (train = 3 x forward matmul FLOPs, gathered
+convention of `electra_tf.pretraining.flops` (train = 3 x forward matmul FLOPs, gathered
 embeddings); the peak is measured in the same run (a large matmul per dtype on CPU) or
-taken from `electra_tf.hardware`'s table on a GPU/TPU, or given with --peak_flops.
+taken from `electra_tf.training.hardware`'s table on a GPU/TPU, or given with --peak_flops.
 
     python bench/bench_train_step.py --config small --batch_size 32 --max_seq_length 128 \\
         --precisions float32,bfloat16 --jit on,off --steps 10
@@ -60,9 +60,10 @@ def measure_one(args, precision: str, jit: bool) -> dict:
     """Runs in a child process: builds the trainer, warms up, times the best repetition."""
     import tensorflow as tf
 
-    from electra_tf import distribute, flops, hardware
+    from electra_tf.pretraining import flops
+    from electra_tf.training import distribute, hardware
     from electra_tf.configs import load_config
-    from electra_tf.pretraining import Pretrainer
+    from electra_tf.pretraining.trainer import Pretrainer
 
     overrides = {"train.train_batch_size": str(args.batch_size),
                  "train.max_seq_length": str(args.max_seq_length),

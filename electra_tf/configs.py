@@ -72,7 +72,7 @@ class ModelConfig:
                               "generator_layers=1.0")
 
 
-# Pre-training objectives (`electra_tf.objectives.OBJECTIVES`): ELECTRA and the ELECTRA
+# Pre-training objectives (`electra_tf.pretraining.objectives.OBJECTIVES`): ELECTRA and the ELECTRA
 # paper's comparisons (3.2, 3.5, Appendix F), and the sampling heads of "Learning to Sample
 # Replacements for ELECTRA" (hp_loss, hp_dist).
 OBJECTIVE_NAMES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm",

@@ -2,7 +2,7 @@
 Figure 3 right and Table 4 at a scale this machine can run).
 
 Every variant (`VARIANTS`: a name -> config overrides) pre-trains for the number of steps
-whose train FLOPs (`electra_tf.flops`, the paper's convention by default) match a budget:
+whose train FLOPs (`electra_tf.pretraining.flops`, the paper's convention by default) match a budget:
 the reference variant's FLOPs at --reference_steps. Checkpoints at the --points fractions
 of that budget are fine-tuned with --seeds seeds each; report.md, results.json and
 score_vs_flops.png in --out_dir hold the numbers, the pre-training diagnostics
@@ -37,7 +37,8 @@ if REPO not in sys.path:
 
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import configs, fileio, flops  # noqa: E402
+from electra_tf import configs, fileio
+from electra_tf.pretraining import flops  # noqa: E402
 
 # name -> config overrides of the variant (on top of --config and --params_override).
 VARIANTS = collections.OrderedDict([

@@ -1,4 +1,4 @@
-"""What tests/test_flops.py checks `electra_tf.flops` against: the official script's and
+"""What tests/test_flops.py checks `electra_tf.pretraining.flops` against: the official script's and
 the paper's published figures, and TensorFlow's profiler run on our own model.
 
 Test-only. `PretrainingRun` counts a run of the official script by its own rule (the
@@ -22,8 +22,9 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 # TensorFlow's own entries.
 from tensorflow.python.profiler.internal import flops_registry  # noqa: F401
 
-from electra_tf import flops, modeling
-from electra_tf.flops import PAPER, Convention, Transformer
+from electra_tf.model import modeling
+from electra_tf.pretraining import flops
+from electra_tf.pretraining.flops import PAPER, Convention, Transformer
 
 ELECTRA_COMPONENTS = ("embeddings", "generator_encoder", "generator_mlm_head",
                       "discriminator_encoder", "discriminator_head")

@@ -1,4 +1,4 @@
-"""electra_tf.checkpoints: name-based (TF1) checkpoints read and written as arrays or
+"""electra_tf.training.checkpoints: name-based (TF1) checkpoints read and written as arrays or
 from / into a model, torn-write cleanup, and the one-line error of a failed save."""
 
 import os
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import checkpoints, fileio, modeling
+from electra_tf import fileio
+from electra_tf.model import modeling
+from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
-from electra_tf.convert import expected_shapes
+from electra_tf.conversion.convert import expected_shapes
 
 # E=16 != H=32 (an embeddings projection), generator half as wide.
 TINY = ModelConfig(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=2,

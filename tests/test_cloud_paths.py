@@ -180,11 +180,13 @@ class _Flags(types.SimpleNamespace):
 # ----------------------------------------------------------------------------- the test
 
 def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
-    from electra_tf import convert, fileio, train
+    from electra_tf import fileio
+    from electra_tf.conversion import convert
+    from electra_tf.pretraining import pretrain
     from electra_tf.configs import load_config
     from electra_tf.training.options import RunOptions
     from electra_tf.finetune import cli
-    from electra_tf.checkpoints import checkpoint_reader, read_tf1
+    from electra_tf.training.checkpoints import checkpoint_reader, read_tf1
     from safetensors.numpy import load as load_safetensors
     from tfrecord_builder.build import BuildConfig, build
 
@@ -266,26 +268,26 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
                 (tmp_path / "local_build" / shard["name"]).read_bytes(), shard["name"]
         lap("build")
 
-        # -- 3. pre-train 4 steps, then resume to 6 (run_pretraining.py -> train.run).
+        # -- 3. pre-train 4 steps, then resume to 6 (run_pretraining.py -> pretrain.run).
         pre = f"{root}/pretrain"
 
-        def pretrain(steps):
+        def pretrain_steps(steps):
             # One layer (the generator's too): tracing, per layer, is the cost here.
             cfg = load_config("tiny", {
                 "model.num_hidden_layers": "1", "train_batch_size": "8",
                 "num_train_steps": str(steps), "steps_per_loop": "2", "log_every_steps": "2",
                 "save_checkpoints_steps": "2", "warmup_steps": "2", "max_seq_length": "64"})
             # No XLA (a graph compiles in half the time); a given peak: no timed matmul.
-            return train.run(cfg, RunOptions(
+            return pretrain.run(cfg, RunOptions(
                 model_dir=pre, train_data=data, strategy="cpu", jit_compile=False,
                 peak_flops="1e12"))
 
-        first = pretrain(4)
+        first = pretrain_steps(4)
         assert np.isfinite(first["loss"]) and first["disc_loss"] > 0
         assert tf.train.latest_checkpoint(pre) == f"{pre}/ckpt-4"
         assert not any("Resumed from" in r.getMessage() for r in caplog.records)
         lap("pretrain 4 steps")
-        second = pretrain(6)
+        second = pretrain_steps(6)
         resumed = [r.getMessage() for r in caplog.records if "Resumed from" in r.getMessage()]
         assert resumed == [f"Resumed from {pre}/ckpt-4 (step 4)"], resumed
         assert tf.train.latest_checkpoint(pre) == f"{pre}/ckpt-6"
@@ -355,7 +357,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         assert enc_out["sequence_output"].shape == (1, 32, 128)
         lap("export + serve")
 
-        # -- 6. convert (python -m electra_tf.convert ... -> convert.main).
+        # -- 6. convert (python -m electra_tf.conversion.convert ... -> convert.main).
         tf1_prefix = f"{root}/tf1/model.ckpt"
         assert convert.main(["export-tf1", pre, tf1_prefix, "--include_optimizer"]) == 0
         tf1 = read_tf1(tf1_prefix)
@@ -365,7 +367,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         model_cfg = load_config(f"{pre}/config.json").model
         assert set(weights) == set(convert.expected_shapes(model_cfg))
         assert len(slots) == 2 * len(weights)
-        # The weights equal those train.run exported for fine-tuning (released names).
+        # The weights equal those pretrain.run exported for fine-tuning (released names).
         disc = read_tf1(f"{pre}/discriminator/model.ckpt")
         assert len(disc) > 20 and set(disc) <= set(weights)
         for name, array in disc.items():

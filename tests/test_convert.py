@@ -1,4 +1,4 @@
-"""electra_tf.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
+"""electra_tf.conversion.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
 
 import importlib.util
 import json
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import checkpoints, convert
+from electra_tf.conversion import convert
+from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
-from electra_tf.modeling import ElectraPretrainingModel, tf1_checkpoint_names
+from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
 
 TINY = ModelConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
                    num_attention_heads=1, intermediate_size=64, max_position_embeddings=24,
@@ -95,7 +96,7 @@ def test_shape_mismatch_is_refused(tmp_path):
 
 def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     from electra_tf.configs import load_config
-    from electra_tf.pretraining import Pretrainer
+    from electra_tf.pretraining.trainer import Pretrainer
     model, _, arrays = _ckpt(tmp_path, TINY)
     arrays["global_step"] = np.int64(77)
     m = "electra/encoder/layer_0/output/dense/kernel/adam_m"
@@ -107,7 +108,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     with pytest.raises(convert.ConvertError, match="already holds"):
         convert.tf1_to_model_dir(prefix, out)
 
-    # exactly what electra_tf.train.run does on resume
+    # exactly what electra_tf.pretraining.pretrain.run does on resume
     cfg = load_config(os.path.join(out, "config.json"))
     assert cfg.model == report.config and cfg.train.num_train_steps == 100
     assert cfg.train.max_seq_length == TINY.max_position_embeddings
@@ -324,7 +325,7 @@ def test_transformers_bert_as_our_encoder(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     from electra_tf.finetune.model import init_encoder_from_hf
-    from electra_tf.modeling import build_discriminator_encoder
+    from electra_tf.model.modeling import build_discriminator_encoder
     torch.manual_seed(1)
     hc = transformers.BertConfig(vocab_size=40, hidden_size=64, num_hidden_layers=2,
                                  num_attention_heads=2, intermediate_size=96,

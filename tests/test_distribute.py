@@ -1,4 +1,4 @@
-"""electra_tf/distribute.py: which TPU (if any) a run uses and how TensorFlow reaches it,
+"""electra_tf/training/distribute.py: which TPU (if any) a run uses and how TensorFlow reaches it,
 decided by the pure `resolve_tpu_target` for every setup without a TPU; the real
 `make_strategy` and both CLIs refusing with one line on this CPU machine, without the
 network; the chief and its directories."""
@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 import tensorflow as tf
 
-from electra_tf import distribute
-from electra_tf.distribute import (NO_TPU, TPU_GRPC, TPU_NODE, TPU_POD, TPU_VM,
+from electra_tf.training import distribute
+from electra_tf.training.distribute import (NO_TPU, TPU_GRPC, TPU_NODE, TPU_POD, TPU_VM,
                                    StrategyError, TpuHost, resolve_tpu_target)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,7 +248,7 @@ def test_tpu_chips_from_dev(monkeypatch):
 
 
 def test_the_metadata_server_is_asked_on_a_tpu_vm_only(monkeypatch):
-    from electra_tf import gce
+    from electra_tf.training import gce
     asked = []
     answers = {"instance/attributes/accelerator-type": "v4-32",
                "instance/attributes/agent-worker-number": "3"}

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from electra_tf import configs, fileio, flops
+from electra_tf import configs, fileio
+from electra_tf.pretraining import flops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

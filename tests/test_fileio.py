@@ -45,9 +45,9 @@ ALLOWED = {
     ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
     ("electra_tf/finetune/text.py", "__init__", "os.path.abspath"): "local only",
     # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio).
-    ("electra_tf/distribute.py", "tpu_chips", "glob.glob"): "/dev",
-    ("electra_tf/distribute.py", "tpu_chips", "os.listdir"): "/dev",
-    ("electra_tf/distribute.py", "_libtpu_installed", "os.path.exists"): "site-packages",
+    ("electra_tf/training/distribute.py", "tpu_chips", "glob.glob"): "/dev",
+    ("electra_tf/training/distribute.py", "tpu_chips", "os.listdir"): "/dev",
+    ("electra_tf/training/distribute.py", "_libtpu_installed", "os.path.exists"): "site-packages",
     # The bundled presets in configs/ beside the package.
     ("electra_tf/configs.py", "preset_names", "os.listdir"): "configs/ of this checkout",
     # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.
@@ -56,8 +56,8 @@ ALLOWED = {
 }
 # Files whose every use is local by nature: the kernel's /proc and /sys.
 ALLOWED_FILES = {
-    "electra_tf/hardware.py": "/proc/cpuinfo, /sys/devices (CPU and accelerator facts)",
-    "electra_tf/gce.py": "/sys/class/dmi (is this a GCE VM?)",
+    "electra_tf/training/hardware.py": "/proc/cpuinfo, /sys/devices (CPU and accelerator facts)",
+    "electra_tf/training/gce.py": "/sys/class/dmi (is this a GCE VM?)",
 }
 
 

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from electra_tf import checkpoints, convert
+from electra_tf.conversion import convert
+from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune.cli import find_config
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
                                        init_encoder_from_hf, make_head)
-from electra_tf.modeling import ElectraPretrainingModel, tf1_checkpoint_names
+from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
 
 H, L, I, V, P, T = 32, 2, 48, 40, 20, 2
 BERT_CONFIG = {"architectures": ["BertForPreTraining"], "model_type": "bert",

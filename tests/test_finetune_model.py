@@ -10,8 +10,8 @@ from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
                                        layerwise_lr_multipliers, make_head)
 from electra_tf.finetune.tasks import TsvTask, TaskData
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
-from electra_tf.checkpoints import save_tf1_checkpoint
-from electra_tf.modeling import ElectraPretrainingModel, discriminator_variables
+from electra_tf.training.checkpoints import save_tf1_checkpoint
+from electra_tf.model.modeling import ElectraPretrainingModel, discriminator_variables
 
 CFG = ModelConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=3,
                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
@@ -113,7 +113,8 @@ def test_init_and_config_from_ram_checkpoints(pretrained, tmp_path, monkeypatch)
     import os
     import uuid
 
-    from electra_tf import convert, fileio
+    from electra_tf import fileio
+    from electra_tf.conversion import convert
     from electra_tf.finetune.cli import find_config
     model, obj, tf1 = pretrained
     monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from electra_tf import fileio
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import DataError, squad
-from electra_tf.finetune.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
+from electra_tf.conversion.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.metrics import squad_em, squad_f1
 from electra_tf.finetune.model import FinetuningModel, answer_mask, make_head
 from electra_tf.finetune.qa_task import SquadTask

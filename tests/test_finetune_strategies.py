@@ -15,7 +15,7 @@ import tensorflow as tf
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.text import TextEncoder
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig
-from electra_tf.preemption import PREEMPTED_EXIT_CODE
+from electra_tf.training.preemption import PREEMPTED_EXIT_CODE
 
 from conftest import REPO, sigterm_after
 from test_finetune_trainer import TINY, VOCAB, synthetic_polarity, write
@@ -103,7 +103,7 @@ def test_two_replicas_equal_one_device(tmp_path):
 @pytest.fixture
 def precision():
     """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
-    from electra_tf import distribute
+    from electra_tf.training import distribute
     yield distribute.set_precision
     distribute.set_precision("float32")
 

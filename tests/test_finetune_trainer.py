@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.configs import ModelConfig
-from electra_tf.finetune import DataError, export as export_lib
+from electra_tf.conversion import export as export_lib
+from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.finetune.text import TextEncoder
 from electra_tf.training.options import RunOptions
@@ -211,7 +212,7 @@ def test_export_signatures_and_bad_requests(trained):
                  "inputs['sentence']", "outputs['probabilities']", "inputs['input_ids']"):
         assert name in proc.stdout
     # `run` needs the tensorflow-text ops: our wrapper registers them.
-    proc = subprocess.run([sys.executable, "-m", "electra_tf.finetune.saved_model_cli", "run",
+    proc = subprocess.run([sys.executable, "-m", "electra_tf.conversion.saved_model_cli", "run",
                            "--dir", results["export"]["task"], "--tag_set", "serve",
                            "--signature_def", "serving_default", "--input_exprs",
                            "sentence=['a great story', 'the plot was dull']"],
@@ -246,10 +247,11 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
     filesystem: the same scores and predictions as the same run on local files,
     results.json and checkpoints there, nothing written locally. (No XLA: it is the
     files under test, and compiling would double the time.)"""
-    from electra_tf import convert, fileio
+    from electra_tf import fileio
+    from electra_tf.conversion import convert
     from electra_tf.finetune.cli import find_config
-    from electra_tf.checkpoints import save_tf1_checkpoint
-    from electra_tf.modeling import build_discriminator_encoder
+    from electra_tf.training.checkpoints import save_tf1_checkpoint
+    from electra_tf.model.modeling import build_discriminator_encoder
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(3)
     files = {"SST-2/train.tsv": synthetic_polarity(rng, 64),

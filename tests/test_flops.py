@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import flops_reference as ref
-from electra_tf import flops
+from electra_tf.pretraining import flops
 from electra_tf.configs import apply_overrides, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

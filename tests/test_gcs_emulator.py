@@ -202,7 +202,7 @@ def test_cli_flow_on_gs(gcs_emulator, tmp_path):  # noqa: F811
     a subprocess, every path under gs://electra-test/<unique>/: tfrecord_builder from a
     gzipped corpus in the bucket, run_pretraining.py 4 steps then rerun to 6 (must resume
     at step 4), run_finetuning.py from the bucket's checkpoint with --export_dir on the
-    bucket, `python -m electra_tf.convert export-hf` and `export-tf1`; then a TF process
+    bucket, `python -m electra_tf.conversion.convert export-hf` and `export-tf1`; then a TF process
     checks what landed in the bucket and serves the exported SavedModel from gs://, and no
     local directory `gs:` may appear in the commands' working directory."""
     import gzip
@@ -287,9 +287,9 @@ def test_cli_flow_on_gs(gcs_emulator, tmp_path):  # noqa: F811
             tuned.stdout
 
         # -- 5. README: the pre-trained model converts too.
-        run("convert export-hf", ["-m", "electra_tf.convert", "export-hf",
+        run("convert export-hf", ["-m", "electra_tf.conversion.convert", "export-hf",
                                   f"{root}/models/tiny", f"{root}/hf"])
-        run("convert export-tf1", ["-m", "electra_tf.convert", "export-tf1",
+        run("convert export-tf1", ["-m", "electra_tf.conversion.convert", "export-tf1",
                                    f"{root}/models/tiny", f"{root}/tf1/model.ckpt"])
 
         # -- 6. what is in the bucket, read back by TensorFlow, and the export served.

@@ -6,7 +6,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from electra_tf import hardware
+from electra_tf.training import hardware
 
 T = 1e12
 

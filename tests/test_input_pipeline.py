@@ -1,4 +1,4 @@
-"""Tests of electra_tf.input_pipeline against a small build of the bundled Wikipedia sample.
+"""Tests of electra_tf.data.input_pipeline against a small build of the bundled Wikipedia sample.
 
 Expected values come from the records themselves, decoded with tf.train.Example.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import input_pipeline as ip
+from electra_tf.data import input_pipeline as ip
 from tfrecord_builder.build import BuildConfig, build
 from tfrecord_builder.manifest import ManifestError
 
@@ -300,7 +300,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from electra_tf import input_pipeline as ip
+    from electra_tf.data import input_pipeline as ip
 
     cfg = ip.InputConfig(file_pattern=sys.argv[1], max_seq_length=128, batch_size=8,
                          deterministic=True, seed=3)

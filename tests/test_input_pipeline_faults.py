@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from electra_tf.training.options import RunOptions
 from electra_tf.training.loop import RunError
-from electra_tf import input_pipeline as ip
+from electra_tf.data import input_pipeline as ip
 from tfrecord_builder import manifest as manifest_lib
 
 SEQ = 8
@@ -318,12 +318,12 @@ def test_up_front_checks_name_the_file(tmp_path):
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, monkeypatch,
                                               policy):
-    """Through `train.run`: stop -> one RunError naming the shard and the last good
+    """Through `pretrain.run`: stop -> one RunError naming the shard and the last good
     checkpoint, nothing saved after it; skip -> the run finishes, the shard is logged."""
     import logging
     import shutil
 
-    from electra_tf import train
+    from electra_tf.pretraining import pretrain
     from electra_tf.configs import load_config
 
     data = tmp_path / "data"
@@ -338,19 +338,19 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, mon
     caplog.set_level(logging.WARNING)
     watched = []  # the run's ShardInputs, whose log the train dataset reports into
 
-    class Watched(train.ShardInputs):
+    class Watched(pretrain.ShardInputs):
         def __init__(self, files):
             super().__init__(files)
             watched.append(self)
 
-    monkeypatch.setattr(train, "ShardInputs", Watched)
+    monkeypatch.setattr(pretrain, "ShardInputs", Watched)
     if policy == "stop":
         with pytest.raises(RunError, match=f"{shard}: corrupted record [0-9]+.*last good "
                                                  "checkpoint: none"):
-            train.run(cfg, options)
+            pretrain.run(cfg, options)
         assert not tf.train.latest_checkpoint(str(tmp_path / "run"))
     else:
-        train.run(cfg, options)
+        pretrain.run(cfg, options)
         assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")
         assert [os.path.basename(s.path) for s in watched[0].log.skipped()] == [shard]
         assert any(shard in r.getMessage() for r in caplog.records)

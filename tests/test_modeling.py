@@ -1,4 +1,4 @@
-"""electra_tf.modeling: shapes, dtypes, masking, weight sharing, TF1 names, XLA, precision."""
+"""electra_tf.model.modeling: shapes, dtypes, masking, weight sharing, TF1 names, XLA, precision."""
 
 import dataclasses
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import modeling
+from electra_tf.model import modeling
 from electra_tf.configs import ModelConfig, load_config
 
 # E=32, H=64, 2 layers, V=1000; generator 1/4 -> hidden 16 (so it has its own projection).
@@ -429,7 +429,7 @@ def test_tf1_variables_map_names_to_variables(tiny):
 
 def test_layer_norm_matvec_means_equal_reductions():
     """The CPU path (means as float32 matvecs) gives the reduction path's output."""
-    from electra_tf import modeling
+    from electra_tf.model import modeling
     ln = modeling.LayerNorm(64)
     ln.build()
     x = tf.constant(np.random.default_rng(0).normal(3.0, 2.0, (4, 5, 64)).astype(np.float32))

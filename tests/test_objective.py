@@ -1,10 +1,10 @@
-"""Numbers checks of electra_tf.objective: masking, sampling, corruption, losses, metrics."""
+"""Numbers checks of electra_tf.pretraining.losses: masking, sampling, corruption, losses, metrics."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import objective as obj
+from electra_tf.pretraining import losses as obj
 from electra_tf import rng
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
@@ -429,7 +429,7 @@ def test_full_step_under_xla_matches_eager():
 
 _MIRRORED = r'''
 import numpy as np, tensorflow as tf
-from electra_tf import objective as obj
+from electra_tf.pretraining import losses as obj
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 rng = np.random.default_rng(6)

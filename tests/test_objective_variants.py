@@ -1,10 +1,10 @@
-"""The pure loss and metric functions of the objective variants (electra_tf.objective)."""
+"""The pure loss and metric functions of the objective variants (electra_tf.pretraining.losses)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import objective as obj
+from electra_tf.pretraining import losses as obj
 
 
 def _np(x):

@@ -1,4 +1,4 @@
-"""electra_tf.optimization: schedule, AdamW/LAMB against numpy, clipping, the mean of
+"""electra_tf.training.optimization: schedule, AdamW/LAMB against numpy, clipping, the mean of
 accumulated micro-batch gradients, XLA and MirroredStrategy (the latter in a subprocess
 with 2 logical CPU devices)."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import optimization as opt_lib
+from electra_tf.training import optimization as opt_lib
 from electra_tf.configs import OptimizerConfig
 from gradient_accumulator import GradientAccumulator
 
@@ -398,7 +398,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     import numpy as np
-    from electra_tf import optimization as O
+    from electra_tf.training import optimization as O
     from gradient_accumulator import GradientAccumulator
 
     rng = np.random.RandomState(0)

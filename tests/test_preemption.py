@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.training.options import RunOptions
-from electra_tf import gce, preemption, train
+from electra_tf.pretraining import pretrain
+from electra_tf.training import gce, preemption
 from electra_tf.configs import load_config
 
 
@@ -149,7 +150,7 @@ def test_pretraining_stops_on_a_maintenance_event(tmp_path, sample_build, monkey
                          preempted="FALSE") as fake:
         with pytest.raises(preemption.Preempted, match=r"^GCE maintenance event .* at step 2: "
                            r"saved .*ckpt-2; rerun"):
-            train.run(cfg, options)
+            pretrain.run(cfg, options)
         assert fake.requests[0] == "maintenance-event"  # looked up before the first loop
     assert tf.train.latest_checkpoint(options.model_dir).endswith("ckpt-2")
     step = tf.train.load_checkpoint(options.model_dir).get_tensor("global_step/.ATTRIBUTES/"

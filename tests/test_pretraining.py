@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import input_pipeline
+from electra_tf.data import input_pipeline
 from electra_tf.configs import load_config
-from electra_tf.pretraining import Pretrainer, summarize
+from electra_tf.pretraining.trainer import Pretrainer, summarize
 from electra_tf.training.trainer import default_jit
 
 from conftest import REPO
@@ -45,7 +45,7 @@ def test_losses_at_initialisation(sample_build):
     dens = trainer.objective.denominators(batch)
     loss, sums = trainer.objective.loss(trainer.model, batch, tf.constant([1, 2, 0]), dens,
                                         False)
-    from electra_tf.objective import metrics_from_sums
+    from electra_tf.pretraining.losses import metrics_from_sums
     m = {k: float(v) for k, v in metrics_from_sums(sums).items()}
     assert abs(m["masked_lm_loss"] - math.log(30522)) < 0.5
     assert abs(m["disc_loss"] - math.log(2)) < 0.2
@@ -125,7 +125,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
         lambda ctx: {{k: v[8 * ctx.replica_id_in_sync_group: 8 * ctx.replica_id_in_sync_group + 8]
                      for k, v in batch.items()}})
     sums = two._reduce(mirrored.run(two.replica_step(), args=(values,)))
-    from electra_tf.pretraining import summarize
+    from electra_tf.pretraining.trainer import summarize
     out_two = summarize(sums)
     diff = max(float(np.max(np.abs(a - b))) for a, b in
                zip(one.model.get_weights(), two.model.get_weights()))
@@ -154,7 +154,7 @@ def test_two_replicas_equal_one_device(sample_build):
 @pytest.fixture
 def precision():
     """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
-    from electra_tf import distribute
+    from electra_tf.training import distribute
     yield distribute.set_precision
     distribute.set_precision("float32")
 

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.training.options import RunOptions
-from electra_tf import train
+from electra_tf.pretraining import pretrain
 from electra_tf.configs import ConfigError, load_config
-from electra_tf.pretraining import Pretrainer
+from electra_tf.pretraining.trainer import Pretrainer
 
 V = 1000
 B, L = 4, 32
@@ -162,7 +162,7 @@ def test_two_stage_run_freezes_the_generator_and_starts_from_it(tmp_path, sample
                                "objective.objective": "two_stage",
                                "generator_hidden_size": "1.0", "tie_embeddings": "false"})
     out = tmp_path / "run"
-    train.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
+    pretrain.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
                                     strategy="cpu"))
 
     def weights(step):

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from electra_tf.training.options import RunOptions
 from electra_tf.training.loop import RunError
-from electra_tf import checkpoints, preemption, train
+from electra_tf.pretraining import pretrain
+from electra_tf.training import checkpoints, preemption
 from electra_tf.training import loop
 from electra_tf.configs import load_config
 
@@ -46,7 +47,7 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
     the same command: same weights, bit for bit (data position and RNG are restored)."""
     data = sample_build[0]
     straight = tmp_path / "straight"
-    train.run(_cfg(), _options(straight, data))
+    pretrain.run(_cfg(), _options(straight, data))
 
     resumed = tmp_path / "resumed"
     real_save = tf.train.CheckpointManager.save
@@ -57,10 +58,10 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        train.run(_cfg(), _options(resumed, data))
+        pretrain.run(_cfg(), _options(resumed, data))
     monkeypatch.setattr(tf.train.CheckpointManager, "save", real_save)
     assert tf.train.latest_checkpoint(str(resumed)).endswith("ckpt-3")
-    train.run(_cfg(), _options(resumed, data))
+    pretrain.run(_cfg(), _options(resumed, data))
 
     a, b = _final_weights(straight), _final_weights(resumed)
     assert tf.train.latest_checkpoint(str(resumed)).endswith("ckpt-6")
@@ -71,7 +72,7 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
 
 def test_outputs_of_a_run(tmp_path, sample_build):
     out = tmp_path / "run"
-    metrics = train.run(_cfg(), _options(out, sample_build[0], do_eval=True,
+    metrics = pretrain.run(_cfg(), _options(out, sample_build[0], do_eval=True,
                                           eval_data=sample_build[0]))
     assert json.load(open(out / "config.json"))["model"]["hidden_size"] == 128
     assert os.path.exists(out / "eval_results.json")
@@ -92,7 +93,7 @@ def _learn(tmp_path, data, steps, **overrides):
     these 20 batches 10.36 and 0.72, measured), a sampled-original rate near 1/V."""
     cfg = _cfg(train_batch_size=32, num_train_steps=steps, save_checkpoints_steps=steps,
                steps_per_loop=40, log_every_steps=40, **overrides)
-    return train.run(cfg, _options(tmp_path / "learn", data, do_eval=True, eval_data=data,
+    return pretrain.run(cfg, _options(tmp_path / "learn", data, do_eval=True, eval_data=data,
                                    jit_compile=None))
 
 
@@ -146,17 +147,18 @@ def test_bad_flags_are_one_line_errors(tmp_path, sample_build, args, needle):
 WORKER_SCRIPT = """
 import sys
 from absl import logging
-from electra_tf import preemption, train
+from electra_tf.pretraining import pretrain
+from electra_tf.training import preemption
 from electra_tf.configs import load_config
 from electra_tf.training.options import RunOptions
 cfg = load_config("tiny", sys.argv[3])
 logging.set_verbosity(logging.INFO)
-train.run(cfg, RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
+pretrain.run(cfg, RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
                           strategy="multi_worker"))
 """
 
 # As run_pretraining.py: a preemption exits with PREEMPTED_EXIT_CODE.
-PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("train.run(", "try:\n  train.run(").replace(
+PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("pretrain.run(", "try:\n  pretrain.run(").replace(
     'strategy="multi_worker"))', 'strategy="multi_worker"))\n'
     'except preemption.Preempted as e:\n  print(e, file=sys.stderr)\n'
     '  sys.exit(preemption.PREEMPTED_EXIT_CODE)')
@@ -200,8 +202,8 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
     """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
     its own file shards, end with the weights of one process that trains on the same
     global batches (worker 0's rows, then worker 1's). Only the chief writes model_dir."""
-    from electra_tf import input_pipeline
-    from electra_tf.pretraining import Pretrainer
+    from electra_tf.data import input_pipeline
+    from electra_tf.pretraining.trainer import Pretrainer
 
     data = sample_build[0]
     overrides = dict(NO_DROPOUT, train_batch_size=8, num_train_steps=4,
@@ -228,7 +230,7 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
     # One process, one device, the same global batches.
     cfg = load_config("tiny", {k: str(v) for k, v in overrides.items()})
     one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
-    icfg = train.input_config(input_pipeline.resolve_files(data), cfg, 8, True)
+    icfg = pretrain.input_config(input_pipeline.resolve_files(data), cfg, 8, True)
     halves = [input_pipeline.make_dataset(icfg, tf.distribute.InputContext(2, w, 2))
               for w in range(2)]
     global_batches = tf.data.Dataset.zip(tuple(halves)).map(
@@ -262,7 +264,7 @@ def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monke
                save_checkpoints_steps=1, log_every_steps=1, on_nan=on_nan)
     out = tmp_path / on_nan
     with pytest.raises(RunError, match=needle) as error:
-        train.run(cfg, _options(out, sample_build[0]))
+        pretrain.run(cfg, _options(out, sample_build[0]))
     assert "at step 2 " in str(error.value) and str(out / "ckpt-1") in str(error.value)
     latest = tf.train.latest_checkpoint(str(out))
     assert latest.endswith("ckpt-1")
@@ -311,7 +313,7 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
                        match=r"could not write the step-6 checkpoint to "
                        rf"{run_dir} \(No space left on device\); last good checkpoint: "
                        rf"{run_dir}/ckpt-3; free space"):
-        train.run(_cfg(), _options(run_dir, sample_build[0]))
+        pretrain.run(_cfg(), _options(run_dir, sample_build[0]))
     assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-3")
 
 
@@ -404,17 +406,17 @@ def test_a_run_with_model_dir_and_data_on_a_remote_filesystem(tmp_path, sample_b
     assert copied >= 17  # 16 shards, the manifest, the token counts
     monkeypatch.chdir(tmp_path)
     starts = []  # the global step each run's training starts from
-    real_train = train.loop.train
+    real_train = pretrain.loop.train
 
     def spy(trainer, *args, **kwargs):
         starts.append(int(trainer.global_step.numpy()))
         return real_train(trainer, *args, **kwargs)
 
-    monkeypatch.setattr(train.loop, "train", spy)
+    monkeypatch.setattr(pretrain.loop, "train", spy)
     for steps in (3, 6):  # the first run also evaluates and profiles (once is enough)
         first = steps == 3
         cfg = _cfg(num_train_steps=steps, max_eval_steps=2, eval_batch_size=8)
-        train.run(cfg, _options(model_dir, data, do_eval=first, eval_data=data,
+        pretrain.run(cfg, _options(model_dir, data, do_eval=first, eval_data=data,
                                 profile_steps="1,2" if first else None))
         config = json.loads(tf.io.gfile.GFile(f"{model_dir}/config.json").read())
         assert config["train"]["num_train_steps"] == steps

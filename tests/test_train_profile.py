@@ -14,8 +14,9 @@ import tensorflow as tf
 from electra_tf.training.options import RunOptions
 from electra_tf.training.loop import RunError
 from electra_tf.training.loop import parse_profile_steps
-from electra_tf import flops, hardware, train
-from electra_tf.pretraining import Pretrainer
+from electra_tf.pretraining import flops, pretrain
+from electra_tf.training import hardware
+from electra_tf.pretraining.trainer import Pretrainer
 
 from conftest import REPO
 from test_train import _cfg as train_cfg
@@ -54,7 +55,7 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
     caplog.set_level(logging.INFO, logger="absl")
     cfg = _cfg()
     out = tmp_path / "run"
-    metrics = train.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
+    metrics = pretrain.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
                                               strategy="cpu", profile_steps="1,3",
                                               jit_compile=False))  # compiles in half the time
     assert loop_steps == [1, 2, 1]
@@ -106,7 +107,7 @@ def test_profile_steps_parse():
 
 def test_bad_peak_flops_is_a_run_error(tmp_path):
     with pytest.raises(RunError, match=r"^--peak_flops=-5: expected a positive "):
-        train.run(_cfg(), RunOptions(model_dir=str(tmp_path), strategy="cpu",
+        pretrain.run(_cfg(), RunOptions(model_dir=str(tmp_path), strategy="cpu",
                                            peak_flops="-5"))
 
 

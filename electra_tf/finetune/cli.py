@@ -7,10 +7,11 @@ from typing import Optional
 
 from absl import logging
 
-from electra_tf import configs, convert, fileio
-from electra_tf.distribute import StrategyError
+from electra_tf import configs, fileio
+from electra_tf.conversion import convert
+from electra_tf.training.distribute import StrategyError
 from electra_tf.training.loop import RunError
-from electra_tf.checkpoints import CheckpointError
+from electra_tf.training.checkpoints import CheckpointError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task

@@ -14,10 +14,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import convert, rng
+from electra_tf import rng
+from electra_tf.conversion import convert
 from electra_tf.configs import ModelConfig
-from electra_tf.checkpoints import assign_arrays, checkpoint_reader, load_tf1_checkpoint
-from electra_tf.modeling import Encoder, dropout, gelu, truncated_normal
+from electra_tf.training.checkpoints import assign_arrays, checkpoint_reader, load_tf1_checkpoint
+from electra_tf.model.modeling import Encoder, dropout, gelu, truncated_normal
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision

@@ -17,14 +17,15 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, fileio
+from electra_tf import fileio
+from electra_tf.training import distribute
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
                                        make_head)
-from electra_tf.finetune import export as export_lib
+from electra_tf.conversion import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.text import TextEncoder
-from electra_tf.optimization import AdamW, WarmupPolynomialDecay
+from electra_tf.training.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
 from electra_tf.training.options import RunOptions
 from electra_tf.training.trainer import Trainer

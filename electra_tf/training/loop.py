@@ -16,9 +16,10 @@ from typing import Callable, Dict, Optional, Tuple
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import fileio, hardware
-from electra_tf.checkpoints import remove_torn_checkpoints, save_checkpoint
-from electra_tf.preemption import PreemptionWatch
+from electra_tf import fileio
+from electra_tf.training import hardware
+from electra_tf.training.checkpoints import remove_torn_checkpoints, save_checkpoint
+from electra_tf.training.preemption import PreemptionWatch
 from electra_tf.training.trainer import Trainer, summarize
 
 

@@ -9,7 +9,7 @@ from typing import Optional, Tuple, Union
 
 from absl import flags
 
-STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.distribute's
+STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.training.distribute's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ _RUN_FLAGS = ("strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile", "prof
 
 def define_run_flags():
     """The flags both CLIs share: the strategy (--strategy, --tpu, --tpu_zone,
-    --gcp_project; electra_tf.distribute.make_strategy), --precision, --jit_compile,
+    --gcp_project; electra_tf.training.distribute.make_strategy), --precision, --jit_compile,
     --on_nan, --profile_steps and --peak_flops."""
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
                       "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM "
@@ -88,7 +88,7 @@ def define_run_flags():
                         "lists them (a TensorCore on v2/v3, a chip from v4 on) or one CPU "
                         "host; it is multiplied by the number of devices. Default: the "
                         "published dense peak of a known GPU/TPU for the run's precision "
-                        "(electra_tf/hardware.py), or on CPU a timed matmul.")
+                        "(electra_tf/training/hardware.py), or on CPU a timed matmul.")
 
 
 def options_from_flags(flag_values, **fields) -> RunOptions:

@@ -18,9 +18,10 @@ from typing import Callable, Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from electra_tf import distribute, rng
-from electra_tf.modeling import use_matvec_means
-from electra_tf.optimization import all_reduce_gradients, clip_by_global_norm, update_loss_scale
+from electra_tf import rng
+from electra_tf.training import distribute
+from electra_tf.model.modeling import use_matvec_means
+from electra_tf.training.optimization import all_reduce_gradients, clip_by_global_norm, update_loss_scale
 
 # Keys of the step's metric sums that every replica reports identically (not shares).
 _PER_STEP = ("steps", "grad_norm_sum", "skipped")

@@ -12,10 +12,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from electra_tf import objective as obj
+from electra_tf.pretraining import losses as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
-from electra_tf.modeling import gather_positions
+from electra_tf.model.modeling import gather_positions
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 _EPS = 1e-5

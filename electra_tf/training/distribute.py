@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import gce
+from electra_tf.training import gce
 from electra_tf.training.options import STRATEGIES  # the --strategy values
 
 # resolve_tpu_target's kinds

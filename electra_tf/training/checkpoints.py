@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.modeling import tf1_variables
+from electra_tf.model.modeling import tf1_variables
 
 
 class CheckpointError(ValueError):

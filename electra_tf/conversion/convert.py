@@ -3,7 +3,7 @@ discriminator / generator <-> Hugging Face `transformers` directories (safetenso
 
 Every format goes through one flat dict {TF1 name: numpy array}; our Keras variable paths
 are the TF1 names (modeling.py), so each conversion is a name map plus kernel transposes.
-CLI: `python -m electra_tf.convert {inspect,import-tf1,export-tf1,export-hf,import-hf} ...`.
+CLI: `python -m electra_tf.conversion.convert {inspect,import-tf1,export-tf1,export-hf,import-hf} ...`.
 """
 
 import argparse
@@ -20,11 +20,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import checkpoints, fileio  # noqa: E402
+from electra_tf import fileio
+from electra_tf.training import checkpoints  # noqa: E402
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
                                 apply_overrides, load_config, parse_overrides)
-from electra_tf.modeling import tf1_name, tf1_variables  # noqa: E402
-from electra_tf.pretraining import Pretrainer  # noqa: E402
+from electra_tf.model.modeling import tf1_name, tf1_variables  # noqa: E402
+from electra_tf.pretraining.trainer import Pretrainer  # noqa: E402
 
 SLOT_SUFFIXES = ("/adam_m", "/adam_v")
 _LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
@@ -558,7 +559,7 @@ def import_hf(disc_dir: str, gen_dir: Optional[str] = None
 # --- CLI ------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m electra_tf.convert", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m electra_tf.conversion.convert", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("inspect", help="Print the config inferred from a TF1 checkpoint and "
                        "which variables map.")

@@ -25,7 +25,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, gce
+from electra_tf.training import distribute, gce
 
 # EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
 PREEMPTED_EXIT_CODE = 75

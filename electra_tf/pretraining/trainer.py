@@ -7,11 +7,11 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-from electra_tf import objective as obj
+from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
-from electra_tf.modeling import ElectraPretrainingModel
-from electra_tf.objectives import build_objective
-from electra_tf.optimization import make_optimizer
+from electra_tf.model.modeling import ElectraPretrainingModel
+from electra_tf.pretraining.objectives import build_objective
+from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import trainer as trainer_lib
 from electra_tf.training.trainer import LoopOutput, Trainer
 

@@ -16,13 +16,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import distribute, fileio, flops, hardware, input_pipeline
-from electra_tf import objective as obj
+from electra_tf import fileio
+from electra_tf.data import input_pipeline
+from electra_tf.pretraining import flops
+from electra_tf.training import distribute, hardware
+from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
-from electra_tf.checkpoints import save_tf1_checkpoint
-from electra_tf.modeling import discriminator_variables
-from electra_tf.objectives import BERT_SPECIAL_IDS
-from electra_tf.pretraining import Pretrainer, summarize
+from electra_tf.training.checkpoints import save_tf1_checkpoint
+from electra_tf.model.modeling import discriminator_variables
+from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
+from electra_tf.pretraining.trainer import Pretrainer, summarize
 from electra_tf.training import loop
 from electra_tf.training.loop import RunError
 from electra_tf.training.options import RunOptions

@@ -1,0 +1,1 @@
+"""The input side: TFRecords -> batches (`input_pipeline.py`)."""

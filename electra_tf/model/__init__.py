@@ -1,0 +1,1 @@
+"""The networks: encoder, generator, discriminator and their heads (`modeling.py`)."""
