@@ -10,6 +10,8 @@ import os
 import typing
 from typing import Any, Dict, Optional, Union
 
+from absl import logging
+
 # Repo-internal presets (local, next to this package); user config files go through
 # TensorFlow's filesystem layer (`load_config`).
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
@@ -473,12 +475,45 @@ def _with_overrides(cfg, overrides: Optional[Union[str, Dict[str, Any]]]):
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 
+# What an objective needs of the model, set for it unless the user set otherwise:
+# two_stage initialises the discriminator from the generator (equal sizes) and freezes the
+# generator while the discriminator trains (nothing shared). (key, value, the flag to use)
+OBJECTIVE_REQUIRES = {"two_stage": (
+    ("model.generator_hidden_size", 1.0, "--params_override=model.generator_hidden_size=1.0"),
+    ("model.generator_layers", 1.0, "--params_override=model.generator_layers=1.0"),
+    ("model.tie_embeddings", False, "--generator_tying=none"),
+    ("model.tie_all_weights", False, "--generator_tying=none"))}
+
+
+def _objective_requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
+    """Sets what the objective requires (OBJECTIVE_REQUIRES), logging each change; a
+    conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
+    flag that fixes it."""
+    changes = {}
+    for key, value, flag in OBJECTIVE_REQUIRES.get(cfg.objective.objective, ()):
+        section, name = key.split(".")
+        current = getattr(getattr(cfg, section), name)
+        if current == value:
+            continue
+        if key in explicit:
+            raise ConfigError(f"objective.objective={cfg.objective.objective} needs "
+                              f"{key}={value} but it is set to {current}: use {flag}")
+        logging.info("objective.objective=%s: setting %s=%s (was %s)",
+                     cfg.objective.objective, key, value, current)
+        changes[key] = value
+    return apply_overrides(cfg, changes) if changes else cfg
+
+
 def load_config(name_or_path: str = "tiny",
                 overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
     """A pre-training preset name (configs/NAME.json) or a JSON path (any filesystem),
-    plus overrides; checked."""
+    plus overrides; then what the objective requires (`OBJECTIVE_REQUIRES`); checked."""
     cfg = apply_overrides(PretrainingConfig(), _read_config_file(name_or_path, "--config"))
-    return _with_overrides(cfg, overrides).check()
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    cfg = _with_overrides(cfg, overrides)
+    explicit = {".".join(_resolve_key(k)) for k in (overrides or {})}
+    return _objective_requirements(cfg, explicit).check()
 
 
 def load_finetune_config(path: Optional[str] = None,

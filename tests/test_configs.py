@@ -105,3 +105,32 @@ def test_config_file_on_a_remote_filesystem():
         assert "\n" not in str(e.value)
     finally:
         tf.io.gfile.rmtree(root)
+
+
+def test_two_stage_sets_what_it_requires(caplog):
+    """--objective=two_stage alone: equal generator sizes and no sharing, each change
+    logged; the tiny preset's half-size, tied generator would otherwise stop the run."""
+    import logging
+    with caplog.at_level(logging.INFO):
+        cfg = load_config("tiny", {"objective": "two_stage"})
+    m = cfg.model
+    assert (m.generator_hidden_size, m.generator_layers) == (1.0, 1.0)
+    assert (m.tie_embeddings, m.tie_all_weights) == (False, False)
+    assert (m.generator_hidden, m.generator_num_layers) == (128, 2)
+    logged = [r.getMessage() for r in caplog.records if "two_stage" in r.getMessage()]
+    assert logged == ["objective.objective=two_stage: setting model.generator_hidden_size=1.0 "
+                      "(was 0.5)",
+                      "objective.objective=two_stage: setting model.tie_embeddings=False "
+                      "(was True)"]
+    # other objectives keep the preset's generator
+    assert load_config("tiny", {"objective": "electra"}).model.generator_hidden_size == 0.5
+
+
+def test_two_stage_names_the_flag_for_a_conflicting_value():
+    with pytest.raises(ConfigError, match=r"^objective.objective=two_stage needs "
+                       r"model.tie_embeddings=False but it is set to True: use "
+                       r"--generator_tying=none$"):
+        load_config("tiny", {"objective": "two_stage", "model.tie_embeddings": "true"})
+    with pytest.raises(ConfigError, match=r"needs model.generator_hidden_size=1.0 but it is "
+                       r"set to 0.25: use --params_override=model.generator_hidden_size=1.0$"):
+        load_config("tiny", {"objective": "two_stage", "generator_hidden_size": "0.25"})

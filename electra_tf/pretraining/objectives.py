@@ -1,13 +1,15 @@
 """Pre-training objectives: what a train step minimises.
 
 An objective turns (model, batch, seed) into a scalar loss and additive metric sums out
-of the pure loss functions in `objective.py`; the train step (`pretraining.py`) adds the
-gradients, all-reduce, clipping and the update. New objectives subclass `Objective` and
-register in `OBJECTIVES`.
+of the pure loss functions in `losses.py`; the train step (`trainer.py` over the core's
+`training/trainer.py`) adds the gradients, all-reduce, clipping and the update. One small
+class per variant, registered by name with `@register`: the ELECTRA family shares
+`ReplacedTokenDetection`'s step and overrides its hooks, the masked-LM family
+`MaskedLM`'s.
 """
 
 import abc
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +21,21 @@ from electra_tf.model.modeling import gather_positions
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 _EPS = 1e-5
+
+
+# objective name -> its class (filled by @register)
+OBJECTIVES: Dict[str, Type["Objective"]] = {}
+
+
+def register(name: str):
+    """Class decorator: makes `name` (--objective=NAME) build this class."""
+    def add(cls):
+        if name in OBJECTIVES:
+            raise ValueError(f"objective {name!r} registered twice")
+        cls.name = name
+        OBJECTIVES[name] = cls
+        return cls
+    return add
 
 
 class Objective(abc.ABC):
@@ -113,157 +130,245 @@ class Objective(abc.ABC):
         return self.oc.gen_weight * loss_sum / tf.maximum(denominators["mlm"], _EPS)
 
 
-class ElectraObjective(Objective):
-    """Replaced-token detection: generator + disc_weight x discriminator BCE.
+class ReplacedTokenDetection(Objective):
+    """ELECTRA's replaced-token detection (`objective=electra`): the generator's MLM (focal
+    with `gen_focal_gamma`) + disc_weight x the discriminator's BCE over real tokens.
 
-    Variants by `objective.objective`:
-    * electra: the generator's MLM (focal with `gen_focal_gamma`) + BCE over real tokens;
-    * electra_15: the BCE only over the prediction slots (ELECTRA paper 3.5);
-    * hp_loss / hp_dist: replacements drawn from a sampling head (HP paper 4.1.2), whose
-      loss (weight `sampling_weight()`) is the term "sampling";
-    * adversarial: no MLE; the generator maximises the discriminator's loss at the slots by
-      REINFORCE with a learned baseline (ELECTRA paper, Appendix F);
-    * two_stage: phase 0 trains the generator alone (MLM); phase 1 copies it into the
-      discriminator (equal sizes, untied) and trains the discriminator with the generator
-      frozen (ELECTRA paper 3.2). The learning-rate schedule is the run's, not restarted.
-    No discriminator gradient reaches a generator-only weight: samples are discrete and
-    every generator-side use of the discriminator's output is a constant.
+    One step: mask -> the generator's proposal at the slots -> `sampling_logits` ->
+    sample -> corrupt -> discriminate. Variants override the hooks below. No
+    discriminator gradient reaches a generator-only weight: samples are discrete and every
+    generator-side use of the discriminator's output is a constant.
     """
+    trains_generator_by_mle = True  # the generator's MLM term
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        name = self.oc.objective
-        self.heads = {"hp_loss": ("sampling",), "hp_dist": ("sampling",),
-                      "adversarial": ("baseline",)}.get(name, ())
+    def sampling_logits(self, model, gen_logits, gen_slots, ids):
+        """-> (the logits replacements are drawn from, the sampling head's logits or None)."""
+        return gen_logits, None
 
-    def phases(self):
-        if self.oc.objective == "two_stage":
-            return [0, self.oc.switch_step(self.cfg.train.num_train_steps)]
-        return [0]
+    def sampling_head_terms(self, terms, hp_logits, gen_logits, sampled, ids, disc_logits,
+                            slot_loss, positions, w, den_mlm):
+        """Adds the sampling head's term; returns its loss estimate at the samples (for
+        the hp_loss_corr metric) or None."""
+        return None
 
-    def on_phase_start(self, model, phase):
-        if self.oc.objective == "two_stage" and phase == 1:
-            copy_encoder_weights(model.generator, model.electra)
+    def generator_policy_terms(self, terms, model, gen_logits, gen_slots, sampled, slot_loss,
+                               w, den_mlm):
+        """Adds terms that train the generator from the discriminator's loss (none)."""
+
+    def discriminator_term(self, disc_logits, labels, slot_loss, batch, denominators):
+        disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
+        return disc_sum / tf.maximum(denominators["disc"], _EPS)
 
     def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        name, oc = self.oc.objective, self.oc
         seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
         masked = self.mask(batch, seeds[0])
-        ids, w = masked["masked_ids"], masked["masked_weights"]
-        den_mlm = tf.maximum(denominators["mlm"], _EPS)
         gen_logits, gen_slots = self.generator(model, masked, batch, seeds[2], training)
-        terms = {}
-        if name == "two_stage":
-            if phase == 0:  # the generator alone
-                terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
-                return terms, obj.metric_sums(input_mask=batch["input_mask"], masked_ids=ids,
-                                              masked_weights=w, mlm_logits=gen_logits)
-            gen_logits = tf.stop_gradient(gen_logits)  # frozen
-        elif self.has_generator and name != "adversarial":
-            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+        return self.detection_terms(model, batch, masked, gen_logits, gen_slots, seeds,
+                                    denominators, training, {})
 
-        sampling_logits = gen_logits
-        if name in ("hp_loss", "hp_dist"):
-            hp_logits = model.sampling_predictions(gen_slots)
-            sampling_logits = (obj.hp_loss_sampling_logits(gen_logits, hp_logits, ids)
-                               if name == "hp_loss" else hp_logits)
+    def detection_terms(self, model, batch, masked, gen_logits, gen_slots, seeds,
+                        denominators, training, terms):
+        ids, w = masked["masked_ids"], masked["masked_weights"]
+        positions = masked["masked_positions"]
+        den_mlm = tf.maximum(denominators["mlm"], _EPS)
+        if self.has_generator and self.trains_generator_by_mle:
+            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+        sampling_logits, hp_logits = self.sampling_logits(model, gen_logits, gen_slots, ids)
         sampled = self.sample(sampling_logits, masked, seeds[1])
-        fake_ids, labels = obj.corrupt(batch["input_ids"], masked["masked_positions"],
-                                       sampled, w)
+        fake_ids, labels = obj.corrupt(batch["input_ids"], positions, sampled, w)
         disc_logits = model.discriminator(fake_ids, batch["input_mask"], batch["segment_ids"],
                                           training=training, seed=seeds[3])
-        slot_loss = obj.slot_disc_loss(disc_logits, labels, masked["masked_positions"], w)
-
-        hp_estimate = None
-        if name == "hp_loss":
-            hp_at_sample = obj.pick(hp_logits, sampled)
-            head_sum, _ = obj.hp_loss_head_sums(
-                hp_at_sample, obj.gather_slots(disc_logits, masked["masked_positions"]), w)
-            hp_estimate = obj.hp_loss_estimate(hp_at_sample, tf.equal(sampled, ids))
-        elif name == "hp_dist":
-            head_sum, _ = obj.hp_dist_head_sums(hp_logits, gen_logits, sampled, slot_loss, w)
-            # The head's loss estimate up to the slot's normaliser: p_S / p_G.
-            hp_estimate = tf.exp(obj.pick(tf.nn.log_softmax(hp_logits), sampled) -
-                                 obj.pick(tf.nn.log_softmax(gen_logits), sampled))
-        if hp_estimate is not None:
-            terms["sampling"] = oc.sampling_weight() * head_sum / den_mlm
-        if name == "adversarial":
-            policy, baseline = obj.reinforce_sums(gen_logits, sampled, slot_loss,
-                                                  model.baseline_logits(gen_slots), w)
-            terms["generator"] = oc.gen_weight * policy / den_mlm
-            terms["baseline"] = baseline / den_mlm
-
-        if name == "electra_15":
-            disc_term = tf.reduce_sum(slot_loss) / den_mlm
-        else:
-            disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
-            disc_term = disc_sum / tf.maximum(denominators["disc"], _EPS)
-        terms["discriminator"] = oc.disc_weight * disc_term
+        slot_loss = obj.slot_disc_loss(disc_logits, labels, positions, w)
+        hp_estimate = self.sampling_head_terms(terms, hp_logits, gen_logits, sampled, ids,
+                                               disc_logits, slot_loss, positions, w, den_mlm)
+        self.generator_policy_terms(terms, model, gen_logits, gen_slots, sampled, slot_loss,
+                                    w, den_mlm)
+        terms["discriminator"] = self.oc.disc_weight * self.discriminator_term(
+            disc_logits, labels, slot_loss, batch, denominators)
         sums = obj.metric_sums(
             input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
             sampled_ids=sampled, mlm_logits=gen_logits if self.has_generator else None,
-            disc_logits=disc_logits, disc_labels=labels,
-            masked_positions=masked["masked_positions"],
+            disc_logits=disc_logits, disc_labels=labels, masked_positions=positions,
             sampling_logits=None if training else sampling_logits,
             hp_estimate=hp_estimate, hp_actual=slot_loss if hp_estimate is not None else None)
         return terms, sums
 
 
-class MaskedLMObjective(Objective):
-    """Objectives whose main model is a masked LM (ELECTRA paper 3.5), with an MLM head
-    (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm":
+@register("electra")
+class Electra(ReplacedTokenDetection):
+    __doc__ = ReplacedTokenDetection.__doc__
 
-    * mlm: BERT; the encoder sees `mask_tokens`' corruption (official 85% [MASK] / 15%
-      kept, or BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1) and
-      predicts the originals at the slots. No generator.
-    * replace_mlm: the slots hold generator samples instead of [MASK]; MLM loss there.
-    * all_tokens_mlm: as replace_mlm, predicting every real token through the copy
-      mechanism (copy probability from `discriminator_predictions`).
-    The generator (replace_mlm, all_tokens_mlm) trains with its MLM loss as in ELECTRA.
-    """
-    heads = ("mlm",)
+
+@register("electra_15")
+class Electra15(ReplacedTokenDetection):
+    """ELECTRA 15% (ELECTRA paper 3.5): the discriminator's BCE only over the prediction
+    slots."""
+
+    def discriminator_term(self, disc_logits, labels, slot_loss, batch, denominators):
+        return tf.reduce_sum(slot_loss) / tf.maximum(denominators["mlm"], _EPS)
+
+
+@register("hp_loss")
+class HpLoss(ReplacedTokenDetection):
+    """Replacements drawn from a sampling head that predicts the discriminator's loss
+    (HP paper 4.1.2, hardness prediction by the loss); the head's loss (weight
+    `sampling_weight()`) is the term "sampling"."""
+    heads = ("sampling",)
+
+    def sampling_logits(self, model, gen_logits, gen_slots, ids):
+        hp_logits = model.sampling_predictions(gen_slots)
+        return obj.hp_loss_sampling_logits(gen_logits, hp_logits, ids), hp_logits
+
+    def sampling_head_terms(self, terms, hp_logits, gen_logits, sampled, ids, disc_logits,
+                            slot_loss, positions, w, den_mlm):
+        hp_at_sample = obj.pick(hp_logits, sampled)
+        head_sum, _ = obj.hp_loss_head_sums(
+            hp_at_sample, obj.gather_slots(disc_logits, positions), w)
+        terms["sampling"] = self.oc.sampling_weight() * head_sum / den_mlm
+        return obj.hp_loss_estimate(hp_at_sample, tf.equal(sampled, ids))
+
+
+@register("hp_dist")
+class HpDist(ReplacedTokenDetection):
+    """Replacements drawn from a sampling head trained towards the distribution
+    proportional to p_G x the discriminator's loss (HP paper 4.1.2, hardness prediction
+    by the distribution); its loss is the term "sampling"."""
+    heads = ("sampling",)
+
+    def sampling_logits(self, model, gen_logits, gen_slots, ids):
+        hp_logits = model.sampling_predictions(gen_slots)
+        return hp_logits, hp_logits
+
+    def sampling_head_terms(self, terms, hp_logits, gen_logits, sampled, ids, disc_logits,
+                            slot_loss, positions, w, den_mlm):
+        head_sum, _ = obj.hp_dist_head_sums(hp_logits, gen_logits, sampled, slot_loss, w)
+        terms["sampling"] = self.oc.sampling_weight() * head_sum / den_mlm
+        # The head's loss estimate up to the slot's normaliser: p_S / p_G.
+        return tf.exp(obj.pick(tf.nn.log_softmax(hp_logits), sampled) -
+                      obj.pick(tf.nn.log_softmax(gen_logits), sampled))
+
+
+@register("adversarial")
+class Adversarial(ReplacedTokenDetection):
+    """Adversarial ELECTRA (ELECTRA paper, Appendix F): no MLE; the generator maximises
+    the discriminator's loss at the slots by REINFORCE with a learned baseline (terms
+    "generator" and "baseline")."""
+    heads = ("baseline",)
+    trains_generator_by_mle = False
+
+    def generator_policy_terms(self, terms, model, gen_logits, gen_slots, sampled, slot_loss,
+                               w, den_mlm):
+        policy, baseline = obj.reinforce_sums(gen_logits, sampled, slot_loss,
+                                              model.baseline_logits(gen_slots), w)
+        terms["generator"] = self.oc.gen_weight * policy / den_mlm
+        terms["baseline"] = baseline / den_mlm
+
+
+@register("two_stage")
+class TwoStage(ReplacedTokenDetection):
+    """Two-stage training (ELECTRA paper 3.2): phase 0 trains the generator alone (MLM);
+    phase 1 copies it into the discriminator (equal sizes, untied) and trains the
+    discriminator with the generator frozen. The learning-rate schedule is the run's, not
+    restarted."""
+    trains_generator_by_mle = False  # phase 1: frozen
+
+    def phases(self):
+        return [0, self.oc.switch_step(self.cfg.train.num_train_steps)]
+
+    def on_phase_start(self, model, phase):
+        if phase == 1:
+            copy_encoder_weights(model.generator, model.electra)
 
     def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        name = self.oc.objective
         seeds = rng.split(seed, 4)
         masked = self.mask(batch, seeds[0])
-        ids, w, positions = masked["masked_ids"], masked["masked_weights"], \
-            masked["masked_positions"]
-        terms, sampled, gen_logits = {}, None, None
-        if name == "mlm":
-            inputs = masked["masked_input_ids"]
-        else:
-            gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
-            if self.has_generator:
-                terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
-            sampled = self.sample(gen_logits, masked, seeds[1])
-            inputs, _ = obj.corrupt(batch["input_ids"], positions, sampled, w)
+        gen_logits, gen_slots = self.generator(model, masked, batch, seeds[2], training)
+        if phase == 0:  # the generator alone
+            terms = {"generator": self.generator_mlm_term(gen_logits, masked, denominators)}
+            return terms, obj.metric_sums(
+                input_mask=batch["input_mask"], masked_ids=masked["masked_ids"],
+                masked_weights=masked["masked_weights"], mlm_logits=gen_logits)
+        return self.detection_terms(model, batch, masked, tf.stop_gradient(gen_logits),
+                                    gen_slots, seeds, denominators, training, {})
+
+
+class MaskedLM(Objective):
+    """Objectives whose main model is a masked LM (ELECTRA paper 3.5), with an MLM head
+    (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm". The
+    generator (when present) trains with its MLM loss as in ELECTRA. Variants override
+    what the encoder reads (`encoder_inputs`) and what it predicts (`main_loss`)."""
+    heads = ("mlm",)
+
+    def encoder_inputs(self, model, batch, masked, seeds, denominators, training, terms):
+        """-> (the ids the encoder reads, the samples or None, generator logits or None):
+        the generator's samples at the slots."""
+        gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
+        if self.has_generator:
+            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+        sampled = self.sample(gen_logits, masked, seeds[1])
+        inputs, _ = obj.corrupt(batch["input_ids"], masked["masked_positions"], sampled,
+                                masked["masked_weights"])
+        return inputs, sampled, gen_logits
+
+    def main_loss(self, model, hidden, inputs, batch, masked, denominators):
+        """-> (loss sum, per-item losses, item weights, per-item correct, denominator):
+        the originals predicted at the slots."""
+        ids, w = masked["masked_ids"], masked["masked_weights"]
+        logits = model.mlm_predictions(gather_positions(hidden, masked["masked_positions"]))
+        loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
+        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
+        return loss_sum, per_item, w, correct, denominators["mlm"]
+
+    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
+        seeds = rng.split(seed, 4)
+        masked = self.mask(batch, seeds[0])
+        terms = {}
+        inputs, sampled, gen_logits = self.encoder_inputs(model, batch, masked, seeds,
+                                                          denominators, training, terms)
         hidden = model.discriminator_hidden(inputs, batch["input_mask"], batch["segment_ids"],
                                             training=training, seed=seeds[3])
-        if name == "all_tokens_mlm":
-            logits = model.mlm_predictions(hidden)                       # [B,L,V]
-            copy_logits = model.discriminator_predictions(hidden)        # [B,L]
-            loss_sum, _, per_item = obj.copy_mlm_loss_sums(
-                logits, copy_logits, inputs, batch["input_ids"], batch["input_mask"])
-            item_weights = tf.cast(tf.cast(batch["input_mask"], tf.int32) > 0, tf.float32)
-            correct = tf.equal(copy_prediction(logits, copy_logits, inputs),
-                               tf.cast(batch["input_ids"], tf.int32))
-            den = denominators["disc"]
-        else:
-            logits = model.mlm_predictions(gather_positions(hidden, positions))  # [B,P,V]
-            loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
-            item_weights = w
-            correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
-            den = denominators["mlm"]
+        loss_sum, per_item, item_weights, correct, den = self.main_loss(
+            model, hidden, inputs, batch, masked, denominators)
         terms["mlm"] = loss_sum / tf.maximum(den, _EPS)
         sums = obj.metric_sums(
-            input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
-            sampled_ids=sampled,
+            input_mask=batch["input_mask"], masked_ids=masked["masked_ids"],
+            masked_weights=masked["masked_weights"], sampled_ids=sampled,
             mlm_logits=gen_logits if (sampled is not None and self.has_generator) else None,
             sampling_logits=None if training else gen_logits, main_loss=per_item,
             main_correct=item_weights * tf.cast(correct, tf.float32),
             main_weights=item_weights)
         return terms, sums
+
+
+@register("mlm")
+class Mlm(MaskedLM):
+    """BERT: the encoder sees `mask_tokens`' corruption (official 85% [MASK] / 15% kept,
+    or BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1) and predicts the
+    originals at the slots. No generator."""
+
+    def encoder_inputs(self, model, batch, masked, seeds, denominators, training, terms):
+        return masked["masked_input_ids"], None, None
+
+
+@register("replace_mlm")
+class ReplaceMlm(MaskedLM):
+    """Replace MLM: the slots hold generator samples instead of [MASK]; MLM loss there."""
+
+
+@register("all_tokens_mlm")
+class AllTokensMlm(MaskedLM):
+    """All-tokens MLM: as replace_mlm, predicting every real token through the copy
+    mechanism (copy probability from `discriminator_predictions`)."""
+
+    def main_loss(self, model, hidden, inputs, batch, masked, denominators):
+        logits = model.mlm_predictions(hidden)                       # [B,L,V]
+        copy_logits = model.discriminator_predictions(hidden)        # [B,L]
+        loss_sum, _, per_item = obj.copy_mlm_loss_sums(
+            logits, copy_logits, inputs, batch["input_ids"], batch["input_mask"])
+        item_weights = tf.cast(tf.cast(batch["input_mask"], tf.int32) > 0, tf.float32)
+        correct = tf.equal(copy_prediction(logits, copy_logits, inputs),
+                           tf.cast(batch["input_ids"], tf.int32))
+        return loss_sum, per_item, item_weights, correct, denominators["disc"]
 
 
 def copy_prediction(mlm_logits, copy_logits, input_ids):
@@ -290,13 +395,6 @@ def copy_encoder_weights(source, target):
         if tuple(src.shape) != tuple(v.shape):
             raise ValueError(f"{src.path} {tuple(src.shape)} != {v.path} {tuple(v.shape)}")
         v.assign(src.value)
-
-
-OBJECTIVES: Dict[str, Callable[..., Objective]] = {
-    "electra": ElectraObjective, "electra_15": ElectraObjective, "hp_loss": ElectraObjective,
-    "hp_dist": ElectraObjective, "adversarial": ElectraObjective,
-    "two_stage": ElectraObjective, "mlm": MaskedLMObjective,
-    "replace_mlm": MaskedLMObjective, "all_tokens_mlm": MaskedLMObjective}
 
 
 def build_objective(cfg: PretrainingConfig, special_ids=None, unigram_counts=None) -> Objective:
