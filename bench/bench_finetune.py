@@ -1,7 +1,7 @@
 """Fine-tuning throughput and end-to-end time of our path beside transformers/PyTorch.
 
 Both frameworks fine-tune the same encoder (identical initial weights: drawn here as
-the released code initialises them and written by `electra_tf.convert.export_hf`, the
+the released code initialises them, written by `conversion.convert.export_hf`: the
 directory that `--init_checkpoint` and `from_pretrained` both read) on the same
 sentence-classification data (the bundled polarity set, its train split cycled to
 `--num_train_examples` rows) with the same recipe: AdamW (eps 1e-6, no weight decay),
@@ -103,7 +103,7 @@ def _model_config(args):
 def prepare(args, workdir: str):
     """The cycled TSVs and the initial encoder as a Hugging Face directory."""
     import numpy as np
-    from electra_tf import convert
+    from electra_tf.conversion import convert
     _cycled_tsv(os.path.join(POLARITY, "train.tsv"),
                 os.path.join(workdir, "data", "polarity", "train.tsv"), args.num_train_examples)
     _cycled_tsv(os.path.join(POLARITY, "dev.tsv"),
@@ -140,25 +140,26 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    from electra_tf import convert, distribute
+    from electra_tf.conversion import convert
     from electra_tf.finetune import tasks
     from electra_tf.finetune import trainer as ft
     from electra_tf.finetune.text import TextEncoder
+    from electra_tf.training import distribute
     t_imported = time.perf_counter()
 
-    loops = []  # (steps, seconds) of every host loop
+    loops = []  # (steps, wall s, process CPU s) of every host loop
 
     class TimedFinetuner(ft.Finetuner):
         def make_train_loop(self, *args, **kwargs):
             loop = super().make_train_loop(*args, **kwargs)
 
             def timed(iterator, num_steps):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 sums = loop(iterator, num_steps)
                 float(next(iter(sums.values())))  # waits for the loop's steps
-                loops.append((int(num_steps), time.perf_counter() - t))
+                loops.append((int(num_steps), time.perf_counter() - t,
+                              time.process_time() - c))
                 return sums
-            timed.inner = loop
             return timed
 
     data_dir = os.path.join(workdir, "data")
@@ -179,13 +180,9 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     cfg = ft.FinetuneConfig(learning_rate=args.learning_rate, num_train_epochs=epochs,
                             train_batch_size=args.batch_size, eval_batch_size=args.batch_size,
                             max_seq_length=args.max_seq_length, seed=args.seed, **extra)
-    precision = distribute.default_precision(strategy)  # what run() sets for "auto"
-    cfg = dataclasses.replace(cfg, precision=precision)
-    try:
-        cfg = cfg.resolved(model_config, task, strategy).check()
-    except TypeError:  # the trainer before the shared training core
-        cfg = cfg.resolved(model_config, task).check()
-    distribute.set_precision(precision)
+    cfg = dataclasses.replace(cfg.resolved(model_config, task).check(),  # as run()
+                              precision=distribute.resolve_precision(cfg.precision, strategy))
+    distribute.set_precision(cfg.precision)
     steps = ft.num_train_steps(train.num_examples, cfg)
     jit = {"on": True, "off": False, "auto": None}[args.jit]
     t1 = time.perf_counter()
@@ -205,47 +202,34 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     row = _rates(loops, args.batch_size)
     row.update({
         "framework": "ours", "steps": steps, "examples": train.num_examples,
-        "jit_compile": _jit_of(finetuner), "steps_per_loop": cfg.steps_per_loop,
+        "jit_compile": finetuner.jit_compile, "steps_per_loop": cfg.steps_per_loop,
         "threads": f"intra {tf.config.threading.get_intra_op_parallelism_threads() or 'default'}"
                    f", inter {tf.config.threading.get_inter_op_parallelism_threads() or 'default'}",
         "import_s": t_imported - t_start, "tokenize_s": t_tok, "build_s": t_build,
         "train_s": t_train, "eval_s": t_eval, "eval_again_s": t_eval2,
         "e2e_s": t_tok + t_build + t_train + t_eval, "process_s": t_end - t_start,
-        "train_loop_host_s": t_train - sum(t for _, t in loops),
+        "train_loop_host_s": t_train - sum(t for _, t, _ in loops),
         "step_traces": finetuner.trace_count,
-        "eval_traces": _eval_fn_of(finetuner).experimental_get_tracing_count(),
+        "eval_traces": finetuner.replica_eval().experimental_get_tracing_count(),
         "dev_accuracy": metrics.get("accuracy"),
     })
     return row
 
 
-def _jit_of(finetuner) -> bool:
-    if hasattr(finetuner, "jit_compile"):
-        return finetuner.jit_compile
-    return finetuner._replica_step._jit_compile  # the trainer before the shared core
-
-
-def _eval_fn_of(finetuner):
-    if hasattr(finetuner, "replica_eval"):
-        return finetuner.replica_eval()
-    return finetuner._replica_eval  # the trainer before the shared core
-
-
 def _rates(loops, batch_size: int) -> dict:
     """Steady-state rate from the loops after the first; the first loop's excess over
-    it is the one-off trace + compile (+ first-touch) time."""
+    it is the one-off trace + compile (+ first-touch) time. `loops`: (steps, wall s,
+    process CPU s) of each host loop."""
     if not loops:
         return {}
-    n0, t0 = loops[0]
-    rest = loops[1:]
-    if rest:
-        steps, secs = sum(n for n, _ in rest), sum(t for _, t in rest)
-        step_s = secs / steps
-    else:  # one loop only: no steady state to separate
-        step_s = t0 / n0
+    n0, t0, _ = loops[0]
+    rest = loops[1:] or loops  # one loop only: no steady state to separate
+    steps = sum(n for n, _, _ in rest)
+    step_s = sum(t for _, t, _ in rest) / steps
     return {"step_s": step_s, "seq_per_s": batch_size / step_s,
-            "first_s": t0 - (n0 - 1) * step_s if rest else float("nan"),
-            "loops": [[n, round(t, 3)] for n, t in loops]}
+            "step_cpu_s": sum(c for _, _, c in rest) / steps,
+            "first_s": t0 - (n0 - 1) * step_s if len(loops) > 1 else float("nan"),
+            "loops": [[n, round(t, 3)] for n, t, _ in loops]}
 
 
 # ----------------------------------------------------------------------------- torch
@@ -299,13 +283,13 @@ def measure_torch(args, workdir: str, t_start: float) -> dict:
     opt = torch.optim.AdamW([{"params": ps, "lr": args.learning_rate * decay ** (top - d)}
                              for d, ps in sorted(groups.items())],
                             lr=args.learning_rate, eps=1e-6, weight_decay=0.0)
-    warmup = int(round(0.1 * steps))
+    warmup = int(round(0.1 * steps))  # ours: linear decay to 0 times a linear warmup
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
+        opt, lambda s: max(0.0, 1.0 - s / steps) * (min(1.0, s / warmup) if warmup else 1.0))
     t_build = time.perf_counter() - t1
 
     gen = torch.Generator().manual_seed(args.seed)
-    step_times = []
+    step_times, step_cpu = [], []
     model.train()
     t2 = time.perf_counter()
     order, at = torch.randperm(n, generator=gen), 0
@@ -315,15 +299,16 @@ def measure_torch(args, workdir: str, t_start: float) -> dict:
         idx = order[at:at + args.batch_size]
         at += args.batch_size
         batch = {k: v[idx] for k, v in train.items()}
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        last_loss = float(loss)  # the Trainer's logging sync
+        last_loss = float(loss.detach())  # the Trainer's logging sync
         step_times.append(time.perf_counter() - t)
+        step_cpu.append(time.process_time() - c)
     t_train = time.perf_counter() - t2
 
     def evaluate():
@@ -344,12 +329,14 @@ def measure_torch(args, workdir: str, t_start: float) -> dict:
     t_end = time.perf_counter()
     rest = step_times[2:] or step_times
     step_s = sum(rest) / len(rest)
+    rest_cpu = step_cpu[2:] or step_cpu
     return {
         "framework": "torch", "steps": steps, "examples": n, "jit_compile": None,
         "steps_per_loop": 1, "threads": f"torch {torch.get_num_threads()}",
         "attention": model.config._attn_implementation,
         "step_s": step_s, "seq_per_s": args.batch_size / step_s,
-        "first_s": step_times[0], "import_s": t_imported - t_start, "tokenize_s": t_tok,
+        "step_cpu_s": sum(rest_cpu) / len(rest_cpu), "first_s": step_times[0],
+        "import_s": t_imported - t_start, "tokenize_s": t_tok,
         "build_s": t_build, "train_s": t_train, "eval_s": t_eval, "eval_again_s": t_eval2,
         "e2e_s": t_tok + t_build + t_train + t_eval, "process_s": t_end - t_start,
         "train_loop_host_s": t_train - sum(step_times), "dev_accuracy": acc,
@@ -372,14 +359,15 @@ def _child(args, what: str, workdir: str) -> dict:
 
 
 def _table(rows) -> str:
-    head = ("framework", "XLA", "threads", "steps", "seq/s", "step s", "first s",
+    head = ("framework", "XLA", "threads", "steps", "seq/s", "step s", "step CPU s", "first s",
             "tokenize s", "build s", "train s", "eval s", "e2e s", "process s", "dev acc")
     out = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         xla = "-" if r.get("jit_compile") is None else ("on" if r["jit_compile"] else "off")
         out.append(" | ".join([
             r["framework"], xla, r["threads"], str(r["steps"]), f"{r['seq_per_s']:.2f}",
-            f"{r['step_s']:.3f}", f"{r['first_s']:.1f}", f"{r['tokenize_s']:.2f}",
+            f"{r['step_s']:.3f}", f"{r['step_cpu_s']:.3f}", f"{r['first_s']:.1f}",
+            f"{r['tokenize_s']:.2f}",
             f"{r['build_s']:.2f}", f"{r['train_s']:.1f}", f"{r['eval_s']:.2f}",
             f"{r['e2e_s']:.1f}", f"{r['process_s']:.1f}", f"{r['dev_accuracy']:.3f}"]))
     return "\n".join("| " + line + " |" for line in out)
@@ -405,6 +393,7 @@ def main(argv=None):
         scratch = tempfile.TemporaryDirectory(prefix="bench_finetune_")
         workdir = scratch.name
     _child(args, "prepare", workdir)
+    load_before = os.getloadavg()
     rows = []
     for r in range(args.repeats):
         for f in (frameworks if r % 2 == 0 else frameworks[::-1]):
@@ -416,12 +405,14 @@ def main(argv=None):
     print(f"Fine-tuning {args.layers} x {args.hidden} ({args.heads} heads, FFN "
           f"{args.intermediate}), batch {args.batch_size} x {args.max_seq_length}, "
           f"{rows[0]['examples']} train examples, {rows[0]['steps']} steps; "
-          f"{os.cpu_count()} CPU cores")
+          f"{os.cpu_count()} CPU cores, load average {load_before[0]:.1f} before and "
+          f"{os.getloadavg()[0]:.1f} after")
     print(_table(rows))
-    print("seq/s: steady state (ours: host loops after the first; torch: steps after the "
-          "second). first: the first loop's excess over steady steps (ours, trace + XLA "
-          "compile) or the first step (torch). e2e: tokenize + build + train + eval; "
-          "process: with imports.")
+    print("seq/s, step s: steady state, wall clock (ours: host loops after the first; "
+          "torch: steps after the second); step CPU s: the process's CPU time per step (all "
+          "threads; steadier than wall time on a shared machine). first: the first loop's "
+          "excess over steady steps (ours: trace + compile) or the first step (torch). "
+          "e2e: tokenize + build + train + eval; process: with imports.")
     if args.json:
         with open(args.json, "w") as f:  # local: a results file
             json.dump(rows, f, indent=2)
