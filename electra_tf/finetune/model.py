@@ -205,7 +205,7 @@ def init_encoder_from_hf(encoder: Encoder, path: str):
     try:
         _, arrays, ignored = convert.import_hf_encoder(path)
         assign_arrays(encoder, arrays)
-    except convert.ConvertError as e:
+    except ValueError as e:  # convert.ConvertError, checkpoints.assign_arrays
         raise InitError(f"--init_checkpoint {path}: {str(e).splitlines()[0]}") from None
     if ignored:
         logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
