@@ -13,7 +13,7 @@ machine's state of the moment as closely as a sequential run can.
 Ours drives the library: `finetune.trainer.Finetuner` + `train_trial` (the compiled step
 in host loops of `--steps_per_loop`, checkpoint at the end) + `Finetuner.evaluate`, the
 stages of `trainer.run`; each host loop is timed, so steady-state seq/s excludes the
-first loop, whose extra time over the steady rate is the trace + compile time.
+first loop, which holds the trace + compile time.
 PyTorch: `ElectraForSequenceClassification` (transformers' default attention), a plain
 loop (forward, backward, clip, AdamW, scheduler) as transformers' Trainer runs it.
 
@@ -217,9 +217,9 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
 
 
 def _rates(loops, batch_size: int) -> dict:
-    """Steady-state rate from the loops after the first; the first loop's excess over
-    it is the one-off trace + compile (+ first-touch) time. `loops`: (steps, wall s,
-    process CPU s) of each host loop."""
+    """Steady-state rate from the loops after the first; `first_s` is the first step with
+    the one-off trace + compile (the first loop less its other steps at the steady rate).
+    `loops`: (steps, wall s, process CPU s) of each host loop."""
     if not loops:
         return {}
     n0, t0, _ = loops[0]
@@ -410,8 +410,9 @@ def main(argv=None):
     print(_table(rows))
     print("seq/s, step s: steady state, wall clock (ours: host loops after the first; "
           "torch: steps after the second); step CPU s: the process's CPU time per step (all "
-          "threads; steadier than wall time on a shared machine). first: the first loop's "
-          "excess over steady steps (ours: trace + compile) or the first step (torch). "
+          "threads; steadier than wall time on a shared machine). first: the first step with "
+          "its one-off costs (ours: trace + XLA compile; the first host loop less its other "
+          "steps at the steady rate). "
           "e2e: tokenize + build + train + eval; process: with imports.")
     if args.json:
         with open(args.json, "w") as f:  # local: a results file
