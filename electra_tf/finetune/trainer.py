@@ -153,7 +153,8 @@ def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
     """A log line (and TensorBoard point) after every host loop."""
     return loop.Schedule(num_train_steps=num_train_steps, batch_size=cfg.train_batch_size,
                          steps_per_loop=cfg.steps_per_loop, log_every_steps=cfg.steps_per_loop,
-                         save_checkpoints_steps=cfg.save_checkpoints_steps, on_nan=cfg.on_nan)
+                         save_checkpoints_steps=cfg.save_checkpoints_steps, on_nan=cfg.on_nan,
+                         log_each_loop=True)
 
 
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,

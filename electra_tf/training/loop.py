@@ -44,6 +44,7 @@ class Schedule:
     log_every_steps: int
     save_checkpoints_steps: int
     on_nan: str = "skip"
+    log_each_loop: bool = False  # also log at the end of every host loop
 
 
 def parse_profile_steps(value) -> Optional[Tuple[int, int]]:
@@ -292,7 +293,7 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
                 raise RunError(f"non-finite loss or gradients at step {step + 1} ({why}; no "
                                "such step is applied); last good checkpoint: "
                                f"{manager.latest_checkpoint or 'none'}")
-            if step % s.log_every_steps == 0 or step >= total:
+            if step % s.log_every_steps == 0 or step >= total or s.log_each_loop:
                 out, sums = summarize(sums, metrics_from_sums), None
                 seqs_per_s, eta = progress.rates(step)
                 lr = float(trainer.optimizer.learning_rate(step))
