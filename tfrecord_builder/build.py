@@ -370,7 +370,7 @@ def finished_build(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
     for shard in old.get("shards", []):
         try:
             fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
-        except tf.errors.OpError:
+        except tf.errors.OpError:  # already gone: the marker went first, nothing reads it
             pass
     return None
 

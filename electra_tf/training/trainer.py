@@ -12,6 +12,7 @@ Subclasses: `pretraining.Pretrainer` (the ELECTRA objectives) and
 `finetune.trainer.Finetuner` (a task head's loss).
 """
 
+import abc
 import dataclasses
 from typing import Callable, Dict, List, Optional
 
@@ -45,7 +46,7 @@ class LoopOutput:
     skipped_steps: int
 
 
-class Trainer:
+class Trainer(abc.ABC):
     """The state of a training run and its compiled functions.
 
     `build_model()` and `build_optimizer(variables)` are called under the strategy's
@@ -95,20 +96,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ the job's part
 
+    @abc.abstractmethod
     def loss(self, batch, seed, context, training: bool, phase: int = 0):
         """-> (scalar float32 loss, dict of additive float32 metric sums) of this
         replica's (micro-)batch, already divided by global denominators so that replicas
         and micro-batches add up to the loss of the whole global batch."""
-        raise NotImplementedError
 
     def step_context(self, batch) -> Dict[str, tf.Tensor]:
         """Whatever `loss` needs from the whole replica batch before it is split into
         micro-batches (pre-training: global loss denominators). Default: nothing."""
         return {}
 
+    @abc.abstractmethod
     def eval_step(self, batch, phase: int = 0):
         """One replica's evaluation outputs (a dict of tensors)."""
-        raise NotImplementedError
 
     def phases(self) -> List[int]:
         """The first global step of each phase (one phase by default)."""
