@@ -81,8 +81,18 @@ def main(argv):
         config_name = (os.path.splitext(os.path.basename(FLAGS.config))[0]
                        if "://" in FLAGS.config else FLAGS.config)
         model_dir = FLAGS.model_dir or os.path.join("runs", f"pretrain_{config_name}")
-        options = options_from_flags(FLAGS, model_dir=model_dir, train_data=FLAGS.train_data,
-                                     eval_data=FLAGS.eval_data, do_train=FLAGS.do_train,
+        train_data, eval_data = FLAGS.train_data, FLAGS.eval_data
+        if not train_data:  # the bundled sample; its last shard is held out
+            from tfrecord_builder.sample import SAMPLE_VOCAB_SIZE, bundled_sample
+            if cfg.model.vocab_size != SAMPLE_VOCAB_SIZE:
+                raise configs.ConfigError(
+                    f"no --train_data given, and the bundled sample uses the "
+                    f"{SAMPLE_VOCAB_SIZE}-token BERT vocabulary but model.vocab_size="
+                    f"{cfg.model.vocab_size}")
+            train_data, held_out = bundled_sample(cfg.train.max_seq_length)
+            eval_data = eval_data or held_out
+        options = options_from_flags(FLAGS, model_dir=model_dir, train_data=train_data,
+                                     eval_data=eval_data, do_train=FLAGS.do_train,
                                      do_eval=FLAGS.do_eval)
         pretrain.run(cfg, options)
     except preemption.Preempted as e:

@@ -155,6 +155,48 @@ def test_run_learns_and_writes_results(trained):
     assert again["scores"] == results["scores"]
 
 
+def test_a_later_trial_reuses_the_compiled_step_and_equals_a_fresh_run(trained, tmp_path):
+    """The run's trial 1 (seed 2) trained on trial 0's trainer, reinitialized; alone, on a
+    fresh trainer, the same seed gives the same metrics and the same weights, bit for bit."""
+    d, task, cfg, options, results = trained
+    alone = run(task, TINY, dataclasses_replace(cfg, seed=2, num_trials=1),
+                dataclasses_replace(options, model_dir=str(tmp_path / "model"),
+                                    export_dir=None))
+    assert alone["trials"][0] == results["trials"][1]
+    ours = tf.train.load_checkpoint(f"{d}/model/trial_1")
+    fresh = tf.train.load_checkpoint(str(tmp_path / "model" / "trial_0"))
+    names = [n for n in ours.get_variable_to_shape_map() if "OPTIMIZER" not in n
+             and n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_array_equal(ours.get_tensor(name), fresh.get_tensor(name), name)
+
+
+def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, tmp_path):
+    from electra_tf.finetune.trainer import Finetuner, train_trial
+    d, task, cfg, options, results = trained
+    strategy = tf.distribute.get_strategy()
+    train = task.train_split(f"{d}/data", TextEncoder(VOCAB), cfg.max_seq_length)
+    small = dataclasses_replace(cfg, steps_per_loop=4, save_checkpoints_steps=8)
+    ft = Finetuner(task, TINY, small, strategy, 8, None, 1)
+    train_trial(ft, train, str(tmp_path / "a"), 1)
+    assert int(ft.global_step.numpy()) == 8 and ft.trace_count == 1
+    ft.reinitialize(5)
+    other = Finetuner(task, TINY, small, strategy, 8, None, 5)
+    assert len(ft.model.weights) == len(other.model.weights) > 10
+    for mine, theirs in zip(ft.model.weights, other.model.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), mine.path)
+    for slot in ft.optimizer.slot_variables().values():
+        assert not np.any(slot.numpy())
+    assert [int(v.numpy()) for v in (ft.global_step, ft.data_batches, ft.good_steps)] == [0] * 3
+    assert ft.base_seed.numpy().tolist() == other.base_seed.numpy().tolist() == [5, 0xF17E]
+    train_trial(ft, train, str(tmp_path / "b"), 5)
+    train_trial(other, train, str(tmp_path / "c"), 5)
+    assert ft.trace_count == 1  # the second trial ran on the first one's trace
+    for mine, theirs in zip(ft.model.weights, other.model.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), mine.path)
+
+
 def dataclasses_replace(obj, **kw):
     import dataclasses
     return dataclasses.replace(obj, **kw)

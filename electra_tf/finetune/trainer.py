@@ -44,8 +44,9 @@ def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarr
 
 
 class Finetuner(Trainer):
-    """One trial: a fresh model (encoder from the pre-trained checkpoint, a new task head),
-    AdamW with layer-wise learning rates, and the task's loss over the global batch."""
+    """A trial's state: the model (encoder from the pre-trained checkpoint, a new task
+    head), AdamW with layer-wise learning rates, and the task's loss over the global batch.
+    `reinitialize(seed)` starts the next trial on the same compiled step."""
 
     def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  strategy: tf.distribute.Strategy, num_train_steps: int,
@@ -221,6 +222,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  cfg.layerwise_lr_decay)
     fileio.makedirs(options.model_dir)
     trials: List[Dict[str, float]] = []
+    finetuner: Optional[Finetuner] = None
     for trial in range(cfg.num_trials):
         trial_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"),
                                           strategy)
@@ -230,8 +232,11 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
             logging.info("Trial %d already done: %s", trial, trials[-1])
             continue
         seed = cfg.seed + trial
-        finetuner = Finetuner(task, model_config, cfg, strategy, steps,
-                              options.init_checkpoint, seed, options.jit_compile)
+        if finetuner is None:
+            finetuner = Finetuner(task, model_config, cfg, strategy, steps,
+                                  options.init_checkpoint, seed, options.jit_compile)
+        else:  # the next seed on the same compiled step: compiles once per run
+            finetuner.reinitialize(seed)
         train_trial(finetuner, train, trial_dir, seed,
                     fileio.join(options.model_dir, "train", f"trial_{trial}"),
                     loop.parse_profile_steps(options.profile_steps) if trial == 0 else None,
@@ -253,8 +258,9 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  task.primary_metric, len(scores), results["median"],
                  ", ".join(f"{s:.4f}" for s in scores))
     if tests or (options.export_dir and chief):
-        finetuner = Finetuner(task, model_config, cfg, strategy, steps, None, cfg.seed + best,
-                              options.jit_compile)
+        if finetuner is None:  # every trial was done by an earlier run
+            finetuner = Finetuner(task, model_config, cfg, strategy, steps, None,
+                                  cfg.seed + best, options.jit_compile)
         # Each worker restores its own copy: predicting runs on all of them.
         ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
                                          strategy)

@@ -31,43 +31,21 @@ from electra_tf.training.loop import RunError
 from electra_tf.training.options import RunOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
-SAMPLE_CACHE = os.path.join("cache", "tfrecords")
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def bundled_sample(max_seq_length: int, vocab_size: int) -> str:
-    """Builds (once) the bundled Wikipedia sample at this length into ./cache."""
-    from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB, BuildError
-    from tfrecord_builder.build import BuildConfig, build
-    if vocab_size != 30522:
-        raise RunError(f"no --train_data given, and the bundled sample uses the 30522-token "
-                       f"BERT vocabulary but model.vocab_size={vocab_size}")
-    out = os.path.join(SAMPLE_CACHE, f"enwiki_sample-seq{max_seq_length}")
-    logging.info("No --train_data: using the bundled Wikipedia sample, built in %s", out)
-    build_cfg = BuildConfig(output_dir=out, inputs=(DEFAULT_CORPUS,), vocab_file=DEFAULT_VOCAB,
-                            max_seq_length=max_seq_length, num_shards=16,
-                            num_workers=min(2, os.cpu_count() or 1))
-    try:
-        build(build_cfg)  # a finished identical build is reused as it is
-    except BuildError:  # the cache holds another build of ours (older builder): replace it
-        build(dataclasses.replace(build_cfg, overwrite=True))
-    return out
-
-
 def resolve_data(options: RunOptions, cfg: PretrainingConfig):
-    """-> (train files, eval files, manifest or None). The bundled sample holds out its
-    last shard for evaluation."""
+    """-> (train files, eval files, manifest or None)."""
     tc = cfg.train
     train_pattern, eval_pattern = options.train_data, options.eval_data
-    held_out = None
     if not train_pattern:
-        train_pattern = bundled_sample(tc.max_seq_length, cfg.model.vocab_size)
-        files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
-        files, held_out = files[:-1], files[-1:]
-    else:
-        files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
+        if options.do_train or not eval_pattern:
+            raise RunError("no training data: give --train_data (TFRecord globs or a "
+                           "tfrecord_builder output directory)")
+        train_pattern = eval_pattern  # evaluation only: its data gives the manifest
+    files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
     manifest = input_pipeline.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
                                          max_seq_length=tc.max_seq_length,
                                          on_bad_shard=tc.on_bad_shard)
@@ -77,8 +55,6 @@ def resolve_data(options: RunOptions, cfg: PretrainingConfig):
         input_pipeline.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
                                   max_seq_length=tc.max_seq_length,
                                   on_bad_shard=tc.on_bad_shard)
-    elif held_out:
-        eval_files = held_out
     elif options.do_eval:
         raise RunError("--do_eval needs --eval_data (held-out shards)")
     else:

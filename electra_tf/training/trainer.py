@@ -57,7 +57,8 @@ class Trainer(abc.ABC):
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
-                 build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float, grad_accum_steps: int = 1,
+                 build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float,
+                 grad_accum_steps: int = 1,
                  jit_compile: Optional[bool] = None):
         self.strategy = strategy
         # The precision the model is built with (distribute.set_precision); float16 scales
@@ -65,6 +66,8 @@ class Trainer(abc.ABC):
         self.float16 = distribute.active_precision() == "float16"
         self.clip_norm = clip_norm
         self.grad_accum_steps = grad_accum_steps
+        self.seed_stream = seed_stream
+        self._build_model = build_model
         keras.utils.set_random_seed(seed)
         with strategy.scope():
             self.model = build_model()
@@ -82,16 +85,20 @@ class Trainer(abc.ABC):
             # global_step by the steps skipped for non-finite gradients.
             self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                             name="data_batches", aggregation=agg)
-        # Masks and dropout are a function of this, the step and the row: a resumed run
-        # redraws what an uninterrupted one would have drawn.
-        self.base_seed = tf.constant([seed, seed_stream], tf.int32)
+            # Masks and dropout are a function of this, the step and the row: a resumed
+            # run redraws what an uninterrupted one would have drawn. A variable (not in
+            # the checkpoint: it comes from the flags), so `reinitialize` can change it
+            # under the compiled step.
+            self.base_seed = tf.Variable([seed, seed_stream], dtype=tf.int32,
+                                         trainable=False, name="base_seed", aggregation=agg)
         # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
         use_matvec_means(distribute.is_cpu_only(strategy))
         self.jit_compile = default_jit(strategy) if jit_compile is None else jit_compile
         self.lr_multipliers = None  # or (variable, multiplier) pairs: layer-wise rates
-        # One compiled step (and eval step) per phase, made on first use.
+        # One compiled step, eval step and host loop per phase, made on first use.
         self._replica_steps: Dict[int, Callable] = {}
         self._replica_evals: Dict[int, Callable] = {}
+        self._train_loops: Dict[int, Callable] = {}
         self.trace_count = 0
 
     # ------------------------------------------------------------------ the job's part
@@ -135,6 +142,27 @@ class Trainer(abc.ABC):
         self.checkpoint().restore(path).assert_existing_objects_matched()
         if int(self.data_batches.numpy()) < 0:
             self.data_batches.assign(self.global_step)
+
+    def reinitialize(self, seed: int):
+        """Puts the trainer where a new one built with `seed` would start: the weights
+        `build_model` draws under that seed, zero optimizer slots, step 0, the initial loss
+        scale, data position 0 and the seed's dropout/mask streams. The compiled step, eval
+        step and host loops are kept, so a run of several trials (fine-tuning seeds)
+        traces and compiles once."""
+        keras.utils.set_random_seed(seed)
+        with self.strategy.scope():
+            fresh = self._build_model()
+        new, old = fresh.weights, self.model.weights
+        if [w.path for w in new] != [w.path for w in old]:
+            raise ValueError("build_model made a different model on reinitialize")
+        for target, value in zip(old, new):
+            target.assign(value)
+        for slot in self.optimizer.slot_variables().values():
+            slot.assign(tf.zeros_like(slot))
+        for counter in (self.global_step, self.good_steps, self.data_batches):
+            counter.assign(0)
+        self.loss_scale.assign(2.0 ** 15 if self.float16 else 1.0)
+        self.base_seed.assign([seed, self.seed_stream])
 
     # ------------------------------------------------------------------ phases
 
@@ -240,8 +268,11 @@ class Trainer(abc.ABC):
     def make_train_loop(self, phase: int = 0):
         """A tf.function running `num_steps` train steps of `phase` from a distributed
         iterator and returning the metric sums, reduced over replicas and summed over the
-        steps (a loop must not cross a phase boundary: `steps_left_in_phase`)."""
-        return self._host_loop(self.replica_step(phase))
+        steps (a loop must not cross a phase boundary: `steps_left_in_phase`). Made once
+        per phase: a new iterator with the same element spec reuses its trace."""
+        if phase not in self._train_loops:
+            self._train_loops[phase] = self._host_loop(self.replica_step(phase))
+        return self._train_loops[phase]
 
     def _host_loop(self, step_fn):
         @tf.function
