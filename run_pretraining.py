@@ -37,7 +37,7 @@ flags.DEFINE_integer("grad_accum_steps", None, "Micro-batches per update.")
 flags.DEFINE_float("learning_rate", None, "Overrides optimizer.learning_rate.")
 flags.DEFINE_enum("objective", None, list(OBJECTIVE_NAMES),
                   "Overrides objective.objective: electra (default), electra_15, mlm, "
-                  "replace_mlm, all_tokens_mlm, two_stage, adversarial, hp_loss, hp_dist "
+                  "replace_mlm, all_tokens_mlm, two_stage, adversarial, hp_loss, hp_dist, electric "
                   "(README: Objective variants).")
 flags.DEFINE_enum("generator", None, ["masked_lm", "uniform", "unigram"],
                   "Overrides objective.generator: the sized masked-LM generator, or uniform / "

@@ -44,6 +44,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     # Share every encoder weight (paper 3.2); needs generator_hidden_size == 1.0.
     tie_all_weights: bool = False
+    # The generator is a two-tower cloze model (left-to-right + right-to-left encoders of
+    # the generator's size reading the unmasked input): ELECTRIC's noise distribution.
+    two_tower_generator: bool = False
 
     @property
     def generator_hidden(self) -> int:
@@ -72,15 +75,19 @@ class ModelConfig:
                                      self.generator_layers != 1.0):
             raise ConfigError("model.tie_all_weights needs generator_hidden_size=1.0 and "
                               "generator_layers=1.0")
+        if self.tie_all_weights and self.two_tower_generator:
+            raise ConfigError("model.two_tower_generator has its own encoders: it cannot "
+                              "share all weights (use --generator_tying=embeddings or none)")
 
 
 # Pre-training objectives (`electra_tf.pretraining.objectives.OBJECTIVES`): ELECTRA and the ELECTRA
 # paper's comparisons (3.2, 3.5, Appendix F), and the sampling heads of "Learning to Sample
 # Replacements for ELECTRA" (hp_loss, hp_dist).
 OBJECTIVE_NAMES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm",
-                   "two_stage", "adversarial", "hp_loss", "hp_dist")
+                   "two_stage", "adversarial", "hp_loss", "hp_dist", "electric")
 # Objectives whose generator network is trained (it cannot be uniform / unigram).
-GENERATOR_TRAINING_OBJECTIVES = ("two_stage", "adversarial", "hp_loss", "hp_dist")
+GENERATOR_TRAINING_OBJECTIVES = ("two_stage", "adversarial", "hp_loss", "hp_dist",
+                                 "electric")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +263,9 @@ class PretrainingConfig:
                 raise ConfigError(f"objective.two_stage_switch_step="
                                   f"{o.two_stage_switch_step} must fall inside the run's "
                                   f"{self.train.num_train_steps} steps")
+        if m.two_tower_generator and o.objective != "electric":
+            raise ConfigError("model.two_tower_generator is ELECTRIC's noise model: use it "
+                              f"with --objective=electric, not {o.objective}")
         return self
 
     def to_json(self) -> Dict[str, Any]:
@@ -478,11 +488,15 @@ def _with_overrides(cfg, overrides: Optional[Union[str, Dict[str, Any]]]):
 # What an objective needs of the model, set for it unless the user set otherwise:
 # two_stage initialises the discriminator from the generator (equal sizes) and freezes the
 # generator while the discriminator trains (nothing shared). (key, value, the flag to use)
+# electric's noise model is the two-tower cloze generator.
 OBJECTIVE_REQUIRES = {"two_stage": (
     ("model.generator_hidden_size", 1.0, "--params_override=model.generator_hidden_size=1.0"),
     ("model.generator_layers", 1.0, "--params_override=model.generator_layers=1.0"),
     ("model.tie_embeddings", False, "--generator_tying=none"),
-    ("model.tie_all_weights", False, "--generator_tying=none"))}
+    ("model.tie_all_weights", False, "--generator_tying=none")),
+    "electric": (
+    ("model.two_tower_generator", True, "--params_override=model.two_tower_generator=true"),
+    ("model.tie_all_weights", False, "--generator_tying=embeddings"))}
 
 
 def _objective_requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:

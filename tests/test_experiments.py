@@ -36,7 +36,7 @@ def plan():
 
 
 def test_variants_are_valid_configs():
-    assert len(ALL) == 9
+    assert len(ALL) == 10
     for name in ALL:
         cfg = cm.variant_config("tiny", name, {}, 100)
         assert cfg.objective.objective in configs.OBJECTIVE_NAMES
@@ -76,6 +76,7 @@ def test_plan_matches_every_variant_to_the_budget(plan):
         v["all_tokens_mlm"].steps
     assert v["electra_15"].steps == v["adversarial"].steps == 100
     assert v["two_stage"].switch_step == v["two_stage"].steps // 2
+    assert v["electric"].steps < v["electra"].steps  # two towers, cloze logits everywhere
     assert v["electra"].points[0].step == 50 and v["electra"].save_every == 50
 
 

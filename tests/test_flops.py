@@ -314,3 +314,26 @@ def test_two_stage_table_shows_both_stages():
     assert "generator stage, steps 0-300" in table
     assert "discriminator stage, steps 300-600" in table
     assert "forward only generator_embeddings" in table
+
+
+def test_electric_by_hand():
+    """Two generator-sized towers (each embedding the input) and a cloze head reading
+    both, at every position; the discriminator side is ELECTRA's."""
+    base = {c.name: flops.count_config(load_config("tiny"), c).forward()
+            for c in (flops.PAPER, flops.HARDWARE)}
+    electric = {c.name: flops.count_config(objective_config("electric"), c).forward()
+                for c in (flops.PAPER, flops.HARDWARE)}
+    v, e, s = 30522, 64, 128
+    hw, paper = electric["hardware"], electric["paper"]
+    assert hw["generator_encoder"] == 2 * base["hardware"]["generator_encoder"]
+    assert hw["generator_mlm_head"] == s * (2 * (2 * 64) * e + 2 * e * v)
+    for key in ("discriminator_encoder", "discriminator_head"):
+        assert hw[key] == base["hardware"][key] and paper[key] == base["paper"][key]
+    assert hw["embeddings"] == 0  # gathers
+    # Three embedding passes against ELECTRA's two (the same E, V and length).
+    assert paper["embeddings"] == pytest.approx(1.5 * base["paper"]["embeddings"], rel=1e-12)
+    assert paper["generator_encoder"] == 2 * base["paper"]["generator_encoder"]
+    # The paper's convention: the cloze output (dense, GELU, LayerNorm, logits, softmax,
+    # target pick) at all 128 positions.
+    per_position = 2 * 128 * e + e + 8 * e + 5 * e + 2 * e * v + v + 5 * v + 2 * v
+    assert paper["generator_mlm_head"] == s * per_position

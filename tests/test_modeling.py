@@ -148,19 +148,26 @@ def expected_tf1_layout(c: ModelConfig):
     E, H = c.embedding_size, c.hidden_size
     out = _embedding_names("electra", c)
     out.update(_encoder_names("electra", H, c.intermediate_size, c.num_hidden_layers, E))
-    gen_hidden = H
-    if not c.tie_all_weights:
+    gen_hidden, head = H, "generator_predictions"
+    if c.two_tower_generator:  # the official TwoTowerClozeTransformer's scopes
+        for tower in ("generator_ltr", "generator_rtl"):
+            if not c.tie_embeddings:
+                out.update(_embedding_names(tower, c))
+            out.update(_encoder_names(tower, c.generator_hidden, c.generator_intermediate,
+                                      c.generator_num_layers, E))
+        gen_hidden, head = 2 * c.generator_hidden, "cloze_predictions"
+    elif not c.tie_all_weights:
         gen_hidden = c.generator_hidden
         if not c.tie_embeddings:
             out.update(_embedding_names("generator", c))
         out.update(_encoder_names("generator", gen_hidden, c.generator_intermediate,
                                   c.generator_num_layers, E))
     out.update({
-        "generator_predictions/dense/kernel": (gen_hidden, E),
-        "generator_predictions/dense/bias": (E,),
-        "generator_predictions/LayerNorm/gamma": (E,),
-        "generator_predictions/LayerNorm/beta": (E,),
-        "generator_predictions/output_bias": (c.vocab_size,),
+        f"{head}/dense/kernel": (gen_hidden, E),
+        f"{head}/dense/bias": (E,),
+        f"{head}/LayerNorm/gamma": (E,),
+        f"{head}/LayerNorm/beta": (E,),
+        f"{head}/output_bias": (c.vocab_size,),
         "discriminator_predictions/dense/kernel": (H, H),
         "discriminator_predictions/dense/bias": (H,),
         "discriminator_predictions/dense_1/kernel": (H, 1),
@@ -256,6 +263,45 @@ def test_untied_embeddings_are_separate():
     disc = {id(v) for v in modeling.discriminator_variables(model)}
     gen = {id(v) for v in modeling.generator_variables(model)}
     assert not disc & gen
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+def test_two_tower_generator_sees_every_token_but_its_own(tie_embeddings):
+    """ELECTRIC's cloze model: position t's representation (and its vocabulary logits)
+    must not depend on the token at t, and must depend on its neighbours; the ltr tower
+    alone sees only the left context."""
+    cfg = dataclasses.replace(TINY, two_tower_generator=True, tie_embeddings=tie_embeddings)
+    model = modeling.ElectraPretrainingModel(cfg)
+    names = _check_name_map(model, cfg)
+    assert "generator_ltr/encoder/layer_0/attention/self/query/kernel" in names
+    assert "generator_rtl/embeddings_project/kernel" in names  # E=32 != h=16
+    assert model.generator_predictions.dense.kernel.shape == (32, cfg.embedding_size)
+    assert "cloze_predictions/output_bias" in names and not any(
+        n.startswith(("generator/", "generator_predictions/")) for n in names)
+    shared = model.generator.embeddings is model.embeddings
+    assert shared == tie_embeddings
+    assert ("generator_ltr/embeddings/word_embeddings" in names) != tie_embeddings
+    ids, mask, seg, _ = _inputs(pad=0)
+    hidden = model.generator_hidden(ids, mask, seg).numpy()
+    logits = model.generator_predictions(hidden).numpy()
+    ltr = model.generator.towers[0](ids, mask, seg).numpy()
+    t = 6
+    changed = ids.copy()
+    changed[:, t] = (changed[:, t] + 1) % cfg.vocab_size
+    hidden2 = model.generator_hidden(changed, mask, seg).numpy()
+    np.testing.assert_array_equal(model.generator_predictions(hidden2).numpy()[:, t],
+                                  logits[:, t])
+    assert np.abs(hidden2[:, t - 1] - hidden[:, t - 1]).max() > 1e-3  # rtl context
+    assert np.abs(hidden2[:, t + 1] - hidden[:, t + 1]).max() > 1e-3  # ltr context
+    ltr2 = model.generator.towers[0](changed, mask, seg).numpy()
+    np.testing.assert_array_equal(ltr2[:, :t], ltr[:, :t])
+    assert np.abs(ltr2[:, t:] - ltr[:, t:]).max() > 1e-3
+
+
+def test_two_tower_generator_needs_its_own_encoders():
+    with pytest.raises(ValueError, match="two_tower_generator .* cannot share all weights"):
+        dataclasses.replace(TINY, generator_hidden_size=1.0, tie_all_weights=True,
+                            two_tower_generator=True).check()
 
 
 def test_variable_groups_and_gradients(tiny):

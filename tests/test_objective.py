@@ -480,3 +480,50 @@ def test_two_mirrored_replicas_equal_one_device():
     run = subprocess.run([sys.executable, "-c", _MIRRORED], capture_output=True, text=True,
                          timeout=120, env=env)
     assert "MIRRORED_OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+
+
+# --- ELECTRIC ---------------------------------------------------------------------------
+
+def test_electric_nce_loss_against_the_noise_posterior_by_hand():
+    """The logit of "noise" is E + log q + log(p/(1-p)): its BCE must equal -log of the NCE
+    posterior k q / (k q + exp(-E)) (label 1) or of its complement (label 0), k = p/(1-p)."""
+    energies = np.array([[0.5, -1.0, 2.0]], np.float32)
+    q = np.array([[0.2, 0.5, 0.1]], np.float32)
+    labels = np.array([[1, 0, 1]], np.int32)
+    p = 0.25
+    k = p / (1 - p)
+    posterior = k * q / (k * q + np.exp(-energies.astype(np.float64)))
+    by_hand = -np.mean(np.where(labels == 1, np.log(posterior), np.log(1 - posterior)))
+    assert by_hand == pytest.approx(1.331073, abs=1e-6)  # the value by hand, 6 digits
+    logits = obj.electric_logits(energies, np.log(q), p)
+    total, count, _ = obj.disc_loss_sums(logits, labels, tf.ones_like(labels))
+    assert float(total / count) == pytest.approx(by_hand, rel=1e-6)
+    np.testing.assert_allclose(logits.numpy(), [[-2.208050, -2.791759, -1.401197]],
+                               atol=1e-5)
+
+
+def test_electric_logits_pass_no_gradient_to_log_q():
+    e, log_q = tf.Variable([[0.3, -0.2]]), tf.Variable([[-1.0, -2.0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(obj.electric_logits(e, log_q, 0.15))
+    ge, gq = tape.gradient(loss, [e, log_q])
+    np.testing.assert_array_equal(ge.numpy(), [[1.0, 1.0]])
+    assert gq is None
+
+
+def test_corrupt_labels_every_real_slot_for_electric():
+    ids = tf.constant([[101, 7, 8, 9, 102]])
+    positions, sampled = tf.constant([[1, 3, 0]]), tf.constant([[7, 5, 0]])
+    weights = tf.constant([[1.0, 1.0, 0.0]])  # slot 1 samples the original token
+    fake, usual = obj.corrupt(ids, positions, sampled, weights)
+    fake2, nce = obj.corrupt(ids, positions, sampled, weights, label_all_slots=True)
+    np.testing.assert_array_equal(fake.numpy(), [[101, 7, 8, 5, 102]])
+    np.testing.assert_array_equal(fake2.numpy(), fake.numpy())
+    np.testing.assert_array_equal(usual.numpy(), [[0, 0, 0, 1, 0]])
+    np.testing.assert_array_equal(nce.numpy(), [[0, 1, 0, 1, 0]])
+
+
+def test_pseudo_log_likelihood_sums_the_weighted_energies():
+    e = tf.constant([[1.0, 2.0, 4.0], [0.5, 0.5, 8.0]])
+    w = tf.constant([[0, 1, 1], [1, 1, 0]])
+    np.testing.assert_allclose(obj.pseudo_log_likelihood(e, w).numpy(), [-6.0, -1.0])

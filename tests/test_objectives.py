@@ -10,7 +10,7 @@ from electra_tf.pretraining import objectives
 def test_every_objective_name_has_its_own_class():
     assert sorted(objectives.OBJECTIVES) == sorted(OBJECTIVE_NAMES)
     classes = list(objectives.OBJECTIVES.values())
-    assert len(set(classes)) == len(classes) == 9
+    assert len(set(classes)) == len(classes) == 10
     for name, cls in objectives.OBJECTIVES.items():
         assert cls.name == name and cls.__doc__
 
@@ -18,7 +18,8 @@ def test_every_objective_name_has_its_own_class():
 @pytest.mark.parametrize("name,heads,phases", [
     ("electra", (), 1), ("electra_15", (), 1), ("hp_loss", ("sampling",), 1),
     ("hp_dist", ("sampling",), 1), ("adversarial", ("baseline",), 1), ("two_stage", (), 2),
-    ("mlm", ("mlm",), 1), ("replace_mlm", ("mlm",), 1), ("all_tokens_mlm", ("mlm",), 1)])
+    ("mlm", ("mlm",), 1), ("replace_mlm", ("mlm",), 1), ("all_tokens_mlm", ("mlm",), 1),
+    ("electric", (), 1)])
 def test_build_objective(name, heads, phases):
     cfg = load_config("tiny", {"objective": name, "num_train_steps": "40"})
     built = objectives.build_objective(cfg)

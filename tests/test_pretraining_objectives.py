@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import rng
 from electra_tf.training.options import RunOptions
 from electra_tf.pretraining import pretrain
 from electra_tf.configs import ConfigError, load_config
@@ -20,11 +21,12 @@ TWO_STAGE = {"model.generator_hidden_size": "1.0", "model.tie_embeddings": "fals
 VARIANTS = {
     "electra": {}, "electra_15": {}, "mlm": {}, "replace_mlm": {}, "all_tokens_mlm": {},
     "hp_loss": {"objective.gen_focal_gamma": "piecewise"}, "hp_dist": {}, "adversarial": {},
-    "two_stage": TWO_STAGE}
+    "two_stage": TWO_STAGE, "electric": {}}
+ELECTRIC_GEN = ("generator_ltr/", "generator_rtl/", "cloze_predictions/")
 GROUPS = ("generator/", "generator_predictions/", "electra/", "discriminator_predictions/",
-          "mlm_predictions/", "sampling_predictions/", "adversarial_baseline/")
+          "mlm_predictions/", "sampling_predictions/", "adversarial_baseline/") + ELECTRIC_GEN
 GEN_SIDE = ("generator/", "generator_predictions/", "sampling_predictions/",
-            "adversarial_baseline/")
+            "adversarial_baseline/") + ELECTRIC_GEN
 ELECTRA_GROUPS = {"generator/", "generator_predictions/", "electra/",
                   "discriminator_predictions/"}
 # Weight groups one step of each objective (and phase) changes.
@@ -39,6 +41,7 @@ CHANGED = {
     ("all_tokens_mlm", 0): ELECTRA_GROUPS | {"mlm_predictions/"},
     ("two_stage", 0): {"generator/", "generator_predictions/"},
     ("two_stage", 1): {"electra/", "discriminator_predictions/"},
+    ("electric", 0): {"electra/", "discriminator_predictions/"} | set(ELECTRIC_GEN),
 }
 
 
@@ -110,6 +113,15 @@ def test_loss_terms_at_initialisation(name, batch):
         if name == "adversarial":
             assert terms.pop("baseline") == pytest.approx(LN2, rel=0.05)
             assert abs(terms.pop("generator")) < 0.2 * LNV  # advantage ~ 0
+        if name == "electric":
+            # E ~ 0 and q ~ 1/V: the noise logit is ~ log(k / V), k = 0.15 / 0.85; every
+            # slot is labelled noise, every other real token data.
+            logit = math.log(0.15 / 0.85 / V)
+            slots, real = float(sums["mlm_weight"]), float(dens["disc"])
+            want = (slots * math.log1p(math.exp(-logit)) +
+                    (real - slots) * math.log1p(math.exp(logit))) / real
+            assert float(sums["disc_label_pos"]) == slots
+            assert terms.pop("discriminator") == pytest.approx(50 * want, rel=0.03)
         if "discriminator" in terms:  # BCE ~ ln 2 (electra_15: over ~16 slots only)
             assert terms.pop("discriminator") == pytest.approx(
                 50 * LN2, rel=0.15 if name == "electra_15" else 0.06)
@@ -207,3 +219,61 @@ def test_config_errors_name_the_fix():
     assert cfg.objective.switch_step(cfg.train.num_train_steps) == 5
     assert _cfg("hp_loss").objective.sampling_weight() == 5.0
     assert _cfg("hp_dist").objective.sampling_weight() == 1.0
+
+
+def test_electric_sets_its_two_tower_generator_and_refuses_conflicts():
+    cfg = _cfg("electric")
+    assert cfg.model.two_tower_generator and not cfg.model.tie_all_weights
+    untied = _cfg("electric", **{"model.tie_embeddings": "false"})
+    assert untied.model.two_tower_generator and not untied.model.tie_embeddings
+    with pytest.raises(ConfigError, match="needs model.tie_all_weights=False .* use "
+                       "--generator_tying=embeddings"):
+        _cfg("electric", **{"model.tie_all_weights": "true",
+                            "model.generator_hidden_size": "1.0"})
+    with pytest.raises(ConfigError, match="two_tower_generator is ELECTRIC's noise model: "
+                       "use it with --objective=electric, not electra"):
+        _cfg("electra", **{"model.two_tower_generator": "true"})
+    with pytest.raises(ConfigError, match="has none"):
+        _cfg("electric", **{"objective.generator": "uniform"})
+
+
+def test_electric_terms_recomposed_from_the_model(batch):
+    """The generator term is the cloze cross-entropy over every maskable position; the
+    discriminator term the NCE BCE whose logits add log q of the token the discriminator
+    saw (the sample at a slot) and log k."""
+    trainer = Pretrainer(_cfg("electric"), tf.distribute.get_strategy(), jit_compile=False)
+    objective, model = trainer.objective, trainer.model
+    # Train the cloze model away from uniform so that log q varies by token.
+    for v in model.generator_predictions.trainable_variables:
+        v.assign(tf.random.stateless_normal(v.shape, [3, v.shape.rank], stddev=0.5))
+    dens = objective.denominators(batch)
+    seed = tf.constant([7, 8, 0])
+    terms, sums = objective.loss_terms(model, batch, seed, dens, False)
+    ids, mask = batch["input_ids"].numpy(), batch["input_mask"].numpy()
+    logits = model.generator_predictions(model.generator_hidden(
+        batch["input_ids"], batch["input_mask"], batch["segment_ids"])).numpy()
+    log_q = logits - logits.max(-1, keepdims=True)
+    log_q -= np.log(np.exp(log_q).sum(-1, keepdims=True))
+    maskable = (mask == 1) & ~np.isin(ids, [101, 102, 103])
+    nll = -np.take_along_axis(log_q, ids[..., None], -1)[..., 0]
+    assert float(dens["cloze"]) == maskable.sum()
+    assert float(terms["generator"]) == pytest.approx(nll[maskable].mean(), rel=1e-5)
+    # Redo the corruption with the objective's own seeds; the discriminator runs without
+    # dropout here, so its energies are a function of the corrupted ids.
+    seeds = rng.split(seed, 4)
+    masked = objective.mask(batch, seeds[0])
+    sampled = objective.sample(tf.gather(logits, masked["masked_positions"], batch_dims=1),
+                               masked, seeds[1]).numpy()
+    fake, labels = ids.copy(), np.zeros_like(ids)
+    for b in range(B):
+        for pos, sample, w in zip(masked["masked_positions"].numpy()[b], sampled[b],
+                                  masked["masked_weights"].numpy()[b]):
+            if w > 0:
+                fake[b, pos], labels[b, pos] = sample, 1
+    energies = model.discriminator(fake, batch["input_mask"], batch["segment_ids"]).numpy()
+    noise = energies + np.take_along_axis(log_q, fake[..., None], -1)[..., 0] + \
+        math.log(0.15 / 0.85)
+    bce = np.maximum(noise, 0) - noise * labels + np.log1p(np.exp(-np.abs(noise)))
+    assert float(terms["discriminator"]) == pytest.approx(
+        50 * bce[mask == 1].mean(), rel=1e-5)
+    assert float(sums["disc_label_pos"]) == labels.sum() == float(sums["mlm_weight"])

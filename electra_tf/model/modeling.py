@@ -10,6 +10,8 @@ checkpoints, e.g.::
     generator/encoder/layer_3/intermediate/dense/kernel      [h, 4h]
     generator_predictions/output_bias                        [V]
     discriminator_predictions/dense_1/kernel                 [H, 1]
+    generator_ltr/encoder/layer_0/attention/self/key/kernel  [h, h]   (two-tower generator)
+    cloze_predictions/dense/kernel                           [2h, E]  (two-tower generator)
 
 (`tf1_variables` / `tf1_checkpoint_names` return that map and check it; `checkpoints`
 reads and writes name-based checkpoints in the released format with it.)
@@ -20,7 +22,8 @@ construct the model inside ``strategy.scope()``; nothing depends on a first call
 Numerics: Dense layers and attention matmuls run in the layer's compute dtype (the
 Keras dtype policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the
 attention mask and softmax run in float32; all logits are returned as float32.
-Dropout uses stateful ``tf.random.uniform`` (as the TF1 code's ``tf.nn.dropout``), which
+Dropout is stateless when a seed is given (every train step passes one: reproducible
+steps, exact resume) and uses TensorFlow's global random state otherwise; either way it
 compiles under XLA and needs no per-layer seed variables (Keras' ``Dropout`` keeps a
 SeedGenerator state variable per layer that is awkward under tf.distribute).
 """
@@ -38,7 +41,9 @@ from electra_tf.configs import ModelConfig
 # First path component of every pre-training variable (the released checkpoints' scopes).
 TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions",
              # heads of the objective variants (`ElectraPretrainingModel(heads=...)`)
-             "mlm_predictions", "sampling_predictions", "adversarial_baseline")
+             "mlm_predictions", "sampling_predictions", "adversarial_baseline",
+             # the two-tower generator (model.two_tower_generator, ELECTRIC's noise model)
+             "generator_ltr", "generator_rtl", "cloze_predictions")
 # Optional heads: an MLM head on the discriminator-sized encoder (mlm, replace_mlm,
 # all_tokens_mlm), a second vocabulary head on the generator (the hardness-prediction
 # sampling head) and the adversarial generator's learned baseline (dense -> 1).
@@ -176,10 +181,20 @@ class Embeddings(keras.layers.Layer):
         return dropout(x, self.config.hidden_dropout_prob, training, seed)
 
 
-def attention_bias(input_mask, dtype=tf.float32):
-    """[B, L] 1/0 mask -> additive [B, 1, 1, L] bias (0 or -10000), float32 by default."""
-    mask = tf.cast(input_mask, tf.float32)
-    return tf.cast((1.0 - mask[:, tf.newaxis, tf.newaxis, :]) * _MASK_ADDER, dtype)
+DIRECTIONS = (None, "ltr", "rtl")
+
+
+def attention_bias(input_mask, dtype=tf.float32, direction=None):
+    """[B, L] 1/0 mask -> additive bias (0 or -10000), float32 by default: [B, 1, 1, L],
+    or [B, 1, L, L] with a `direction`: "ltr" lets position i see positions <= i, "rtl"
+    positions >= i (the towers of the two-tower generator)."""
+    mask = tf.cast(input_mask, tf.float32)[:, tf.newaxis, tf.newaxis, :]
+    if direction is not None:
+        length = tf.shape(input_mask)[-1]
+        square = tf.ones([length, length], tf.float32)
+        lower, upper = (-1, 0) if direction == "ltr" else (0, -1)
+        mask = mask * tf.linalg.band_part(square, lower, upper)  # [query, key]
+    return tf.cast((1.0 - mask) * _MASK_ADDER, dtype)
 
 
 class TransformerLayer(keras.layers.Layer):
@@ -190,10 +205,13 @@ class TransformerLayer(keras.layers.Layer):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
-                 config: ModelConfig, **kwargs):
+                 config: ModelConfig, direction: Optional[str] = None, **kwargs):
         super().__init__(**kwargs)
         if hidden_size % num_heads:
             raise ValueError(f"hidden size {hidden_size} is not a multiple of {num_heads} heads")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction {direction!r}: expected one of {DIRECTIONS}")
+        self.direction = direction
         self.hidden_size = int(hidden_size)
         self.num_heads = int(num_heads)
         self.head_size = self.hidden_size // self.num_heads
@@ -244,7 +262,7 @@ class TransformerLayer(keras.layers.Layer):
         (The mask is passed as ints, not as a float bias, so that Keras' input casting
         cannot turn the bias into the compute dtype; XLA folds the per-layer copies.)
         """
-        bias = attention_bias(input_mask)
+        bias = attention_bias(input_mask, direction=self.direction)
         shape = tf.shape(x)
         batch, seq_len = shape[0], shape[1]
         scale = tf.cast(1.0 / math.sqrt(self.head_size), x.dtype)
@@ -272,11 +290,12 @@ class Encoder(keras.layers.Layer):
     Named `electra` for the discriminator and `generator` for the generator, which gives
     the TF1 scopes. A shared `embeddings` layer that is already built keeps its variables
     (and their `electra/embeddings/...` paths); an unbuilt one is built here, under this
-    encoder's name.
+    encoder's name. `direction` ("ltr" / "rtl") makes every block's attention one-sided.
     """
 
     def __init__(self, config: ModelConfig, hidden_size: int, num_layers: int, num_heads: int,
-                 intermediate_size: int, embeddings: Optional[Embeddings] = None, **kwargs):
+                 intermediate_size: int, embeddings: Optional[Embeddings] = None,
+                 direction: Optional[str] = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.hidden_size = int(hidden_size)
@@ -291,7 +310,7 @@ class Encoder(keras.layers.Layer):
                 self.hidden_size, name="embeddings_project", dtype=policy,
                 kernel_initializer="glorot_uniform", bias_initializer="zeros")
         self.blocks = [TransformerLayer(hidden_size, num_heads, intermediate_size, config,
-                                        name=f"layer_{i}", dtype=policy)
+                                        direction, name=f"layer_{i}", dtype=policy)
                        for i in range(self.num_layers)]
         # Keras' tracked lists are invisible to tf.train.Checkpoint: also hold each block
         # as an attribute so that object-based checkpoints contain the encoder layers.
@@ -319,6 +338,44 @@ class Encoder(keras.layers.Layer):
         for i, block in enumerate(self.blocks):
             x = block(x, input_mask, training=training, seed=rng.fold(seed, i + 1))
         return x
+
+
+class TwoTowerGenerator(keras.layers.Layer):
+    """ELECTRIC's noise model: a left-to-right and a right-to-left encoder
+    (`generator_ltr`, `generator_rtl`, generator-sized, one-sided attention) read the
+    UNMASKED input; position t gets [ltr output at t-1 ; rtl output at t+1], a
+    representation of every token but t (the sequence ends wrap around; they are [CLS]
+    and [SEP] / padding, which are never predicted). `hidden_size` is twice the towers'.
+
+    With shared embeddings both towers use the discriminator's; otherwise each has its
+    own and `embeddings` (what the cloze head's logits are tied to) is the ltr tower's.
+    """
+
+    def __init__(self, config: ModelConfig, embeddings: Optional[Embeddings] = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        policy = self.dtype_policy
+        self.towers = []
+        for direction in ("ltr", "rtl"):
+            tower = Encoder(config, config.generator_hidden, config.generator_num_layers,
+                            config.generator_heads, config.generator_intermediate,
+                            embeddings=embeddings, direction=direction,
+                            name=f"generator_{direction}", dtype=policy)
+            setattr(self, f"generator_{direction}", tower)
+            self.towers.append(tower)
+        self.embeddings = self.towers[0].embeddings
+        self.hidden_size = 2 * config.generator_hidden
+
+    def build(self, input_shape=None):
+        for tower in self.towers:
+            if not tower.built:
+                tower.build()
+
+    def call(self, input_ids, input_mask=None, segment_ids=None, training=False, seed=None):
+        """-> [B, L, 2h] in the compute dtype: each position's context without itself."""
+        ltr, rtl = (tower(input_ids, input_mask, segment_ids, training=training,
+                          seed=rng.fold(seed, i)) for i, tower in enumerate(self.towers))
+        return tf.concat([tf.roll(ltr, 1, axis=1), tf.roll(rtl, -1, axis=1)], axis=-1)
 
 
 class DiscriminatorPredictions(keras.layers.Layer):
@@ -404,8 +461,9 @@ class ElectraPretrainingModel(keras.Model):
 
     Attributes (Keras layers): `embeddings` (the discriminator's, shared with the
     generator when `tie_embeddings`), `electra` (discriminator encoder), `generator`
-    (generator encoder; the same object as `electra` when `tie_all_weights`),
-    `discriminator_predictions`, `generator_predictions`.
+    (generator encoder; the same object as `electra` when `tie_all_weights`; a
+    `TwoTowerGenerator` when `two_tower_generator`, whose head is then named
+    `cloze_predictions`), `discriminator_predictions`, `generator_predictions`.
 
     `heads` adds optional layers (`HEADS`): "mlm" -> `mlm_predictions` (an MLM head of
     the discriminator's width, tied to its embeddings), "sampling" -> `sampling_predictions`
@@ -430,7 +488,11 @@ class ElectraPretrainingModel(keras.Model):
                                config.num_attention_heads, config.intermediate_size,
                                name="electra", dtype=policy)
         self.embeddings = self.electra.embeddings
-        if config.tie_all_weights:
+        if config.two_tower_generator:
+            self.generator = TwoTowerGenerator(
+                config, embeddings=self.embeddings if config.tie_embeddings else None,
+                name="two_tower_generator", dtype=policy)
+        elif config.tie_all_weights:
             self.generator = self.electra
         else:
             self.generator = Encoder(
@@ -442,10 +504,13 @@ class ElectraPretrainingModel(keras.Model):
             config, config.hidden_size, name="discriminator_predictions", dtype=policy)
         self.generator_predictions = GeneratorPredictions(
             config, self.generator.hidden_size, self.generator.embeddings,
-            name="generator_predictions", dtype=policy)
+            name="cloze_predictions" if config.two_tower_generator else
+            "generator_predictions", dtype=policy)
         # Build order fixes the paths: the discriminator first so that shared embeddings
         # live under `electra/embeddings`.
         self.electra.build()
+        for tower in getattr(self.generator, "towers", ()):
+            tower.build()  # here, not inside the container: paths generator_ltr/...
         if not self.generator.built:
             self.generator.build()
         self.discriminator_predictions.build()

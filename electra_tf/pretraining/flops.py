@@ -34,8 +34,9 @@ Conventions (what a count includes; `Convention` below):
 `count_config` counts what a config's objective (`configs.OBJECTIVE_NAMES`) runs and
 trains, per component: BERT's MLM has no generator; replace_mlm and all_tokens_mlm put an
 MLM head on the discriminator-sized encoder (at every position for all_tokens_mlm);
-hp_loss / hp_dist add a generator-width sampling head, adversarial a baseline; two_stage
-runs in two `Phase`s (generator only, then the generator forward only while the
+hp_loss / hp_dist add a generator-width sampling head, adversarial a baseline; electric
+runs two generator-sized towers (left-to-right, right-to-left; attention counted in full,
+as computed) with a cloze head at every position; two_stage runs in two `Phase`s (generator only, then the generator forward only while the
 discriminator trains).
 """
 
@@ -273,6 +274,13 @@ def _config_plan(cfg, convention: Convention
     if gen is None:
         add("embeddings", embedding_terms(disc))
         out["generator_encoder"] = out["generator_mlm_head"] = 0.0
+    elif name == "electric":
+        # Two generator-sized towers each embed the unmasked input; the cloze head reads
+        # both ([2h]) and predicts every position (the loss covers them all).
+        add("embeddings", 2 * embedding_terms(gen) + embedding_terms(disc))
+        add("generator_encoder", 2 * encoder_terms(gen))
+        add("generator_mlm_head", lm_head_terms(dataclasses.replace(gen, hidden=2 * gen.hidden),
+                                                s))
     else:
         # Generator and discriminator each embed their own input.
         add("embeddings", embedding_terms(gen) + embedding_terms(disc))
@@ -288,7 +296,7 @@ def _config_plan(cfg, convention: Convention
     elif name == "all_tokens_mlm":  # MLM output at every position + the copy probability
         add("discriminator_mlm_head", lm_head_terms(disc, disc.seq_len))
         add("discriminator_head", binary_head_terms(disc))
-    else:  # electra, electra_15, hp_loss, hp_dist, adversarial
+    else:  # electra, electra_15, hp_loss, hp_dist, adversarial, electric
         add("discriminator_head", binary_head_terms(disc))
     return out, None
 

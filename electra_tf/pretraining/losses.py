@@ -38,6 +38,7 @@ Conventions
   `metrics_from_sums` turns them into the reported values.
 """
 
+import math
 from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
@@ -277,19 +278,43 @@ def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
 
 
 def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.Tensor,
-            masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+            masked_weights: tf.Tensor, label_all_slots: bool = False
+            ) -> Tuple[tf.Tensor, tf.Tensor]:
     """The discriminator's input and labels.
 
     Args: the ORIGINAL input_ids [B,L] (not the [MASK]ed ones), the slots of
       `mask_tokens`, and `sampled_ids [B,P]` from the generator.
     Returns (fake_input_ids [B,L] int32, is_replaced [B,L] int32): samples written at real
       slots; the label is 1 only where the token now differs from the original (a sample
-      equal to the original is "real", label 0).
+      equal to the original is "real", label 0), or with `label_all_slots` at every real
+      slot (ELECTRIC's noise-contrastive labels: a noise sample is noise even when it
+      equals the original).
     """
     input_ids = tf.cast(input_ids, tf.int32)
-    fake = _scatter_slots(input_ids, tf.cast(masked_positions, tf.int32),
-                          tf.cast(sampled_ids, tf.int32), masked_weights > 0)
+    positions, real = tf.cast(masked_positions, tf.int32), masked_weights > 0
+    fake = _scatter_slots(input_ids, positions, tf.cast(sampled_ids, tf.int32), real)
+    if label_all_slots:
+        ones = tf.ones_like(positions)
+        return fake, _scatter_slots(tf.zeros_like(input_ids), positions, ones, real)
     return fake, tf.cast(tf.not_equal(fake, input_ids), tf.int32)
+
+
+def electric_logits(energies: tf.Tensor, log_q: tf.Tensor, mask_prob: float) -> tf.Tensor:
+    """ELECTRIC's noise-contrastive logit that a token is a noise sample, float32 [B,L].
+
+    With k = mask_prob / (1 - mask_prob) noise samples per data token and the noise
+    model's log-probability `log_q` of the token in its context, the posterior of "noise"
+    is k q / (k q + exp(-E)): its logit is E + log q + log k. `energies` E [B,L] are the
+    discriminator's outputs (trained); `log_q` gets no gradient.
+    """
+    return (tf.cast(energies, tf.float32) + tf.stop_gradient(tf.cast(log_q, tf.float32))
+            + float(math.log(mask_prob / (1.0 - mask_prob))))
+
+
+def pseudo_log_likelihood(energies: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+    """ELECTRIC's sentence score [B]: -sum of the energies over the weighted tokens (an
+    unnormalised pseudo-log-likelihood, from one pass without masking)."""
+    return -tf.reduce_sum(tf.cast(energies, tf.float32) * tf.cast(weights, tf.float32), -1)
 
 
 # ----------------------------------------------------------------------------- losses

@@ -292,6 +292,63 @@ class TwoStage(ReplacedTokenDetection):
                                     gen_slots, seeds, denominators, training, {})
 
 
+@register("electric")
+class Electric(Objective):
+    """ELECTRIC (Clark et al. 2020, "Pre-Training Transformers as Energy-Based Cloze
+    Models"): the discriminator outputs an energy E per token, trained by noise-contrastive
+    estimation against the generator as the noise distribution q.
+
+    The generator is a two-tower cloze model (`model.two_tower_generator`) reading the
+    unmasked input: its loss (term "generator", x gen_weight) is -log q(token | context) at
+    every maskable position (real, not [CLS]/[SEP]/[MASK]). At the usual masking slots
+    its samples replace the input; every slot is labelled noise, even a sample equal to
+    the original. The discriminator's logit of "noise" is E + sg(log q(token)) +
+    log(mask_prob / (1 - mask_prob)) (`losses.electric_logits`), with the BCE over real
+    tokens (x disc_weight). The energies alone score a text: -sum E is its
+    pseudo-log-likelihood (`pretraining/score.py`). Metrics: mlm_* are the cloze model's
+    at the slots, disc_* use the noise logits.
+    """
+
+    def denominators(self, batch):
+        """+ cloze: the maskable positions the cloze loss averages over."""
+        out = super().denominators(batch)
+        candidates, _ = obj.num_to_mask(batch["input_ids"], batch["input_mask"],
+                                        **self._mask_args())
+        out["cloze"] = tf.reduce_sum(tf.cast(candidates, tf.float32))
+        return out
+
+    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
+        seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
+        masked = self.mask(batch, seeds[0])
+        ids, w = masked["masked_ids"], masked["masked_weights"]
+        positions = masked["masked_positions"]
+        input_ids = batch["input_ids"]
+        hidden = model.generator_hidden(input_ids, batch["input_mask"], batch["segment_ids"],
+                                        training=training, seed=seeds[2])
+        cloze_logits = model.generator_predictions(hidden)  # [B, L, V] float32
+        candidates, _ = obj.num_to_mask(input_ids, batch["input_mask"], **self._mask_args())
+        cloze_sum, _, _ = obj.mlm_loss_sums(cloze_logits, input_ids, candidates,
+                                            self.focal_gamma)
+        terms = {"generator": self.oc.gen_weight * cloze_sum /
+                 tf.maximum(denominators["cloze"], _EPS)}
+        slot_logits = obj.gather_slots(cloze_logits, positions)
+        sampled = self.sample(slot_logits, masked, seeds[1])
+        fake_ids, labels = obj.corrupt(input_ids, positions, sampled, w, label_all_slots=True)
+        energies = model.discriminator(fake_ids, batch["input_mask"], batch["segment_ids"],
+                                       training=training, seed=seeds[3])
+        log_q = obj.pick(tf.nn.log_softmax(cloze_logits), fake_ids)
+        disc_logits = obj.electric_logits(energies, log_q, self.oc.mask_prob)
+        disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
+        terms["discriminator"] = self.oc.disc_weight * disc_sum / tf.maximum(
+            denominators["disc"], _EPS)
+        sums = obj.metric_sums(
+            input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
+            sampled_ids=sampled, mlm_logits=slot_logits, disc_logits=disc_logits,
+            disc_labels=labels, masked_positions=positions,
+            sampling_logits=None if training else slot_logits)
+        return terms, sums
+
+
 class MaskedLM(Objective):
     """Objectives whose main model is a masked LM (ELECTRA paper 3.5), with an MLM head
     (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm". The
