@@ -16,7 +16,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from electra_tf.training.options import define_run_flags, options_from_flags  # noqa: E402
 
-from electra_tf.configs import OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
+from electra_tf.configs import GENERATORS, OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "tiny", "A preset (tiny, small, small_plus, base, large) or a "
@@ -39,12 +39,24 @@ flags.DEFINE_enum("objective", None, list(OBJECTIVE_NAMES),
                   "Overrides objective.objective: electra (default), electra_15, mlm, "
                   "replace_mlm, all_tokens_mlm, two_stage, adversarial, hp_loss, hp_dist, electric "
                   "(README: Objective variants).")
-flags.DEFINE_enum("generator", None, ["masked_lm", "uniform", "unigram"],
-                  "Overrides objective.generator: the sized masked-LM generator, or uniform / "
-                  "unigram proposals (unigram reads the builder's token counts).")
-flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all"],
+flags.DEFINE_enum("generator", None, list(GENERATORS),
+                  "Overrides objective.generator: the sized masked-LM generator, uniform / "
+                  "unigram proposals (unigram reads the builder's token counts), or fixed: "
+                  "a pre-trained masked LM from --generator_checkpoint, forward only "
+                  "(Fast-ELECTRA).")
+flags.DEFINE_string("generator_checkpoint", None, "--generator=fixed: a TF1 checkpoint "
+                    "with generator/ weights (a released ELECTRA checkpoint, `convert "
+                    "import-hf --generator_dir`, `convert export-tf1`) or an earlier "
+                    "pre-training --model_dir; sizes from model.generator_*.")
+flags.DEFINE_string("temperature_schedule", None, "Sampling temperature over the run: "
+                    "SHAPE:START[:END] with SHAPE linear, cosine or exponential, from START at "
+                    "step 0 to END (default 1) at the last step, e.g. exponential:2 "
+                    "(Fast-ELECTRA's descending curriculum).")
+flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all", "gdes"],
                   "Weights the generator shares with the discriminator: none, the embeddings "
-                  "(default) or all (needs generator_hidden_size=1.0).")
+                  "(default), all (needs generator_hidden_size=1.0), or gdes (DeBERTaV3's "
+                  "gradient-disentangled sharing: the discriminator reads the generator's "
+                  "tables without gradient, plus its own deltas).")
 flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
                     ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
 define_run_flags()

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import typing
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from absl import logging
 
@@ -47,6 +47,10 @@ class ModelConfig:
     # The generator is a two-tower cloze model (left-to-right + right-to-left encoders of
     # the generator's size reading the unmasked input): ELECTRIC's noise distribution.
     two_tower_generator: bool = False
+    # Gradient-disentangled embedding sharing (DeBERTaV3's GDES; --generator_tying=gdes):
+    # the generator owns the tables; the discriminator reads stop_gradient(them) + its own
+    # zero-initialised deltas and has its own embedding LayerNorm.
+    disentangled_embeddings: bool = False
 
     @property
     def generator_hidden(self) -> int:
@@ -64,6 +68,13 @@ class ModelConfig:
     def generator_num_layers(self) -> int:
         return max(1, int(round(self.num_hidden_layers * self.generator_layers)))
 
+    def released(self) -> "ModelConfig":
+        """The config of this model's released-layout export (`modeling.released_arrays`):
+        GDES exports untied tables (the discriminator's folded)."""
+        if not self.disentangled_embeddings:
+            return self
+        return dataclasses.replace(self, tie_embeddings=False, disentangled_embeddings=False)
+
     def check(self):
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
@@ -75,6 +86,11 @@ class ModelConfig:
                                      self.generator_layers != 1.0):
             raise ConfigError("model.tie_all_weights needs generator_hidden_size=1.0 and "
                               "generator_layers=1.0")
+        if self.disentangled_embeddings and (self.tie_all_weights or self.two_tower_generator
+                                             or not self.tie_embeddings):
+            raise ConfigError("model.disentangled_embeddings (--generator_tying=gdes) shares "
+                              "the embeddings through deltas: it needs tie_embeddings=true, "
+                              "tie_all_weights=false and no two_tower_generator")
         if self.tie_all_weights and self.two_tower_generator:
             raise ConfigError("model.two_tower_generator has its own encoders: it cannot "
                               "share all weights (use --generator_tying=embeddings or none)")
@@ -85,7 +101,9 @@ class ModelConfig:
 # Replacements for ELECTRA" (hp_loss, hp_dist).
 OBJECTIVE_NAMES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm",
                    "two_stage", "adversarial", "hp_loss", "hp_dist", "electric")
-# Objectives whose generator network is trained (it cannot be uniform / unigram).
+GENERATORS = ("masked_lm", "uniform", "unigram", "fixed")
+TEMPERATURE_SHAPES = ("linear", "cosine", "exponential")
+# Objectives whose generator network is trained (it cannot be uniform / unigram / fixed).
 GENERATOR_TRAINING_OBJECTIVES = ("two_stage", "adversarial", "hp_loss", "hp_dist",
                                  "electric")
 
@@ -102,8 +120,15 @@ class ObjectiveConfig:
     # BERT-style corruption: this share of chosen positions gets a random token.
     random_token_prob: float = 0.0
     temperature: float = 1.0
+    # A sampling temperature that changes over the run (Fast-ELECTRA's curriculum):
+    # "SHAPE:START[:END]", SHAPE linear | cosine | exponential (geometric), from START at
+    # step 0 to END (default 1) at the last step; empty: `temperature` throughout.
+    temperature_schedule: str = ""
     disallow_correct: bool = False
-    generator: str = "masked_lm"  # masked_lm | uniform | unigram
+    # masked_lm | uniform | unigram | fixed (a pre-trained masked LM from
+    # generator_checkpoint, run forward only: Fast-ELECTRA)
+    generator: str = "masked_lm"
+    generator_checkpoint: str = ""
     gen_weight: float = 1.0
     # Weight of the discriminator's BCE (lambda); MLM-type objectives weigh their main
     # model's cross-entropy by 1.
@@ -126,11 +151,15 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.mask_prob={self.mask_prob} must be in (0, 1)")
         if self.mask_token_prob + self.random_token_prob > 1:
             raise ConfigError("objective.mask_token_prob + random_token_prob must be <= 1")
-        if self.generator not in ("masked_lm", "uniform", "unigram"):
-            raise ConfigError(f"objective.generator={self.generator!r}: expected masked_lm, "
-                              "uniform or unigram")
+        if self.generator not in GENERATORS:
+            raise ConfigError(f"objective.generator={self.generator!r}: expected one of "
+                              f"{', '.join(GENERATORS)}")
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature={self.temperature} must be > 0")
+        self.schedule()
+        if (self.generator == "fixed") != bool(self.generator_checkpoint):
+            raise ConfigError("objective.generator=fixed and objective.generator_checkpoint "
+                              "(--generator_checkpoint) go together: give both or neither")
         if self.objective not in OBJECTIVE_NAMES:
             raise ConfigError(f"objective.objective={self.objective!r}: expected one of "
                               f"{', '.join(OBJECTIVE_NAMES)}")
@@ -141,6 +170,25 @@ class ObjectiveConfig:
         if self.generator != "masked_lm" and self.objective in GENERATOR_TRAINING_OBJECTIVES:
             raise ConfigError(f"objective.objective={self.objective} trains the generator "
                               f"network; objective.generator={self.generator} has none")
+
+    def schedule(self) -> Tuple[str, float, float]:
+        """(shape, start, end) of the sampling temperature; ("constant", T, T) without a
+        temperature_schedule."""
+        if not self.temperature_schedule:
+            return "constant", self.temperature, self.temperature
+        parts = self.temperature_schedule.split(":")
+        bad = ConfigError(f"objective.temperature_schedule={self.temperature_schedule!r}: "
+                          f"expected SHAPE:START[:END], SHAPE one of "
+                          f"{', '.join(TEMPERATURE_SHAPES)}, temperatures > 0")
+        if parts[0] not in TEMPERATURE_SHAPES or len(parts) not in (2, 3):
+            raise bad
+        try:
+            start, end = float(parts[1]), float(parts[2]) if len(parts) == 3 else 1.0
+        except ValueError:
+            raise bad from None
+        if not (start > 0 and end > 0):
+            raise bad
+        return parts[0], start, end
 
     def focal_gamma(self):
         """The focal gamma: a float (0 = cross-entropy) or the string "piecewise"."""
@@ -485,49 +533,65 @@ def _with_overrides(cfg, overrides: Optional[Union[str, Dict[str, Any]]]):
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 
-# What an objective needs of the model, set for it unless the user set otherwise:
-# two_stage initialises the discriminator from the generator (equal sizes) and freezes the
-# generator while the discriminator trains (nothing shared). (key, value, the flag to use)
-# electric's noise model is the two-tower cloze generator.
-OBJECTIVE_REQUIRES = {"two_stage": (
-    ("model.generator_hidden_size", 1.0, "--params_override=model.generator_hidden_size=1.0"),
-    ("model.generator_layers", 1.0, "--params_override=model.generator_layers=1.0"),
-    ("model.tie_embeddings", False, "--generator_tying=none"),
-    ("model.tie_all_weights", False, "--generator_tying=none")),
-    "electric": (
-    ("model.two_tower_generator", True, "--params_override=model.two_tower_generator=true"),
-    ("model.tie_all_weights", False, "--generator_tying=embeddings"))}
+# What an objective (or a generator kind) needs of the model, set for it unless the user
+# set otherwise, keyed by (config key, value): two_stage initialises the discriminator from
+# the generator (equal sizes) and freezes the generator while the discriminator trains
+# (nothing shared); electric's noise model is the two-tower cloze generator; a fixed
+# generator must not share embeddings the discriminator trains. (key, value, the flag)
+REQUIREMENTS = {
+    ("objective.objective", "two_stage"): (
+        ("model.generator_hidden_size", 1.0,
+         "--params_override=model.generator_hidden_size=1.0"),
+        ("model.generator_layers", 1.0, "--params_override=model.generator_layers=1.0"),
+        ("model.tie_embeddings", False, "--generator_tying=none"),
+        ("model.tie_all_weights", False, "--generator_tying=none")),
+    ("objective.objective", "electric"): (
+        ("model.two_tower_generator", True,
+         "--params_override=model.two_tower_generator=true"),
+        ("model.tie_all_weights", False, "--generator_tying=embeddings")),
+    ("objective.generator", "fixed"): (
+        ("model.tie_embeddings", False, "--generator_tying=none"),
+        ("model.tie_all_weights", False, "--generator_tying=none"),
+        ("model.disentangled_embeddings", False, "--generator_tying=none")),
+}
 
 
-def _objective_requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
-    """Sets what the objective requires (OBJECTIVE_REQUIRES), logging each change; a
-    conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
+def _get(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
+    """Sets what the objective and generator require (REQUIREMENTS), logging each change;
+    a conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
     flag that fixes it."""
     changes = {}
-    for key, value, flag in OBJECTIVE_REQUIRES.get(cfg.objective.objective, ()):
-        section, name = key.split(".")
-        current = getattr(getattr(cfg, section), name)
-        if current == value:
+    for (trigger, trigger_value), needs in REQUIREMENTS.items():
+        if _get(cfg, trigger) != trigger_value:
             continue
-        if key in explicit:
-            raise ConfigError(f"objective.objective={cfg.objective.objective} needs "
-                              f"{key}={value} but it is set to {current}: use {flag}")
-        logging.info("objective.objective=%s: setting %s=%s (was %s)",
-                     cfg.objective.objective, key, value, current)
-        changes[key] = value
+        for key, value, flag in needs:
+            current = _get(cfg, key)
+            if current == value:
+                continue
+            if key in explicit:
+                raise ConfigError(f"{trigger}={trigger_value} needs {key}={value} but it is "
+                                  f"set to {current}: use {flag}")
+            logging.info("%s=%s: setting %s=%s (was %s)", trigger, trigger_value, key, value,
+                         current)
+            changes[key] = value
     return apply_overrides(cfg, changes) if changes else cfg
 
 
 def load_config(name_or_path: str = "tiny",
                 overrides: Optional[Union[str, Dict[str, Any]]] = None) -> PretrainingConfig:
     """A pre-training preset name (configs/NAME.json) or a JSON path (any filesystem),
-    plus overrides; then what the objective requires (`OBJECTIVE_REQUIRES`); checked."""
+    plus overrides; then what the objective requires (`REQUIREMENTS`); checked."""
     cfg = apply_overrides(PretrainingConfig(), _read_config_file(name_or_path, "--config"))
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)
     cfg = _with_overrides(cfg, overrides)
     explicit = {".".join(_resolve_key(k)) for k in (overrides or {})}
-    return _objective_requirements(cfg, explicit).check()
+    return _requirements(cfg, explicit).check()
 
 
 def load_finetune_config(path: Optional[str] = None,
@@ -554,9 +618,14 @@ PRETRAINING_FLAGS = {"num_train_steps": "train.num_train_steps",
                      "on_nan": "train.on_nan", "on_bad_shard": "train.on_bad_shard",
                      "objective": "objective.objective",
                      "generator": "objective.generator",
+                     "generator_checkpoint": "objective.generator_checkpoint",
+                     "temperature_schedule": "objective.temperature_schedule",
                      "gen_focal_gamma": "objective.gen_focal_gamma"}
-# --generator_tying -> (model.tie_embeddings, model.tie_all_weights)
-_TYING = {"none": ("false", "false"), "embeddings": ("true", "false"), "all": ("true", "true")}
+# --generator_tying -> (model.tie_embeddings, model.tie_all_weights,
+# model.disentangled_embeddings)
+_TYING = {"none": ("false", "false", "false"), "embeddings": ("true", "false", "false"),
+          "all": ("true", "true", "false"), "gdes": ("true", "false", "true")}
+TYINGS = tuple(_TYING)
 # Flags of run_finetuning.py that set a FinetuneConfig key (the same names).
 FINETUNE_FLAGS = {name: name for name in (
     "learning_rate", "layerwise_lr_decay", "official_lr_bug", "num_train_epochs",
@@ -572,7 +641,8 @@ def overrides_from_flags(flag_values, keys: Dict[str, str]) -> Dict[str, str]:
                       if getattr(flag_values, name) is not None})
     tying = getattr(flag_values, "generator_tying", None)
     if tying:
-        overrides["model.tie_embeddings"], overrides["model.tie_all_weights"] = _TYING[tying]
+        (overrides["model.tie_embeddings"], overrides["model.tie_all_weights"],
+         overrides["model.disentangled_embeddings"]) = _TYING[tying]
     return overrides
 
 

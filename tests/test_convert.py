@@ -1,5 +1,6 @@
 """electra_tf.conversion.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -428,3 +429,51 @@ def test_tf1_export_loads_in_transformers_tf_loader(tmp_path):
         assert logits.shape == ours[part].shape, part
         np.testing.assert_allclose(ours[part][mask == 1], logits[mask == 1], atol=1e-4,
                                    err_msg=part)
+
+
+def _gdes_model():
+    """A GDES model whose deltas are not zero (as after training)."""
+    config = dataclasses.replace(TINY, disentangled_embeddings=True)
+    model = ElectraPretrainingModel(config)
+    for i, delta in enumerate(model.embeddings.deltas):
+        delta.assign(tf.random.stateless_normal(delta.shape, [5, i], stddev=0.05))
+    return config, model
+
+
+def test_gdes_exports_fold_the_deltas_into_the_released_layout(tmp_path):
+    """TF1 and Hugging Face exports of a GDES model hold the tables the discriminator
+    computes with (generator table + delta) under the untied layout's names; the
+    discriminator alone reloads into a plain encoder (what fine-tuning builds) with the
+    same outputs, and the generator keeps its own tables."""
+    torch = pytest.importorskip("torch")
+    import transformers
+    from electra_tf.model import modeling
+    config, model = _gdes_model()
+    assert config.released() == dataclasses.replace(config, tie_embeddings=False,
+                                                    disentangled_embeddings=False)
+    arrays = checkpoints.model_arrays(model)
+    assert set(arrays) == set(convert.expected_shapes(config.released()))
+    assert not any(n.endswith("_delta") for n in arrays)
+    gen_table = model.generator.embeddings.word_embeddings.numpy()
+    np.testing.assert_array_equal(arrays["generator/embeddings/word_embeddings"], gen_table)
+    np.testing.assert_allclose(arrays["electra/embeddings/word_embeddings"],
+                               gen_table + model.embeddings.deltas[0].numpy(), rtol=1e-6)
+    ids, seg, mask = _inputs()
+    ours = model.discriminator(ids, mask, seg).numpy()
+    # TF1, discriminator only -> the encoder fine-tuning builds.
+    prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "disc" / "model.ckpt"),
+                                             modeling.discriminator_variables(model))
+    encoder = modeling.build_discriminator_encoder(config.released())
+    checkpoints.load_tf1_checkpoint(encoder, prefix, allow_missing=False)
+    np.testing.assert_allclose(encoder(ids, mask, seg).numpy(),
+                               model.discriminator_hidden(ids, mask, seg).numpy(), atol=1e-5)
+    # A full export loads into an untied model with the same discriminator and generator.
+    untied = ElectraPretrainingModel(config.released())
+    checkpoints.assign_arrays(untied, arrays)
+    np.testing.assert_allclose(untied.discriminator(ids, mask, seg).numpy(), ours, atol=1e-5)
+    # Hugging Face.
+    out = convert.export_hf(arrays, config.released(), str(tmp_path / "hf"))
+    hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
+    with torch.no_grad():
+        theirs = hf(**_torch_inputs(torch)[3]).logits.numpy()
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4)

@@ -337,3 +337,20 @@ def test_electric_by_hand():
     # target pick) at all 128 positions.
     per_position = 2 * 128 * e + e + 8 * e + 5 * e + 2 * e * v + v + 5 * v + 2 * v
     assert paper["generator_mlm_head"] == s * per_position
+
+
+@pytest.mark.parametrize("convention", [flops.PAPER, flops.HARDWARE])
+def test_fixed_generator_runs_forward_only(convention):
+    """Fast-ELECTRA: the same networks as ELECTRA, the generator side counted once
+    (forward) instead of train_factor times; the generator embeds its own input."""
+    base = flops.count_config(objective_config("electra"), convention)
+    fixed = flops.count_config(objective_config(
+        "electra", **{"objective.generator": "fixed", "objective.generator_checkpoint": "x",
+                      "model.tie_embeddings": False}), convention)
+    fwd = fixed.forward()
+    gen = fwd["generator_embeddings"] + fwd["generator_encoder"] + fwd["generator_mlm_head"]
+    assert fwd["total"] == pytest.approx(base.forward()["total"], rel=1e-12)
+    f, b = convention.train_factor, 32
+    assert fixed.train_per_step()["total"] == pytest.approx(
+        f * b * fwd["total"] - (f - 1) * b * gen, rel=1e-12)
+    assert [p.name for p in fixed.phases] == ["fixed_generator"]

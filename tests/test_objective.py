@@ -527,3 +527,22 @@ def test_pseudo_log_likelihood_sums_the_weighted_energies():
     e = tf.constant([[1.0, 2.0, 4.0], [0.5, 0.5, 8.0]])
     w = tf.constant([[0, 1, 1], [1, 1, 0]])
     np.testing.assert_allclose(obj.pseudo_log_likelihood(e, w).numpy(), [-6.0, -1.0])
+
+
+# --- the sampling temperature schedule (Fast-ELECTRA) -----------------------------------
+
+@pytest.mark.parametrize("shape,half", [("linear", 2.5), ("cosine", 2.5),
+                                        ("exponential", 2.0)])
+def test_scheduled_temperature_descends_from_start_to_end(shape, half):
+    at = lambda step: float(obj.scheduled_temperature(step, 100, shape, 4.0, 1.0))
+    assert at(0) == pytest.approx(4.0)
+    assert at(50) == pytest.approx(half, rel=1e-6)
+    assert at(100) == pytest.approx(1.0) and at(250) == pytest.approx(1.0)
+    values = [at(s) for s in range(0, 101, 10)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    if shape == "cosine":  # flat at both ends
+        assert 4.0 - at(5) < at(45) - at(55)
+    if shape == "exponential":  # geometric: a constant ratio per step
+        assert at(25) / at(0) == pytest.approx(at(75) / at(50), rel=1e-5)
+    assert float(obj.scheduled_temperature(tf.constant(30, tf.int64), 100, "constant",
+                                           1.5, 1.5)) == 1.5

@@ -277,3 +277,172 @@ def test_electric_terms_recomposed_from_the_model(batch):
     assert float(terms["discriminator"]) == pytest.approx(
         50 * bce[mask == 1].mean(), rel=1e-5)
     assert float(sums["disc_label_pos"]) == labels.sum() == float(sums["mlm_weight"])
+
+
+def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
+    """--generator_tying=gdes: the discriminator's term moves only its deltas (and its
+    own LayerNorm), never the generator's tables; the generator's MLM term moves the
+    tables and never a delta. At initialisation both networks embed with equal tables,
+    and one compiled step updates tables, deltas and both LayerNorms."""
+    cfg = _cfg("electra", **{"model.disentangled_embeddings": "true"})
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False)
+    model = trainer.model
+    deltas = model.embeddings.deltas
+    tables = [model.generator.embeddings.word_embeddings,
+              model.generator.embeddings.position_embeddings,
+              model.generator.embeddings.token_type_embeddings]
+    for folded, table in zip(model.embeddings.tables(), tables):
+        np.testing.assert_array_equal(folded.numpy(), table.numpy())
+    dens = trainer.objective.denominators(batch)
+    with tf.GradientTape(persistent=True) as tape:
+        terms, _ = trainer.objective.loss_terms(model, batch, tf.constant([4, 5, 0]), dens,
+                                                True)
+
+    def moved(term, variables):
+        grads = tape.gradient(terms[term], variables)
+        return [g is not None and bool(np.any(tf.convert_to_tensor(g).numpy() != 0))
+                for g in grads]
+
+    assert moved("discriminator", deltas) == [True, True, True]
+    assert moved("discriminator", tables) == [False, False, False]
+    assert moved("generator", tables) == [True, True, True]
+    assert moved("generator", deltas) == [False, False, False]
+    assert moved("discriminator", [model.embeddings.layer_norm.gamma]) == [True]
+    assert moved("generator", [model.embeddings.layer_norm.gamma]) == [False]
+    compiled = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=True)
+    before = _snapshot(compiled)
+    compiled.make_train_loop(0)(iter(tf.data.Dataset.from_tensors(batch).repeat()),
+                                tf.constant(1))
+    after = _snapshot(compiled)
+    for path in before:
+        if "embeddings/" in path and "embeddings_project" not in path:
+            assert not np.array_equal(before[path], after[path]), path
+
+
+def test_gdes_flag_and_its_conflicts():
+    from electra_tf import configs
+    flags = type("Flags", (), {"params_override": "", "generator_tying": "gdes"})()
+    over = configs.overrides_from_flags(flags, {})
+    assert (over["model.tie_embeddings"], over["model.tie_all_weights"],
+            over["model.disentangled_embeddings"]) == ("true", "false", "true")
+    assert _cfg("electra", **over).model.disentangled_embeddings
+    with pytest.raises(ConfigError, match="needs tie_embeddings=true, tie_all_weights=false "
+                       "and no two_tower_generator"):
+        _cfg("electric", **over)
+    with pytest.raises(ConfigError, match="needs model.tie_embeddings=False"):
+        _cfg("two_stage", **over)
+
+
+# --- Fast-ELECTRA: a fixed generator and a temperature schedule --------------------------
+
+FIXED = {"objective.generator": "fixed", "objective.generator_checkpoint": "unused"}
+
+
+def test_fixed_generator_config():
+    cfg = _cfg("electra", **FIXED)  # sets untied embeddings for it (logged)
+    assert not cfg.model.tie_embeddings and not cfg.model.tie_all_weights
+    with pytest.raises(ConfigError, match="objective.generator=fixed needs "
+                       "model.tie_embeddings=False .* use --generator_tying=none"):
+        _cfg("electra", **FIXED, **{"model.tie_embeddings": "true"})
+    with pytest.raises(ConfigError, match="has none"):
+        _cfg("hp_loss", **FIXED)
+    with pytest.raises(ConfigError, match="go together"):
+        _cfg("electra", **{"objective.generator": "fixed"})
+    for bad in ("exponential", "quadratic:2", "linear:0", "linear:2:x", "cosine:2:1:3"):
+        with pytest.raises(ConfigError, match="objective.temperature_schedule"):
+            _cfg("electra", **{"objective.temperature_schedule": bad})
+    assert _cfg("electra", **{"objective.temperature_schedule": "exponential:2"}) \
+        .objective.schedule() == ("exponential", 2.0, 1.0)
+
+
+def test_fixed_generator_step_trains_the_discriminator_only(batch):
+    """No generator term, no gradient and no optimizer state for the generator; one
+    compiled step changes every discriminator weight and no generator weight; the
+    scheduled temperature follows the step counter without a retrace."""
+    cfg = _cfg("electra", **FIXED, **{"objective.temperature_schedule": "exponential:4"})
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=True)
+    model = trainer.model
+    generator = {id(w) for w in model.generator.weights + model.generator_predictions.weights}
+    assert generator and not generator & {id(v) for v in trainer.variables}
+    slots = list(trainer.optimizer.slot_variables())
+    assert slots and not any(k.startswith("generator") for k in slots)
+    terms, sums = trainer.objective.loss_terms(
+        model, batch, tf.constant([1, 2, 0]), trainer.objective.denominators(batch), True)
+    assert set(terms) == {"discriminator"} and "mlm_loss_sum" in sums
+    weights = lambda: {w.path: w.numpy().copy() for w in model.weights}
+    before = weights()
+    loop = trainer.make_train_loop(0)
+    temps = []
+    for _ in range(3):
+        temps.append(float(trainer.objective.temperature()))
+        loop(iter(tf.data.Dataset.from_tensors(batch).repeat()), tf.constant(2))
+    assert trainer.trace_count == 1 and int(trainer.global_step.numpy()) == 6
+    assert temps == pytest.approx([4.0, 4.0 * 0.25 ** 0.2, 4.0 * 0.25 ** 0.4], rel=1e-5)
+    after = weights()
+    assert any(p.startswith("generator/") for p in before)
+    for path in before:
+        changed = not np.array_equal(before[path], after[path])
+        assert changed == path.startswith(("electra/", "discriminator_predictions/")), path
+
+
+def _source_generator(tmp_path):
+    """A tied-embeddings ELECTRA model (the released layout) with random weights, written
+    as a TF1 checkpoint and as one of our model_dirs."""
+    from electra_tf import fileio
+    from electra_tf.model.modeling import ElectraPretrainingModel
+    from electra_tf.training import checkpoints
+    cfg = load_config("tiny")
+    source = ElectraPretrainingModel(cfg.model)
+    for i, w in enumerate(source.weights):
+        w.assign(tf.random.stateless_normal(w.shape, [i, 9], stddev=0.05))
+    tf1 = checkpoints.save_tf1_checkpoint(source, str(tmp_path / "tf1" / "model.ckpt"))
+    model_dir = tmp_path / "run"
+    fileio.makedirs(str(model_dir))
+    fileio.write_json_atomic(str(model_dir / "config.json"), cfg.to_json())
+    tf.train.Checkpoint(model=source).save(str(model_dir / "ckpt"))
+    return source, str(tmp_path / "tf1"), str(model_dir)
+
+
+def test_fixed_generator_loads_from_tf1_and_model_dirs(tmp_path):
+    source, tf1_dir, model_dir = _source_generator(tmp_path)
+    assert "generator/embeddings/word_embeddings" not in tf.train.load_checkpoint(
+        tf1_dir).get_variable_to_shape_map()  # tied: the generator reads electra/
+    for path in (tf1_dir, model_dir):
+        cfg = load_config("tiny", {**FIXED, "objective.generator_checkpoint": path})
+        model = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False).model
+        read = pretrain.load_fixed_generator(model, path)
+        assert read.startswith(path)
+        np.testing.assert_array_equal(model.generator.embeddings.word_embeddings.numpy(),
+                                      source.embeddings.word_embeddings.numpy())
+        for a, b in zip(model.generator.blocks[1].weights + model.generator_predictions.weights,
+                        source.generator.blocks[1].weights +
+                        source.generator_predictions.weights):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert not np.array_equal(model.electra.blocks[0].query.kernel.numpy(),
+                                  source.electra.blocks[0].query.kernel.numpy())
+    wrong = load_config("tiny", {**FIXED, "model.generator_hidden_size": "0.25"})
+    model = Pretrainer(wrong, tf.distribute.get_strategy(), jit_compile=False).model
+    with pytest.raises(pretrain.RunError, match=r"has shape .*\(set model.generator_hidden_size"):
+        pretrain.load_fixed_generator(model, tf1_dir)
+    with pytest.raises(pretrain.RunError, match="not this generator"):
+        pretrain.load_fixed_generator(model, model_dir)
+
+
+def test_fixed_generator_run_keeps_the_loaded_generator(tmp_path, sample_build):
+    source, tf1_dir, _ = _source_generator(tmp_path)
+    cfg = load_config("tiny", {**FIXED, "objective.generator_checkpoint": tf1_dir,
+                               "objective.temperature_schedule": "exponential:2",
+                               "train_batch_size": "4", "num_train_steps": "2",
+                               "save_checkpoints_steps": "2", "steps_per_loop": "2",
+                               "log_every_steps": "2", "warmup_steps": "0"})
+    out = str(tmp_path / "fast")
+    metrics = pretrain.run(cfg, RunOptions(model_dir=out, train_data=sample_build[0],
+                                           strategy="cpu"))
+    assert "masked_lm_accuracy" in metrics and np.isfinite(metrics["loss"])
+    reader = tf.train.load_checkpoint(out)
+    stored = {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(out)
+              if n.startswith("model/generator/") and "OPTIMIZER" not in n}
+    assert stored and not any("OPTIMIZER" in n and "generator" in n
+                              for n, _ in tf.train.list_variables(out))
+    word = [v for n, v in stored.items() if "word_embeddings" in n]
+    np.testing.assert_array_equal(word[0], source.embeddings.word_embeddings.numpy())

@@ -296,10 +296,17 @@ def load_model_dir(model_dir: str):
 
 def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = False) -> str:
     """Our training checkpoint -> a name-based checkpoint with the released names
-    (weights and global_step; the `<var>/adam_m|v` slots too with `include_optimizer`)."""
+    (weights and global_step; the `<var>/adam_m|v` slots too with `include_optimizer`).
+    A GDES run exports the released untied layout (the discriminator's tables folded)."""
     trainer = load_model_dir(model_dir)
-    arrays = {n: v.numpy() for n, v in _named_variables(trainer).items()
-              if include_optimizer or not n.endswith(SLOT_SUFFIXES)}
+    if include_optimizer and trainer.cfg.model.disentangled_embeddings:
+        raise ConvertError("--include_optimizer: the optimizer state of a GDES run's "
+                           "embedding deltas has no released layout; export the weights alone")
+    arrays = checkpoints.model_arrays(trainer.model)  # GDES deltas folded
+    if include_optimizer:
+        arrays.update({n: v.numpy() for n, v in _named_variables(trainer).items()
+                       if n.endswith(SLOT_SUFFIXES)})
+    arrays["global_step"] = trainer.global_step.numpy()
     return checkpoints.write_tf1(arrays, prefix)
 
 
@@ -591,7 +598,8 @@ def _parser() -> argparse.ArgumentParser:
 def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool]:
     if fileio.exists(fileio.join(source, "config.json")):
         trainer = load_model_dir(source)
-        return trainer.cfg.model, checkpoints.model_arrays(trainer.model), True
+        # The released layout (GDES: the discriminator's tables folded, untied).
+        return trainer.cfg.model.released(), checkpoints.model_arrays(trainer.model), True
     report = inspect_tf1(source, num_heads)
     return report.config, checkpoints.read_tf1(source), report.has_generator
 

@@ -30,9 +30,11 @@ SeedGenerator state variable per layer that is awkward under tf.distribute).
 
 import math
 import re
-from typing import Dict, List, Optional, Sequence
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from electra_tf import rng
@@ -168,17 +170,68 @@ class Embeddings(keras.layers.Layer):
             initializer=init, autocast=False)
         self.layer_norm.build((None, None, c.embedding_size))
 
+    def tables(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(word, position, token-type) tables as used, float32."""
+        return (tf.convert_to_tensor(self.word_embeddings),
+                tf.convert_to_tensor(self.position_embeddings),
+                tf.convert_to_tensor(self.token_type_embeddings))
+
     def call(self, input_ids, segment_ids=None, training=False, seed=None):
         input_ids = tf.cast(input_ids, tf.int32)
         seq_len = tf.shape(input_ids)[1]
-        x = tf.gather(tf.convert_to_tensor(self.word_embeddings), input_ids)
-        x = x + tf.convert_to_tensor(self.position_embeddings)[tf.newaxis, :seq_len, :]
+        word, position, token_type = self.tables()
+        x = tf.gather(word, input_ids)
+        x = x + position[tf.newaxis, :seq_len, :]
         if segment_ids is None:
             segment_ids = tf.zeros_like(input_ids)
-        x = x + tf.gather(tf.convert_to_tensor(self.token_type_embeddings),
-                          tf.cast(segment_ids, tf.int32))
+        x = x + tf.gather(token_type, tf.cast(segment_ids, tf.int32))
         x = self.layer_norm(x)
         return dropout(x, self.config.hidden_dropout_prob, training, seed)
+
+
+TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+DELTA_SUFFIX = "_delta"
+
+
+class DisentangledEmbeddings(Embeddings):
+    """The discriminator's side of gradient-disentangled embedding sharing (GDES, DeBERTaV3,
+    He et al. 2021): each table is stop_gradient(the generator's table) + a delta of its
+    own (`word_embeddings_delta`, ...: zero at initialisation, so both start equal), so
+    the discriminator's loss moves only the deltas and the generator's tables get only
+    the generator's gradients. The LayerNorm is its own. `folded()` gives the tables the
+    discriminator computes with, what exports write under the released names.
+
+    The generator owns `source`; this layer holds a weak reference, so the generator's
+    variables are not counted among the discriminator's (`discriminator_variables`).
+    """
+
+    def __init__(self, config: ModelConfig, source: Embeddings, **kwargs):
+        super().__init__(config, **kwargs)
+        self._source = weakref.ref(source)
+
+    def build(self, input_shape=None):
+        c = self.config
+        shapes = {"word_embeddings": (c.vocab_size, c.embedding_size),
+                  "position_embeddings": (c.max_position_embeddings, c.embedding_size),
+                  "token_type_embeddings": (c.type_vocab_size, c.embedding_size)}
+        for name in TABLES:  # attributes, which tf.train.Checkpoint tracks (lists are not)
+            setattr(self, name + DELTA_SUFFIX, self.add_weight(
+                name=name + DELTA_SUFFIX, shape=shapes[name], initializer="zeros",
+                autocast=False))
+        self.layer_norm.build((None, None, c.embedding_size))
+
+    @property
+    def deltas(self) -> Tuple:
+        return tuple(getattr(self, name + DELTA_SUFFIX) for name in TABLES)
+
+    def tables(self):
+        return tuple(tf.stop_gradient(table) + tf.convert_to_tensor(delta)
+                     for table, delta in zip(self._source().tables(), self.deltas))
+
+    def folded(self) -> Dict[int, Tuple[str, np.ndarray]]:
+        """{id(delta variable): (the table's name, generator table + delta as an array)}."""
+        return {id(delta): (name, table.numpy())
+                for name, delta, table in zip(TABLES, self.deltas, self.tables())}
 
 
 DIRECTIONS = (None, "ltr", "rtl")
@@ -429,7 +482,7 @@ class GeneratorPredictions(keras.layers.Layer):
 
     def call(self, hidden):
         x = self.layer_norm(self.dense(hidden))
-        table = tf.cast(tf.convert_to_tensor(self.embeddings.word_embeddings), x.dtype)
+        table = tf.cast(self.embeddings.tables()[0], x.dtype)
         # One 2-D matmul: an einsum over [B, P, E] makes the table's gradient a batched
         # product with a [B, E, V] intermediate, ~20x slower on CPU.
         rows = tf.reshape(x, [-1, self.config.embedding_size])
@@ -460,7 +513,8 @@ class ElectraPretrainingModel(keras.Model):
     """Generator + discriminator of ELECTRA, sharing embeddings as configured.
 
     Attributes (Keras layers): `embeddings` (the discriminator's, shared with the
-    generator when `tie_embeddings`), `electra` (discriminator encoder), `generator`
+    generator when `tie_embeddings`, or with `disentangled_embeddings` (GDES) a
+    `DisentangledEmbeddings` over the generator's), `electra` (discriminator encoder), `generator`
     (generator encoder; the same object as `electra` when `tie_all_weights`; a
     `TwoTowerGenerator` when `two_tower_generator`, whose head is then named
     `cloze_predictions`), `discriminator_predictions`, `generator_predictions`.
@@ -484,11 +538,22 @@ class ElectraPretrainingModel(keras.Model):
         self.config = config
         self.heads = tuple(h for h in HEADS if h in heads)
         policy = self.dtype_policy
+        # GDES: the generator owns the tables, the discriminator reads them through deltas.
+        generator_embeddings = disc_embeddings = None
+        if config.disentangled_embeddings:
+            generator_embeddings = Embeddings(config, name="embeddings", dtype=policy)
+            disc_embeddings = DisentangledEmbeddings(config, generator_embeddings,
+                                                     name="embeddings", dtype=policy)
         self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
                                config.num_attention_heads, config.intermediate_size,
-                               name="electra", dtype=policy)
+                               embeddings=disc_embeddings, name="electra", dtype=policy)
         self.embeddings = self.electra.embeddings
-        if config.two_tower_generator:
+        if config.disentangled_embeddings:
+            self.generator = Encoder(
+                config, config.generator_hidden, config.generator_num_layers,
+                config.generator_heads, config.generator_intermediate,
+                embeddings=generator_embeddings, name="generator", dtype=policy)
+        elif config.two_tower_generator:
             self.generator = TwoTowerGenerator(
                 config, embeddings=self.embeddings if config.tie_embeddings else None,
                 name="two_tower_generator", dtype=policy)
@@ -618,6 +683,24 @@ def tf1_variables(model, variables: Optional[Sequence] = None) -> Dict[str, obje
         if name in out:
             raise ValueError(f"variables {out[name].path!r} and {v.path!r} both map to {name!r}")
         out[name] = v
+    return out
+
+
+def released_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np.ndarray]:
+    """{TF1 name: array} of `variables` (default: every trainable variable of `model`) in
+    the released layout: GDES deltas (`electra/embeddings/*_delta`) are written as the
+    full tables the discriminator computes with (the generator's table + delta) under the
+    table's name, which is the layout of untied embeddings (`ModelConfig.released()`)."""
+    embeddings = getattr(model, "embeddings", None)
+    folded = embeddings.folded() if isinstance(embeddings, DisentangledEmbeddings) else {}
+    out = {}
+    for name, v in tf1_variables(model, variables).items():
+        if id(v) in folded:
+            table, value = folded[id(v)]
+            out[name[:-len(DELTA_SUFFIX)]] = value
+            assert name.endswith(table + DELTA_SUFFIX), name
+        else:
+            out[name] = np.asarray(v.numpy())
     return out
 
 

@@ -36,8 +36,10 @@ trains, per component: BERT's MLM has no generator; replace_mlm and all_tokens_m
 MLM head on the discriminator-sized encoder (at every position for all_tokens_mlm);
 hp_loss / hp_dist add a generator-width sampling head, adversarial a baseline; electric
 runs two generator-sized towers (left-to-right, right-to-left; attention counted in full,
-as computed) with a cloze head at every position; two_stage runs in two `Phase`s (generator only, then the generator forward only while the
-discriminator trains).
+as computed) with a cloze head at every position; a fixed generator (Fast-ELECTRA) is
+one `Phase` in which the generator side runs forward only; two_stage runs in two
+`Phase`s (generator only, then the generator forward only while the discriminator
+trains).
 """
 
 import collections
@@ -220,7 +222,8 @@ def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
 
     disc = transformer(m.hidden_size, m.num_hidden_layers, m.num_attention_heads,
                        m.intermediate_size)
-    if cfg.objective.generator != "masked_lm" or cfg.objective.objective == "mlm":
+    if cfg.objective.generator not in ("masked_lm", "fixed") or \
+            cfg.objective.objective == "mlm":
         return None, disc
     if m.tie_all_weights:
         return disc, disc
@@ -241,6 +244,7 @@ def _config_plan(cfg, convention: Convention
     of them trains in each stage."""
     gen, disc = config_networks(cfg)
     name = cfg.objective.objective
+    fixed = gen is not None and cfg.objective.generator == "fixed"
     s = cfg.train.max_seq_length
     # Generator / MLM output positions: the slots our code computes, or the paper's share.
     slots = (float(cfg.objective.predictions_per_seq(s)) if convention.actual_output_positions
@@ -282,8 +286,13 @@ def _config_plan(cfg, convention: Convention
         add("generator_mlm_head", lm_head_terms(dataclasses.replace(gen, hidden=2 * gen.hidden),
                                                 s))
     else:
-        # Generator and discriminator each embed their own input.
-        add("embeddings", embedding_terms(gen) + embedding_terms(disc))
+        # Generator and discriminator each embed their own input (a fixed generator's
+        # pass apart: it runs forward only).
+        if fixed:
+            add("generator_embeddings", embedding_terms(gen))
+            add("discriminator_embeddings", embedding_terms(disc))
+        else:
+            add("embeddings", embedding_terms(gen) + embedding_terms(disc))
         add("generator_encoder", encoder_terms(gen))
         add("generator_mlm_head", lm_head_terms(gen, slots))
         if name in ("hp_loss", "hp_dist"):
@@ -298,6 +307,10 @@ def _config_plan(cfg, convention: Convention
         add("discriminator_head", binary_head_terms(disc))
     else:  # electra, electra_15, hp_loss, hp_dist, adversarial, electric
         add("discriminator_head", binary_head_terms(disc))
+    if fixed:  # Fast-ELECTRA: the generator forward only, every step
+        trained = tuple(k for k in out if k not in _GENERATOR_SIDE)
+        return out, (Phase("fixed_generator", cfg.train.num_train_steps, trained,
+                           forward_only=_GENERATOR_SIDE),)
     return out, None
 
 

@@ -262,6 +262,25 @@ def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
     return tf.reshape(b * block + j, lead)
 
 
+def scheduled_temperature(step, total_steps: int, shape: str, start: float, end: float
+                          ) -> tf.Tensor:
+    """The sampling temperature at `step` (float32 scalar): from `start` at step 0 to `end`
+    at step `total_steps` and after, along `shape`: "linear"; "cosine" (half a cosine,
+    flat at both ends); "exponential" (geometric, start * (end / start)^(step / total),
+    fast first: the descending curriculum of Fast-ELECTRA); "constant": `start`."""
+    if shape == "constant":
+        return tf.constant(start, tf.float32)
+    frac = tf.clip_by_value(tf.cast(step, tf.float32) / float(max(total_steps, 1)), 0.0, 1.0)
+    if shape == "linear":
+        return start + (end - start) * frac
+    if shape == "cosine":
+        return end + (start - end) * 0.5 * (1.0 + tf.cos(math.pi * frac))
+    if shape == "exponential":
+        return start * tf.pow(end / start, frac)
+    raise ValueError(f"temperature shape {shape!r}: expected constant, linear, cosine or "
+                     "exponential")
+
+
 def uniform_logits(like: tf.Tensor, vocab_size: int) -> tf.Tensor:
     """Zero logits [*like.shape, V]: the 'uniform' generator (sample with `categorical_sample`)."""
     return tf.broadcast_to(_runtime_zeros(like)[..., None], _shape(like) + [vocab_size])

@@ -62,6 +62,8 @@ class Objective(abc.ABC):
         self.max_predictions = self.oc.predictions_per_seq(cfg.train.max_seq_length)
         self.unigram_counts = unigram_counts
         self.focal_gamma = self.oc.focal_gamma()
+        # The run's step counter (the trainer sets it) for a temperature schedule.
+        self.global_step: Optional[tf.Variable] = None
 
     def phases(self) -> List[int]:
         """The first global step of each phase (one phase by default)."""
@@ -105,23 +107,44 @@ class Objective(abc.ABC):
 
     @property
     def has_generator(self) -> bool:
+        """A generator network runs (trained, or fixed)."""
+        return self.oc.generator in ("masked_lm", "fixed")
+
+    @property
+    def trains_generator(self) -> bool:
         return self.oc.generator == "masked_lm"
 
     def generator(self, model, masked, batch, seed, training):
         """(logits [B,P,V] of the proposal distribution at the slots, the generator's
-        hidden states there [B,P,h] or None for uniform / unigram proposals)."""
+        hidden states there [B,P,h] or None for uniform / unigram proposals). A fixed
+        generator runs forward only: no dropout, no gradient."""
         if self.oc.generator == "uniform":
             return obj.uniform_logits(masked["masked_ids"], self.cfg.model.vocab_size), None
         if self.oc.generator == "unigram":
             return obj.unigram_logits(masked["masked_ids"], self.unigram_counts), None
+        fixed = self.oc.generator == "fixed"
         hidden = model.generator_hidden(masked["masked_input_ids"], batch["input_mask"],
-                                        batch["segment_ids"], training=training, seed=seed)
+                                        batch["segment_ids"], training=training and not fixed,
+                                        seed=seed)
         slots = gather_positions(hidden, masked["masked_positions"])
-        return model.generator_predictions(slots), slots
+        logits = model.generator_predictions(slots)
+        if fixed:
+            return tf.stop_gradient(logits), tf.stop_gradient(slots)
+        return logits, slots
+
+    def temperature(self):
+        """The sampling temperature: objective.temperature, or the temperature_schedule's
+        value at the current step (its start before a trainer sets `global_step`)."""
+        shape, start, end = self.oc.schedule()
+        if shape == "constant":
+            return self.oc.temperature
+        step = 0 if self.global_step is None else self.global_step
+        return obj.scheduled_temperature(step, self.cfg.train.num_train_steps, shape, start,
+                                         end)
 
     def sample(self, logits, masked, seed):
         return obj.categorical_sample(
-            logits, seed, self.oc.temperature,
+            logits, seed, self.temperature(),
             disallow_ids=masked["masked_ids"] if self.oc.disallow_correct else None)
 
     def generator_mlm_term(self, gen_logits, masked, denominators):
@@ -171,7 +194,7 @@ class ReplacedTokenDetection(Objective):
         ids, w = masked["masked_ids"], masked["masked_weights"]
         positions = masked["masked_positions"]
         den_mlm = tf.maximum(denominators["mlm"], _EPS)
-        if self.has_generator and self.trains_generator_by_mle:
+        if self.trains_generator and self.trains_generator_by_mle:
             terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
         sampling_logits, hp_logits = self.sampling_logits(model, gen_logits, gen_slots, ids)
         sampled = self.sample(sampling_logits, masked, seeds[1])
@@ -360,7 +383,7 @@ class MaskedLM(Objective):
         """-> (the ids the encoder reads, the samples or None, generator logits or None):
         the generator's samples at the slots."""
         gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
-        if self.has_generator:
+        if self.trains_generator:
             terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
         sampled = self.sample(gen_logits, masked, seeds[1])
         inputs, _ = obj.corrupt(batch["input_ids"], masked["masked_positions"], sampled,

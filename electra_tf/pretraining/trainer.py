@@ -26,10 +26,20 @@ class Pretrainer(Trainer):
         self.objective = build_objective(cfg, special_ids, unigram_counts)
         tc = cfg.train
         super().__init__(
-            strategy, lambda: ElectraPretrainingModel(cfg.model, heads=self.objective.heads),
+            strategy, self._build_model_of_config,
             lambda: make_optimizer(cfg.optimizer, tc.num_train_steps), seed=tc.seed,
             seed_stream=0x5EED, clip_norm=cfg.optimizer.clip_norm,
             grad_accum_steps=tc.grad_accum_steps, jit_compile=jit_compile)
+        self.objective.global_step = self.global_step  # a temperature schedule reads it
+
+    def _build_model_of_config(self):
+        model = ElectraPretrainingModel(self.cfg.model, heads=self.objective.heads)
+        if self.cfg.objective.generator == "fixed":
+            # Forward only: not among the trained variables (no gradient, no optimizer
+            # state); still in the checkpoints, which resume it.
+            model.generator.trainable = False
+            model.generator_predictions.trainable = False
+        return model
 
     def phases(self):
         return self.objective.phases()

@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.model.modeling import tf1_variables
+from electra_tf.model.modeling import released_arrays, tf1_variables
 
 
 class CheckpointError(ValueError):
@@ -102,8 +102,9 @@ def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
 
 
 def model_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np.ndarray]:
-    """{TF1 name: array} of `variables` (default: every trainable variable of `model`)."""
-    return {name: np.asarray(v.numpy()) for name, v in tf1_variables(model, variables).items()}
+    """{TF1 name: array} of `variables` (default: every trainable variable of `model`), in
+    the released layout (`modeling.released_arrays`: GDES deltas folded)."""
+    return released_arrays(model, variables)
 
 
 def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None) -> str:
