@@ -59,10 +59,27 @@ VARIANTS = collections.OrderedDict([
     ("hp_dist", {"objective.objective": "hp_dist"}),
     # ELECTRIC: NCE energies, two-tower cloze generator (its configs set it).
     ("electric", {"objective.objective": "electric"}),
+    # DeBERTaV3's gradient-disentangled embedding sharing.
+    ("gdes", {"model.tie_embeddings": "true", "model.disentangled_embeddings": "true"}),
+    # Fast-ELECTRA: the electra run's final generator, fixed (forward only), sampled at a
+    # temperature that falls from 2 to 1 over the run. Its generator's own training is
+    # not charged to it (the paper's premise: an existing model).
+    ("fast_electra", {"objective.generator": "fixed",
+                      "objective.generator_checkpoint": "@electra",
+                      "objective.temperature_schedule": "exponential:2"}),
+    # ELECTRA again with another pre-training seed: the pre-training seed spread, and the
+    # default judge whose generator draws the fixed held-out corruptions.
+    ("electra_seed2", {"train.seed": "2"}),
 ])
+# An override value "@VARIANT" is that variant's pre-training run directory in this
+# experiment (`resolve_runs`); the variant must run before the one that reads it.
+RUN_REF = "@"
+# The fine-tuning row without pre-training (random initialisation, the preset's sizes).
+BASELINE = "no_pretraining"
+DEFAULT_JUDGE = "electra_seed2"
 
-# Defaults sized so that the first nine variants (ELECTRIC joined later) finish in ~40 minutes on a shared 2-core CPU at
-# the tiny preset (experiments/README.md has the timings they come from).
+# Defaults sized for a quick look (the committed report's command sets its own budget;
+# experiments/README.md has the timings).
 DEFAULT_REFERENCE_STEPS = 80
 DEFAULT_POINTS = "0.5,1"
 DEFAULT_SEEDS = 3
@@ -131,6 +148,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--name", default=None, help="Experiment name (default "
                    "compute_matched_<config>).")
     p.add_argument("--out_dir", default=None, help="Default experiments/results/<name>.")
+    p.add_argument("--baseline", default=True, action=argparse.BooleanOptionalAction,
+                   help=f"Fine-tune a randomly initialised model of the preset's size too "
+                   f"(the '{BASELINE}' row; default on).")
+    p.add_argument("--judge", default=None, help="The variant whose final generator draws "
+                   "the fixed held-out corruptions every discriminator is judged on "
+                   f"(default {DEFAULT_JUDGE} when it is among --variants; 'none': skip).")
+    p.add_argument("--judge_batches", type=int, default=0, help="Held-out batches (of 32) "
+                   "of fixed corruptions; 0 (default): one pass over the held-out data.")
     p.add_argument("--dry_run", action="store_true", help="Print the plan and exit.")
     p.add_argument("--report_only", action="store_true",
                    help="Write the report from the results so far, run nothing.")
@@ -145,6 +170,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                               f"{', '.join(VARIANTS)}")
     if args.reference_steps < 2:
         raise ExperimentError(f"--reference_steps={args.reference_steps} must be >= 2")
+    for i, name in enumerate(args.variant_list):
+        for value in VARIANTS[name].values():
+            if value.startswith(RUN_REF) and value[1:] not in args.variant_list[:i]:
+                raise ExperimentError(f"--variants: {name} reads the run of {value[1:]}: "
+                                      f"list {value[1:]} before it")
+    if args.judge is None:
+        args.judge = DEFAULT_JUDGE if DEFAULT_JUDGE in args.variant_list else "none"
+    if args.judge != "none" and args.judge not in args.variant_list:
+        raise ExperimentError(f"--judge={args.judge}: not among --variants")
+    if args.judge_batches == 1 or args.judge_batches < 0:
+        raise ExperimentError(f"--judge_batches={args.judge_batches}: 0 (all) or >= 2 "
+                              "(half fits the threshold, half is scored)")
     args.point_list = parse_points(args.points)
     if args.seeds < 1:
         raise ExperimentError(f"--seeds={args.seeds} must be >= 1")
@@ -298,12 +335,22 @@ def checkpoint_steps(targets: Sequence[float], steps: int, cost, tolerance: floa
     return best[1], best[2]
 
 
+def resolve_runs(overrides: Dict[str, str], out_dir: Optional[str]) -> Dict[str, str]:
+    """`overrides` with each "@VARIANT" value replaced by that variant's run directory
+    under `out_dir` (unchanged without one: planning alone)."""
+    if out_dir is None:
+        return dict(overrides)
+    return {k: pretrain_dir(out_dir, v[1:]) if v.startswith(RUN_REF) else v
+            for k, v in overrides.items()}
+
+
 def plan_variants(preset: str, variants: Sequence[str], reference: str,
                   reference_steps: int, points: Sequence[float],
                   common: Optional[Dict[str, str]] = None, convention=flops.PAPER,
-                  warmup_fraction: float = 0.1) -> Dict:
+                  warmup_fraction: float = 0.1, out_dir: Optional[str] = None) -> Dict:
     """The budget (the reference variant's train FLOPs at `reference_steps`) and each
-    variant's steps, checkpoints and points. Pure: no training."""
+    variant's steps, checkpoints and points. Pure: no training. With `out_dir`, "@VARIANT"
+    values name that experiment's run directories."""
     common = dict(common or {})
     ref_cfg = variant_config(preset, reference, common, reference_steps)
     budget = train_flops(ref_cfg, convention)
@@ -318,7 +365,7 @@ def plan_variants(preset: str, variants: Sequence[str], reference: str,
         tolerance = max(0.02 * budget, max(per_step for _, per_step in stages(count)))
         g, chosen = checkpoint_steps(targets, steps, lambda s: flops_at_step(count, s),
                                      tolerance, lambda t: step_at_flops(count, t))
-        overrides = dict(VARIANTS[name])
+        overrides = resolve_runs(VARIANTS[name], out_dir)
         overrides.update(common)
         overrides["train.num_train_steps"] = str(steps)
         overrides["train.save_checkpoints_steps"] = str(g)
@@ -358,6 +405,7 @@ def estimate_seconds(plan: Dict, seeds: int) -> Dict[str, float]:
             v.hardware_flops_per_step / electra_step)
         for p in v.points:
             out[f"finetune/{v.name}/step{p.step}"] = FINETUNE_FIXED_S + seeds * FINETUNE_TRIAL_S
+    out[f"finetune/{BASELINE}/step0"] = FINETUNE_FIXED_S + seeds * FINETUNE_TRIAL_S
     return out
 
 
@@ -397,9 +445,13 @@ def pretrain_command(args, v: VariantPlan, model_dir: str) -> List[str]:
     return cmd + jit_flag(args.jit_compile) + shlex.split(args.extra_pretrain_flags)
 
 
-def finetune_command(args, checkpoint: str, model_dir: str) -> List[str]:
+def finetune_command(args, checkpoint: Optional[str], model_dir: str) -> List[str]:
+    """run_finetuning.py from `checkpoint`; None: the randomly initialised baseline (the
+    preset's sizes)."""
+    init = [f"--init_checkpoint={checkpoint}"] if checkpoint else [
+        "--init_checkpoint=none", f"--config={args.config}"]
     cmd = [sys.executable, os.path.join(REPO, "run_finetuning.py"), f"--task={args.task}",
-           f"--data_dir={args.data_dir}", f"--init_checkpoint={checkpoint}",
+           f"--data_dir={args.data_dir}"] + init + [
            f"--model_dir={model_dir}", f"--num_trials={args.seeds}", f"--seed={args.seed}",
            f"--max_seq_length={args.finetune_max_seq_length}"]
     if args.finetune_epochs is not None:
@@ -519,36 +571,106 @@ def run_experiment(args, plan: Dict) -> Dict[str, str]:
                 expected, seconds=seconds, eval_results=eval_results), sort_keys=True)
             print(progress.line(f"{job}: done in {format_seconds(seconds)}"), flush=True)
         for p in v.points:
-            job = f"finetune/{v.name}/step{p.step}"
-            fdir = finetune_dir(args.out_dir, v.name, p.step)
-            expected = {"task": args.task, "seeds": args.seeds, "seed": args.seed,
-                        "checkpoint_step": p.step,
-                        "max_seq_length": args.finetune_max_seq_length,
-                        "epochs": args.finetune_epochs}
-            if check_marker(read_marker(fdir), expected, job):
-                progress.skip(job)
-                print(progress.line(f"{job}: done before, skipped"), flush=True)
-                continue
-            print(progress.line(f"{job}: {args.seeds} seed(s) ..."), flush=True)
-            t0 = time.monotonic()
-            log = fileio.join(logs, f"finetune_{v.name}_step{p.step}.log")
-            rc = run_logged(finetune_command(args, fileio.join(pdir, f"ckpt-{p.step}"),
-                                             fdir), log)
-            seconds = time.monotonic() - t0
-            progress.finish(job, seconds)
-            results = read_json(fileio.join(fdir, "results.json"))
-            if rc != 0 or not results:
-                failures[job] = f"exit {rc}: {last_error(log)} (log: {log})"
-                print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
-                continue
-            fileio.write_json_atomic(fileio.join(fdir, DONE), dict(
-                expected, seconds=seconds, metric=results.get("metric"),
-                scores=results.get("scores"), median=results.get("median")), sort_keys=True)
-            drop_trial_checkpoints(fdir)
-            print(progress.line(f"{job}: median {results.get('median'):.4f} "
-                                f"(seeds {', '.join(f'{s:.4f}' for s in results['scores'])}) "
-                                f"in {format_seconds(seconds)}"), flush=True)
+            finetune_job(args, v.name, p.step, fileio.join(pdir, f"ckpt-{p.step}"),
+                         progress, failures)
+    if args.baseline:
+        finetune_job(args, BASELINE, 0, None, progress, failures)
+    if args.judge != "none":
+        intrinsic(args, plan, failures)
     return failures
+
+
+def finetune_job(args, name: str, step: int, checkpoint: Optional[str], progress: Progress,
+                 failures: Dict[str, str]):
+    """Fine-tunes `checkpoint` (None: the random-init baseline) with every seed into
+    finetune_dir(name, step), unless its marker says it is done."""
+    job = f"finetune/{name}/step{step}"
+    fdir = finetune_dir(args.out_dir, name, step)
+    expected = {"task": args.task, "seeds": args.seeds, "seed": args.seed,
+                "checkpoint_step": step, "max_seq_length": args.finetune_max_seq_length,
+                "epochs": args.finetune_epochs}
+    if check_marker(read_marker(fdir), expected, job):
+        progress.skip(job)
+        print(progress.line(f"{job}: done before, skipped"), flush=True)
+        return
+    print(progress.line(f"{job}: {args.seeds} seed(s) ..."), flush=True)
+    t0 = time.monotonic()
+    log = fileio.join(args.out_dir, "logs", f"finetune_{name}_step{step}.log")
+    rc = run_logged(finetune_command(args, checkpoint, fdir), log)
+    seconds = time.monotonic() - t0
+    progress.finish(job, seconds)
+    results = read_json(fileio.join(fdir, "results.json"))
+    if rc != 0 or not results:
+        failures[job] = f"exit {rc}: {last_error(log)} (log: {log})"
+        print(progress.line(f"{job}: FAILED ({failures[job]})"), flush=True)
+        return
+    fileio.write_json_atomic(fileio.join(fdir, DONE), dict(
+        expected, seconds=seconds, metric=results.get("metric"),
+        scores=results.get("scores"), median=results.get("median")), sort_keys=True)
+    drop_trial_checkpoints(fdir)
+    print(progress.line(f"{job}: median {results.get('median'):.4f} "
+                        f"(seeds {', '.join(f'{s:.4f}' for s in results['scores'])}) "
+                        f"in {format_seconds(seconds)}"), flush=True)
+
+
+def intrinsic_dir(out_dir: str) -> str:
+    return fileio.join(out_dir, "intrinsic")
+
+
+def _fixed_corruptions():
+    """experiments/fixed_corruptions.py (imported on use: it builds models)."""
+    here = os.path.dirname(os.path.abspath(__file__))  # local: this script's folder
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import fixed_corruptions
+    return fixed_corruptions
+
+
+def intrinsic(args, plan: Dict, failures: Dict[str, str]):
+    """Draws the held-out corruptions once from the judge's final generator, then judges
+    every variant's final discriminator (and the untrained baseline) on them:
+    OUT/intrinsic/corruptions.npz and OUT/intrinsic/<variant>.json."""
+    fc = _fixed_corruptions()
+    idir = intrinsic_dir(args.out_dir)
+    path = fileio.join(idir, "corruptions.npz")
+    judge_dir = pretrain_dir(args.out_dir, args.judge)
+    if read_marker(judge_dir) is None:
+        failures["intrinsic"] = f"the judge {args.judge} has not finished pre-training"
+        return
+    expected = {"judge": args.judge, "batches": args.judge_batches}
+    marker = read_marker(idir)
+    if not check_marker(marker, expected, "intrinsic/corruptions"):
+        print(f"intrinsic: drawing {args.judge_batches} held-out batches of corruptions "
+              f"from {args.judge}'s generator", flush=True)
+        eval_data = args.eval_data
+        if not eval_data:  # the bundled sample's held-out shard, as the runs' --do_eval
+            from tfrecord_builder.sample import SAMPLE_CACHE, bundled_sample
+            length = configs.load_config(args.config).train.max_seq_length
+            eval_data = bundled_sample(length, os.path.join(REPO, SAMPLE_CACHE))[1]
+        meta = fc.draw(judge_dir, eval_data, path, num_batches=args.judge_batches or None)
+        fileio.write_json_atomic(fileio.join(idir, DONE), dict(expected, draw=meta),
+                                 sort_keys=True)
+    jobs = [(v.name, pretrain_dir(args.out_dir, v.name), max(v.points, key=lambda p: p.step))
+            for v in plan["variants"].values()]
+    for name, pdir, point in jobs + [(BASELINE, None, None)]:
+        out = fileio.join(idir, f"{name}.json")
+        step = point.step if point else 0
+        done = read_json(out)
+        if done and done.get("step") == step:
+            continue
+        if pdir is not None and read_marker(pdir) is None:
+            continue  # its pre-training failed or has not run: reported there
+        try:
+            if pdir is None:
+                scores = fc.judge(path, config=args.config)
+            else:
+                scores = fc.judge(path, model_dir=pdir,
+                                  checkpoint=fileio.join(pdir, f"ckpt-{step}"))
+        except Exception as e:  # noqa: BLE001  (one variant's failure stops no other)
+            failures[f"intrinsic/{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            continue
+        fileio.write_json_atomic(out, dict(scores, step=step), sort_keys=True)
+        print(f"intrinsic/{name}: fixed-corruption AUC {scores['auc']:.4f}", flush=True)
 
 
 def drop_trial_checkpoints(fdir: str):
@@ -589,9 +711,46 @@ def collect_results(out_dir: str, plan: Dict) -> Dict:
             "flops": v.flops, "hardware_flops_per_step": v.hardware_flops_per_step,
             "pretrain_seconds": marker.get("seconds"),
             "eval_results": marker.get("eval_results"), "points": points}
+    baseline = read_marker(finetune_dir(out_dir, BASELINE, 0)) or {}
+    intrinsic_results = collections.OrderedDict()
+    for name in list(variants) + [BASELINE]:
+        found = read_json(fileio.join(intrinsic_dir(out_dir), f"{name}.json"))
+        if found:
+            intrinsic_results[name] = found
+    corruptions = read_marker(intrinsic_dir(out_dir)) or {}
     return {"budget": plan["budget"], "reference": plan["reference"],
             "reference_steps": plan["reference_steps"], "convention": plan["convention"],
-            "variants": variants}
+            "variants": variants,
+            "baseline": {"scores": baseline.get("scores"), "metric": baseline.get("metric"),
+                         "seconds": baseline.get("seconds")},
+            "judge": corruptions.get("judge"), "corruptions": corruptions.get("draw"),
+            "intrinsic": intrinsic_results}
+
+
+def interval(scores: Optional[Sequence[float]], level: float = 0.95
+             ) -> Tuple[Optional[float], Optional[float]]:
+    """(mean, half-width of the Student-t interval at `level`) over seeds; the half-width
+    is None for fewer than two scores."""
+    if not scores:
+        return None, None
+    mean = statistics.fmean(scores)
+    if len(scores) < 2:
+        return mean, None
+    from scipy import stats
+    t = stats.t.ppf(0.5 + level / 2, len(scores) - 1)
+    return mean, float(t * statistics.stdev(scores) / math.sqrt(len(scores)))
+
+
+def separation(scores: Sequence[float], baseline: Sequence[float]) -> str:
+    """How `scores` stand against the baseline's: "above"/"below" when every seed of one
+    beats every seed of the other (beyond the seed spread), else "within spread"."""
+    if not scores or not baseline:
+        return "—"
+    if min(scores) > max(baseline):
+        return "above"
+    if max(scores) < min(baseline):
+        return "below"
+    return "within spread"
 
 
 def machine() -> str:
@@ -655,6 +814,57 @@ def render_report(results: Dict, command: str, machine_line: str,
         by_f = {p["fraction"]: p for p in v["points"]}
         lines.append(f"| {name} | " + " | ".join(
             _fmt(by_f[f]["median"]) if f in by_f else "—" for f in fractions) + " |")
+    base = (results.get("baseline") or {}).get("scores")
+    if base:
+        lines.append(f"| {BASELINE} (0 FLOPs) | " + " | ".join(
+            _fmt(statistics.median(base)) for _ in fractions) + " |")
+    lines += ["", "## Seeds and intervals at the full budget", "",
+              f"Mean over the fine-tuning seeds with its 95% Student-t interval; the last "
+              f"column says whether every seed lies above (or below) every seed of "
+              f"`{BASELINE}` (a randomly initialised model of the same size, fine-tuned "
+              "the same way), i.e. a difference larger than the seed spread.", "",
+              "| variant | step | mean | 95% interval | min | max | mean − "
+              f"{BASELINE} | vs {BASELINE} |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    base_mean, base_half = interval(base)
+    rows = ([(f"{BASELINE}", 0, base)] if base else []) + [
+        (name, max(v["points"], key=lambda p: p["step"])["step"],
+         max(v["points"], key=lambda p: p["step"])["scores"]) for name, v in v_all.items()]
+    for name, step, scores in rows:
+        mean, half = interval(scores)
+        diff = (mean - base_mean) if mean is not None and base_mean is not None else None
+        lines.append(f"| {name} | {step} | {_fmt(mean)} | "
+                     f"{'± ' + _fmt(half) if half is not None else '—'} | "
+                     f"{_fmt(min(scores)) if scores else '—'} | "
+                     f"{_fmt(max(scores)) if scores else '—'} | "
+                     f"{_fmt(diff, '+.4f') if diff is not None and name != BASELINE else '—'} | "
+                     f"{separation(scores, base) if name != BASELINE else '—'} |")
+    judged = results.get("intrinsic") or {}
+    if judged:
+        meta = results.get("corruptions") or {}
+        lines += ["", "## Discriminators on fixed held-out corruptions", "",
+                  f"Every variant's final discriminator judged on the same corruptions of "
+                  f"the held-out shard, drawn once from the final generator of "
+                  f"`{results.get('judge')}` (15% of the tokens masked as in ELECTRA, "
+                  f"replacements sampled at temperature 1; "
+                  f"{meta.get('tokens', '—')} scored tokens, "
+                  f"{_fmt(meta.get('replaced_share'))} of the masked slots replaced), so "
+                  "no variant is measured "
+                  "against its own generator (the judge's own row excepted). Score: the "
+                  "discriminator's P(replaced); ELECTRIC's energy; for the masked-LM "
+                  "objectives 1 − P_MLM(observed token) from the unmasked input. AUC over "
+                  "all scored tokens and over the masked positions only (replaced against "
+                  "sampled-original); 'fitted accuracy': the threshold that is best on half "
+                  "of the batches, applied to the other half (comparable across score "
+                  "kinds; the majority class gives the last column).", "",
+                  "| variant | score | AUC | AUC at masked positions | own accuracy | "
+                  "fitted accuracy | majority |", "|---|---|---:|---:|---:|---:|---:|"]
+        for name, r in judged.items():
+            label = f"{name} (judge: its own generator)" if name == results.get("judge") \
+                else name
+            lines.append(f"| {label} | {r.get('score_kind', '—')} | {_fmt(r.get('auc'))} | "
+                         f"{_fmt(r.get('replaced_auc_at_masked'))} | "
+                         f"{_fmt(r.get('accuracy'))} | {_fmt(r.get('fitted_accuracy'))} | "
+                         f"{_fmt(r.get('majority_accuracy'))} |")
     lines += ["", "All seeds:", "", "| variant | budget fraction | step | FLOPs | median | "
               "min | max | seeds |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, v in v_all.items():
@@ -687,8 +897,9 @@ def render_report(results: Dict, command: str, machine_line: str,
     if failures:
         lines += ["", "## Failed jobs", ""] + [f"- `{job}`: {why}"
                                                 for job, why in failures.items()]
-    lines += ["", "Plot: `score_vs_flops.png` (median over seeds, bars from the lowest to "
-              "the highest seed). All numbers: `results.json`.", "",
+    lines += ["", "Plot: `score_vs_flops.png` (left: median over seeds, bars from the lowest "
+              f"to the highest seed, the band {BASELINE}'s range; right: the fixed-"
+              "corruption AUC). All numbers: `results.json`.", "",
               "## What this scale can and cannot show", "",
               interpretation.strip() if interpretation else
               f"(Not written yet: put the reading of these numbers in {INTERPRETATION_FILE} "
@@ -707,7 +918,10 @@ def plot(results: Dict, path: str) -> bool:
         print("compute_matched: matplotlib is missing (pip install -e .[experiments]); "
               "no plot", file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    judged = results.get("intrinsic") or {}
+    fig, axes = plt.subplots(1, 2 if judged else 1, figsize=(12 if judged else 7, 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
     metric = "score"
     for name, v in results["variants"].items():
         pts = [p for p in v["points"] if p["scores"]]
@@ -719,11 +933,31 @@ def plot(results: Dict, path: str) -> bool:
         err = [[m - min(p["scores"]) for m, p in zip(med, pts)],
                [max(p["scores"]) - m for m, p in zip(med, pts)]]
         ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=name)
+    base = (results.get("baseline") or {}).get("scores")
+    if base:
+        ax.axhspan(min(base), max(base), color="black", alpha=0.12,
+                   label=f"{BASELINE} (seed range)")
+        ax.axhline(statistics.median(base), color="black", linewidth=1)
     ax.axvline(results["budget"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel(f"pre-train FLOPs ({results['convention']} convention)")
     ax.set_ylabel(f"dev {metric} (median, min-max over seeds)")
     ax.set_title("Pre-training objectives at equal compute")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
+    if judged:
+        ax = axes[0][1]
+        names = list(judged)
+        ax.barh(range(len(names)), [judged[n]["auc"] for n in names], color="tab:blue",
+                label="all tokens")
+        ax.scatter([judged[n].get("replaced_auc_at_masked") or float("nan") for n in names],
+                   range(len(names)), color="tab:orange", zorder=3, label="masked positions")
+        ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
+        ax.set_yticks(range(len(names)))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0.3, 1.0)
+        ax.set_xlabel(f"AUC on fixed corruptions (judge: {results.get('judge')})")
+        ax.set_title("Discriminators on the same held-out corruptions")
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=120)
@@ -768,7 +1002,7 @@ def main(argv: Sequence[str]) -> int:
             raise ExperimentError(str(e)) from None
         plan = plan_variants(args.config, args.variant_list, args.reference, args.reference_steps,
                              args.point_list, common, flops.CONVENTIONS[args.convention],
-                             args.warmup_fraction)
+                             args.warmup_fraction, out_dir=args.out_dir)
     except ExperimentError as e:
         print(f"compute_matched: error: {e}", file=sys.stderr)
         return 1

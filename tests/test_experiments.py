@@ -8,19 +8,12 @@ import pytest
 
 from electra_tf import configs, fileio
 from electra_tf.pretraining import flops
+import experiment_scripts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load():
-    path = os.path.join(REPO, "experiments", "compute_matched.py")
-    spec = importlib.util.spec_from_file_location("compute_matched", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-cm = _load()
+cm = experiment_scripts.load("compute_matched")
 ALL = list(cm.VARIANTS)
 
 
@@ -36,7 +29,7 @@ def plan():
 
 
 def test_variants_are_valid_configs():
-    assert len(ALL) == 10
+    assert len(ALL) == 13
     for name in ALL:
         cfg = cm.variant_config("tiny", name, {}, 100)
         assert cfg.objective.objective in configs.OBJECTIVE_NAMES
@@ -44,6 +37,34 @@ def test_variants_are_valid_configs():
     assert (bert.objective, bert.mask_token_prob, bert.random_token_prob) == ("mlm", 0.8, 0.1)
     hp = cm.variant_config("tiny", "hp_loss_focal", {}, 100).objective
     assert hp.focal_gamma() == "piecewise"
+    assert cm.variant_config("tiny", "gdes", {}, 100).model.disentangled_embeddings
+    fast = cm.variant_config("tiny", "fast_electra", {}, 100)
+    assert fast.objective.generator == "fixed" and not fast.model.tie_embeddings
+    assert fast.objective.schedule() == ("exponential", 2.0, 1.0)
+    assert cm.variant_config("tiny", "electra_seed2", {}, 100).train.seed == 2
+
+
+def test_fast_electra_reads_the_electra_run_of_the_experiment():
+    plan = cm.plan_variants("tiny", ["electra", "fast_electra"], "electra", 100, [1.0],
+                            out_dir="/exp")
+    over = plan["variants"]["fast_electra"].overrides
+    assert over["objective.generator_checkpoint"] == "/exp/pretrain/electra"
+    # Forward-only generator: more steps than electra for the same FLOPs.
+    assert plan["variants"]["fast_electra"].steps > plan["variants"]["electra"].steps
+    unresolved = cm.plan_variants("tiny", ["fast_electra"], "electra", 100, [1.0])
+    assert unresolved["variants"]["fast_electra"].overrides[
+        "objective.generator_checkpoint"] == "@electra"
+
+
+def test_interval_and_separation():
+    mean, half = cm.interval([0.70, 0.72, 0.74])
+    # t(0.975, 2) = 4.3027; sd 0.02; n 3.
+    assert mean == pytest.approx(0.72) and half == pytest.approx(4.302653 * 0.02 / 3 ** 0.5,
+                                                                 rel=1e-5)
+    assert cm.interval([0.7]) == (0.7, None) and cm.interval(None) == (None, None)
+    assert cm.separation([0.71, 0.72], [0.60, 0.70]) == "above"
+    assert cm.separation([0.5, 0.55], [0.60, 0.70]) == "below"
+    assert cm.separation([0.65, 0.75], [0.60, 0.70]) == "within spread"
 
 
 def test_plan_matches_every_variant_to_the_budget(plan):
@@ -209,6 +230,25 @@ def test_report_renders_every_part(plan):
     assert "## What this scale can and cannot show" in text
     assert text.split("## What this scale can and cannot show")[1].strip().startswith(
         "(Not written yet: put the reading of these numbers in interpretation.md")
+    assert "## Discriminators on fixed held-out corruptions" not in text  # none judged
+    results["baseline"] = {"scores": [0.50, 0.52, 0.51], "metric": "accuracy"}
+    results["judge"] = "electra_seed2"
+    results["corruptions"] = {"tokens": 4000, "replaced_share": 0.1234}
+    results["intrinsic"] = {
+        "electra": {"score_kind": "discriminator", "auc": 0.61, "replaced_auc_at_masked":
+                    0.7, "accuracy": 0.86, "fitted_accuracy": 0.87,
+                    "majority_accuracy": 0.86},
+        "electra_seed2": {"score_kind": "discriminator", "auc": 0.63},
+        cm.BASELINE: {"score_kind": "discriminator", "auc": 0.5, "accuracy": None}}
+    text = cm.render_report(results, "python x", "a machine")
+    assert f"| {cm.BASELINE} (0 FLOPs) | 0.5100 | 0.5100 |" in text
+    assert f"| {cm.BASELINE} | 0 | 0.5100 | ± 0.0248 | 0.5000 | 0.5200 | — | — |" in text
+    # electra at the full budget: 0.5, 0.65, 0.6 -> every seed above 0.52? no (0.5).
+    assert "| electra | 100 | 0.5833 |" in text and "| +0.0733 | within spread |" in text
+    assert "4000 scored tokens, 0.1234 of the masked slots replaced" in text
+    assert "| electra | discriminator | 0.6100 | 0.7000 | 0.8600 | 0.8700 | 0.8600 |" in text
+    assert "| electra_seed2 (judge: its own generator) | discriminator | 0.6300 | — |" in text
+    assert f"| {cm.BASELINE} | discriminator | 0.5000 | — | — | — | — |" in text
     with_notes = cm.render_report(results, "python experiments/compute_matched.py --seeds=3",
                                   "a machine", interpretation="\nChance level.\n")
     assert with_notes.endswith("## What this scale can and cannot show\n\nChance level.\n")
@@ -227,9 +267,18 @@ def test_outputs_from_markers_and_resume_without_rerunning(tmp_path, monkeypatch
                 "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": p.step,
                 "max_seq_length": 64, "epochs": None, "metric": "accuracy",
                 "scores": [0.5, 0.6, 0.7], "median": 0.6})
+    write_marker(cm.finetune_dir(str(tmp_path), cm.BASELINE, 0), {
+        "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": 0,
+        "max_seq_length": 64, "epochs": None, "metric": "accuracy",
+        "scores": [0.5, 0.5, 0.55], "median": 0.5})
     monkeypatch.setattr(cm, "run_logged", lambda *a: pytest.fail("reran a done job"))
     assert cm.run_experiment(args, small) == {}
     results = cm.write_outputs(args, small, "python x", {})
+    assert results["baseline"]["scores"] == [0.5, 0.5, 0.55]
+    report = open(tmp_path / "report.md").read()
+    assert f"| {cm.BASELINE} (0 FLOPs) | 0.5000 | 0.5000 |" in report
+    assert "| electra | 20 | 0.6000 | ± 0.2484 | 0.5000 | 0.7000 | +0.0833 | within spread |" \
+        in report
     saved = json.load(open(tmp_path / "results.json"))
     assert saved["variants"]["electra"]["points"][1]["scores"] == [0.5, 0.6, 0.7]
     assert results["variants"]["bert_mlm"]["eval_results"] == {"disc_auc": 0.6}
@@ -256,6 +305,8 @@ def test_commands():
     assert "--init_checkpoint=/o/pretrain/electra/ckpt-20" in ft
     assert "--num_trials=3" in ft and "--max_seq_length=64" in ft
     assert any(c.startswith("--data_dir=") for c in ft)  # no demo export
+    base = cm.finetune_command(args, None, "/o/ft0")
+    assert "--init_checkpoint=none" in base and "--config=tiny" in base
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -265,6 +316,9 @@ def test_commands():
     (["--seeds=0"], "--seeds=0"),
     (["--bogus"], "unrecognized arguments"),
     (["--params_override=model.nope=1"], "unknown key"),
+    (["--variants=fast_electra,electra"], "fast_electra reads the run of electra: list "
+                                          "electra before it"),
+    (["--variants=electra", "--judge=bert_mlm"], "--judge=bert_mlm: not among --variants"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, capsys):
     assert cm.main(argv + ["--dry_run"]) == 1
@@ -299,6 +353,10 @@ def test_outputs_and_logs_on_a_remote_filesystem(monkeypatch):
             "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": v.steps,
             "max_seq_length": 64, "epochs": None, "metric": "accuracy",
             "scores": [0.5, 0.75, 0.7], "median": 0.7})
+        write_marker(cm.finetune_dir(out, cm.BASELINE, 0), {
+            "task": "polarity", "seeds": 3, "seed": 1, "checkpoint_step": 0,
+            "max_seq_length": 64, "epochs": None, "metric": "accuracy",
+            "scores": [0.5, 0.5, 0.5], "median": 0.5})
         with tf.io.gfile.GFile(f"{out}/{cm.INTERPRETATION_FILE}", "w") as f:
             f.write("Noise at this scale.\n")
         monkeypatch.setattr(cm, "run_logged", lambda *a: pytest.fail("reran a done job"))

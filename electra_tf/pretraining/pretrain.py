@@ -80,7 +80,7 @@ def _dataset(strategy, icfg: input_pipeline.InputConfig, log: input_pipeline.Sha
         lambda ctx: input_pipeline.make_dataset(icfg, ctx, log))
 
 
-def _special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
+def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
     special = dict(BERT_SPECIAL_IDS)
     counts = None
     if manifest:
@@ -120,7 +120,7 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     distribute.set_precision(tc.precision)
     chief = distribute.is_chief(strategy)
     files, eval_files, manifest = resolve_data(options, cfg)
-    special, counts = _special_ids_and_counts(manifest, files, cfg)
+    special, counts = special_ids_and_counts(manifest, files, cfg)
     fileio.makedirs(options.model_dir)
     if chief:  # a rename (a whole-object upload on a bucket): never a torn config.json
         fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())

@@ -28,6 +28,7 @@ from electra_tf.configs import PretrainingConfig, load_config  # noqa: E402
 from electra_tf.finetune.text import TextEncoder  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
 from electra_tf.pretraining.losses import pseudo_log_likelihood  # noqa: E402
+from electra_tf.pretraining.objectives import OBJECTIVES  # noqa: E402
 from tfrecord_builder import DEFAULT_VOCAB, BuildError  # noqa: E402
 
 
@@ -35,10 +36,13 @@ class ScoreError(ValueError):
     """A bad --model_dir, vocabulary or input; the message is one line."""
 
 
-def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
-                      ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
-    """(config, model, checkpoint path) of an `objective=electric` run in `model_dir`
-    (its config.json and its latest checkpoint, or `checkpoint`)."""
+def load_run(model_dir: str, checkpoint: Optional[str] = None,
+             objective: Optional[str] = None
+             ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
+    """(config, float32 model with its objective's heads, checkpoint path) of a
+    pre-training run in `model_dir`: its config.json and its latest checkpoint (or
+    `checkpoint`), every model weight checked to be restored. `objective`: the run must
+    have been trained with it."""
     config_path = fileio.join(model_dir, "config.json")
     if not fileio.exists(config_path):
         raise ScoreError(f"--model_dir={model_dir}: no config.json (not a pre-training run "
@@ -47,13 +51,16 @@ def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
         cfg = load_config(config_path)
     except ValueError as e:
         raise ScoreError(f"{config_path}: {e}") from None
-    if cfg.objective.objective != "electric":
-        raise ScoreError(f"{config_path}: objective {cfg.objective.objective}, not electric: "
-                         "only an ELECTRIC discriminator outputs energies")
+    if objective and cfg.objective.objective != objective:
+        raise ScoreError(f"{config_path}: objective {cfg.objective.objective}, not "
+                         f"{objective}")
     path = checkpoint or tf.train.latest_checkpoint(model_dir)
     if not path:
         raise ScoreError(f"--model_dir={model_dir}: no checkpoint")
-    model = ElectraPretrainingModel(cfg.model, dtype="float32")
+    if not fileio.exists(path + ".index"):
+        raise ScoreError(f"--checkpoint={path}: no such checkpoint")
+    model = ElectraPretrainingModel(cfg.model, dtype="float32",
+                                    heads=OBJECTIVES[cfg.objective.objective].heads)
     try:
         tf.train.Checkpoint(model=model).restore(path).expect_partial() \
             .assert_existing_objects_matched()
@@ -61,6 +68,13 @@ def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ScoreError(f"{path}: does not hold this run's model ({reason})") from None
     return cfg, model, path
+
+
+def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
+                      ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
+    """`load_run` of an `objective=electric` run: only an ELECTRIC discriminator outputs
+    energies."""
+    return load_run(model_dir, checkpoint, objective="electric")
 
 
 class Scorer:
