@@ -58,6 +58,10 @@ class ModelConfig:
 
     @property
     def generator_intermediate(self) -> int:
+        """The discriminator's FFN scaled as its hidden size. The official code uses 4 x
+        the generator's hidden size: the same whenever intermediate_size = 4 x
+        hidden_size (every preset and released checkpoint); other shapes keep this rule,
+        which Hugging Face and TF1 imports infer sizes by."""
         return int(round(self.intermediate_size * self.generator_hidden_size))
 
     @property
@@ -125,6 +129,10 @@ class ObjectiveConfig:
     # step 0 to END (default 1) at the last step; empty: `temperature` throughout.
     temperature_schedule: str = ""
     disallow_correct: bool = False
+    # Draw the masked positions with replacement, as the official code does (a position
+    # can fill several slots; fewer distinct tokens are corrupted): for comparisons with
+    # it (bench/official_curves.py). Default: without replacement, exactly `count` tokens.
+    mask_with_replacement: bool = False
     # masked_lm | uniform | unigram | fixed (a pre-trained masked LM from
     # generator_checkpoint, run forward only: Fast-ELECTRA)
     generator: str = "masked_lm"
@@ -157,6 +165,11 @@ class ObjectiveConfig:
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature={self.temperature} must be > 0")
         self.schedule()
+        if self.mask_with_replacement and (self.objective != "electra" or
+                                           self.random_token_prob > 0):
+            raise ConfigError("objective.mask_with_replacement reproduces the official "
+                              "ELECTRA masking: it needs objective=electra and "
+                              "random_token_prob=0")
         if (self.generator == "fixed") != bool(self.generator_checkpoint):
             raise ConfigError("objective.generator=fixed and objective.generator_checkpoint "
                               "(--generator_checkpoint) go together: give both or neither")

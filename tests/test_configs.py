@@ -33,6 +33,17 @@ def test_presets_match_the_paper():
     assert small.optimizer.bias_correction is False and small.optimizer.weight_decay == 0.01
 
 
+def test_mask_with_replacement_is_for_electra_only():
+    assert load_config("tiny", {"objective.mask_with_replacement": "true"}) \
+        .objective.mask_with_replacement
+    for bad in ({"objective.objective": "electra_15"},
+                {"objective.random_token_prob": "0.1"}):
+        with pytest.raises(ConfigError, match="mask_with_replacement reproduces the official "
+                           "ELECTRA masking: it needs objective=electra and "
+                           "random_token_prob=0"):
+            load_config("tiny", {"objective.mask_with_replacement": "true", **bad})
+
+
 def test_overrides_dotted_and_bare():
     cfg = load_config("tiny", "learning_rate=2e-3,train.num_train_steps=10,"
                               "model.tie_embeddings=false,temperature=0.5")

@@ -256,6 +256,45 @@ def test_corrupt_hand_made():
                                                    [1, 0, 0, 0, 0, 0]])
 
 
+def test_mask_with_replacement_as_the_official_code(electra_masks):
+    """objective.mask_with_replacement: each slot an independent uniform candidate
+    (duplicates kept, each a real slot); a position is [MASK] if any of its slots chose
+    [MASK]; `corrupt` writes the floor of the mean of a position's samples."""
+    fn = jit(lambda i, m, s: obj.mask_tokens(i, m, s, with_replacement=True, **KW))
+    out = {k: v.numpy() for k, v in fn(IDS, INPUT_MASK, tf.constant([1, 2])).items()}
+    w, pos = out["masked_weights"] > 0, out["masked_positions"]
+    # The same slot counts as without replacement; real slots first, ascending.
+    np.testing.assert_array_equal(w.sum(1), electra_masks[0]["masked_weights"].sum(1))
+    assert np.all(np.diff(np.where(w, pos, L), axis=1) >= 0)
+    cands = (INPUT_MASK == 1) & (IDS != CLS) & (IDS != SEP) & (IDS != MASK)
+    assert np.all(cands[np.arange(len(IDS))[:, None].repeat(P, 1)[w], pos[w]])
+    # Full rows (126 candidates, 16 slots): duplicates at the birthday rate, and the
+    # expected number of distinct positions 126 (1 - (125/126)^16) = 15.10.
+    full = np.arange(0, len(IDS), len(BASE))
+    distinct = np.array([len(set(pos[r][w[r]])) for r in full])
+    assert distinct.mean() == pytest.approx(126 * (1 - (125 / 126) ** 16), abs=0.1)
+    assert np.all(distinct <= 16) and np.any(distinct < 16)
+    # Slots are uniform over the candidates (row 0 copies: 512 x 16 slots on 126).
+    hist = np.bincount(pos[full][w[full]], minlength=L)[1:127]
+    assert hist.sum() == 512 * 16 and hist.min() > 30 and hist.max() < 110
+    # [MASK] wherever a slot chose it: ~1 - 0.15^2 of duplicated positions, and the
+    # generator input differs from the input only at chosen positions.
+    changed = out["masked_input_ids"] != IDS
+    chosen = np.zeros_like(changed)
+    for r in range(len(IDS)):
+        chosen[r, pos[r][w[r]]] = True
+    assert not np.any(changed & ~chosen)
+    assert np.all(out["masked_input_ids"][changed] == MASK)
+    share = changed[chosen].mean()
+    assert 0.85 < share < 0.88  # 0.85 per distinct position, more where duplicated
+    ids = np.array([[CLS, 5, 6, 7, SEP]], np.int32)
+    fake, labels = jit(obj.corrupt)(ids, np.array([[2, 2, 3]], np.int32),
+                                    np.array([[40, 51, 7]], np.int32),
+                                    np.array([[1, 1, 1]], np.float32))
+    np.testing.assert_array_equal(fake.numpy(), [[CLS, 5, 45, 7, SEP]])  # (40+51)//2
+    np.testing.assert_array_equal(labels.numpy(), [[0, 0, 1, 0, 0]])
+
+
 def test_mlm_loss_values():
     rng = np.random.default_rng(2)
     ids = rng.integers(0, VOCAB, (3, 4)).astype(np.int32)

@@ -395,7 +395,7 @@ def _source_generator(tmp_path):
     source = ElectraPretrainingModel(cfg.model)
     for i, w in enumerate(source.weights):
         w.assign(tf.random.stateless_normal(w.shape, [i, 9], stddev=0.05))
-    tf1 = checkpoints.save_tf1_checkpoint(source, str(tmp_path / "tf1" / "model.ckpt"))
+    checkpoints.save_tf1_checkpoint(source, str(tmp_path / "tf1" / "model.ckpt"))
     model_dir = tmp_path / "run"
     fileio.makedirs(str(model_dir))
     fileio.write_json_atomic(str(model_dir / "config.json"), cfg.to_json())
@@ -446,3 +446,30 @@ def test_fixed_generator_run_keeps_the_loaded_generator(tmp_path, sample_build):
                               for n, _ in tf.train.list_variables(out))
     word = [v for n, v in stored.items() if "word_embeddings" in n]
     np.testing.assert_array_equal(word[0], source.embeddings.word_embeddings.numpy())
+
+
+# --- the official masking (objective.mask_with_replacement) ------------------------------
+
+def test_official_masking_counts_duplicate_slots(batch):
+    """With replacement: the same slots per row as without, duplicates among them; the
+    MLM denominator counts slots, the discriminator's labels distinct replaced tokens;
+    the ELECTRA loss at initialisation keeps its value."""
+    plain, official = (Pretrainer(_cfg("electra", **extra), tf.distribute.get_strategy(),
+                                  jit_compile=False)
+                       for extra in ({}, {"objective.mask_with_replacement": "true"}))
+    seed = tf.constant([3, 1])
+    for trainer in (plain, official):
+        trainer.model.set_weights(plain.model.get_weights())
+    a, b = plain.objective.mask(batch, seed), official.objective.mask(batch, seed)
+    np.testing.assert_array_equal(a["masked_weights"].numpy(), b["masked_weights"].numpy())
+    w, pos = b["masked_weights"].numpy() > 0, b["masked_positions"].numpy()
+    distinct = sum(len(set(p[m])) for p, m in zip(pos, w))
+    assert distinct <= w.sum()
+    dens = official.objective.denominators(batch)
+    assert float(dens["mlm"]) == w.sum()
+    terms, sums = official.objective.loss_terms(official.model, batch, tf.constant([3, 1, 0]),
+                                                dens, False)
+    assert set(terms) == {"generator", "discriminator"}
+    # At initialisation: MLM ~ ln V per slot, the discriminator ~ ln 2 per token.
+    assert float(terms["generator"]) == pytest.approx(LNV, rel=0.05)
+    assert float(terms["discriminator"]) == pytest.approx(50 * LN2, rel=0.05)

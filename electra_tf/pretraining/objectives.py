@@ -103,7 +103,8 @@ class Objective(abc.ABC):
         return obj.mask_tokens(
             batch["input_ids"], batch["input_mask"], seed,
             vocab_size=self.cfg.model.vocab_size, mask_token_prob=self.oc.mask_token_prob,
-            random_token_prob=self.oc.random_token_prob, **self._mask_args())
+            random_token_prob=self.oc.random_token_prob,
+            with_replacement=self.oc.mask_with_replacement, **self._mask_args())
 
     @property
     def has_generator(self) -> bool:
