@@ -7,16 +7,22 @@ evaluates every side's checkpoints on held-out data and writes, in --out_dir:
 
   curves.json  per side and seed: the total loss of every step, seconds per step, and
                the held-out metrics at each evaluated checkpoint;
-  table.md     window means of the total loss (mean +- sd over seeds, per side, and
-               ours - official), the held-out metrics per checkpoint, timings, the
-               command, the versions and the official hyper-parameters;
+  table.md     window means of the total loss (mean +- sd over seeds, per side, and each
+               of our sides - official), the held-out metrics per checkpoint, timings,
+               the command, the versions and the official hyper-parameters;
   curves.png   the loss per step (smoothed; each seed thin, the mean thick) and the
                held-out MLM and discriminator losses per checkpoint.
 
     python bench/official_curves.py --official_dir=/path/to/electra \\
         --official_python=/path/to/tf2.15-venv/bin/python          # tiny, 600 steps, 3 seeds
     python bench/official_curves.py ... --steps=10 --seeds=1 --batch_size=8   # smoke run
+    python bench/official_curves.py ... --sides=ours_official_masking  # the third side
     python bench/official_curves.py --report_only                  # tables from what ran
+
+Sides (--sides, default official,ours): `official`; `ours`, our trainer with the config
+as given; `ours_official_masking`, the same plus objective.mask_with_replacement=true
+(our implementation of the official masked-position draw, with replacement; README
+"Masking as the official code"). The report covers every side with runs in --out_dir.
 
 The official code needs TensorFlow <= 2.15 (the last with tf.estimator), e.g.
 `python3 -m venv V && V/bin/pip install tensorflow-cpu==2.15.1`, given as
@@ -24,7 +30,7 @@ The official code needs TensorFlow <= 2.15 (the last with tf.estimator), e.g.
 OUT/official_launcher.py, which supplies what TF 2 lacks (`tensorflow.contrib.layers`'
 layer_norm) and seeds the Estimator's graph; its comments list every shim.
 
-The total loss is the same quantity on both sides: gen_weight x the generator's MLM loss
+The total loss is the same quantity on every side: gen_weight x the generator's MLM loss
 + disc_weight x the discriminator's loss, of the batch each update trains on, before the
 update (official: the Estimator's `loss` summary, written every step by the launcher's
 save_summary_steps=1; ours: the `loss` summary with train.log_every_steps=1). A
@@ -71,10 +77,13 @@ ExperimentError = _cm.ExperimentError  # a bad flag or a failed step; one line
 run_logged, last_error, read_json, check_marker, machine = (
     _cm.run_logged, _cm.last_error, _cm.read_json, _cm.check_marker, _cm.machine)
 
-SIDES = ("official", "ours")
+SIDES = ("official", "ours", "ours_official_masking")
+DEFAULT_SIDES = ("official", "ours")
+# What a side adds to the overrides of "ours" (the official side gets their translation).
+SIDE_OVERRIDES = {"ours_official_masking": {"objective.mask_with_replacement": "true"}}
 DONE = "DONE.json"
 LAUNCHER = "official_launcher.py"
-# The held-out metrics both sides report (their definitions differ where table.md says).
+# The held-out metrics every side reports (their definitions differ where table.md says).
 EVAL_METRICS = ("loss", "masked_lm_loss", "masked_lm_accuracy", "sampled_masked_lm_accuracy",
                 "disc_loss", "disc_accuracy", "disc_auc", "disc_precision", "disc_recall")
 # Steps left out of the time per step: graph building / tracing and the first steps.
@@ -171,12 +180,17 @@ def official_eval_hparams(train_hparams: Dict, *, eval_files: str, model_dir: st
 
 def run_overrides(steps: int, save_every: int, keep: int,
                   batch_size: Optional[int] = None) -> Dict[str, str]:
-    """What this tool sets on top of the user's --params_override (both sides)."""
+    """What this tool sets on top of the user's --params_override (every side)."""
     out = {"train.num_train_steps": str(steps), "train.save_checkpoints_steps": str(save_every),
            "train.keep_checkpoint_max": str(keep), "train.log_every_steps": "1"}
     if batch_size:
         out["train.train_batch_size"] = str(batch_size)
     return out
+
+
+def side_overrides(overrides: Dict[str, str], side: str) -> Dict[str, str]:
+    """Our trainer's overrides for `side` (official: those translated)."""
+    return dict(overrides, **SIDE_OVERRIDES.get(side, {}))
 
 
 def saved_steps(steps: int, every: int) -> List[int]:
@@ -327,38 +341,52 @@ def _diff(a, b, spec: str = "+.4f") -> str:
     return "—" if ma is None or mb is None else format(mb - ma, spec)
 
 
-def loss_table(curves: Dict, steps: int, window: int) -> List[str]:
-    """Rows of the window means of the total loss: official, ours, ours - official."""
-    def windows(side):
-        runs = curves.get(side, {})
-        return [window_means(r["loss"][:steps], window) for r in runs.values()]
+def present_sides(curves: Dict) -> List[str]:
+    """The sides with runs, in SIDES order."""
+    return [side for side in SIDES if curves.get(side)]
 
-    per_side = {side: windows(side) for side in SIDES}
-    lines = ["| steps | official: mean ± sd over seeds | ours: mean ± sd over seeds | "
-             "ours − official |", "|---|---:|---:|---:|"]
+
+def _columns(curves: Dict, suffix: str = "") -> Tuple[List[str], List[str], List[str]]:
+    """(the present sides, ours that have a difference column (official present), the
+    header cells: a column per side, then each of ours − official)."""
+    sides = present_sides(curves)
+    diffs = [s for s in sides if s != "official"] if "official" in sides else []
+    return sides, diffs, [s + suffix for s in sides] + [f"{s} − official" for s in diffs]
+
+
+def _row(first: str, vals: Dict[str, List], sides: List[str], diffs: List[str]) -> str:
+    cells = [_cell(vals[s]) for s in sides] + [_diff(vals["official"], vals[s]) for s in diffs]
+    return f"| {first} | " + " | ".join(cells) + " |"
+
+
+def loss_table(curves: Dict, steps: int, window: int) -> List[str]:
+    """Rows of the window means of the total loss: each present side, then each of ours
+    − official."""
+    sides, diffs, header = _columns(curves, ": mean ± sd over seeds")
+    per_side = {side: [window_means(r["loss"][:steps], window)
+                       for r in curves[side].values()] for side in sides}
+    lines = ["| steps | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
     for i, lo in enumerate(range(0, steps, window)):
         hi = min(lo + window, steps)
-        vals = {side: [w[i][2] for w in per_side[side] if i < len(w)] for side in SIDES}
-        lines.append(f"| {lo + 1}–{hi} | {_cell(vals['official'])} | {_cell(vals['ours'])} "
-                     f"| {_diff(vals['official'], vals['ours'])} |")
-    first = {side: [r["loss"][0] if r["loss"] else None for r in curves.get(side, {}).values()]
-             for side in SIDES}
-    lines.append(f"| step 1 alone | {_cell(first['official'])} | {_cell(first['ours'])} | "
-                 f"{_diff(first['official'], first['ours'])} |")
+        vals = {side: [w[i][2] for w in per_side[side] if i < len(w)] for side in sides}
+        lines.append(_row(f"{lo + 1}–{hi}", vals, sides, diffs))
+    first = {side: [r["loss"][0] if r["loss"] else None for r in curves[side].values()]
+             for side in sides}
+    lines.append(_row("step 1 alone", first, sides, diffs))
     return lines
 
 
 def eval_table(curves: Dict, checkpoints: Sequence[int]) -> List[str]:
-    lines = ["| step | metric | official | ours | ours − official |",
-             "|---:|---|---:|---:|---:|"]
+    sides, diffs, header = _columns(curves)
+    lines = ["| step | metric | " + " | ".join(header) + " |",
+             "|---:|---|" + "---:|" * len(header)]
     for step in checkpoints:
         for name in EVAL_METRICS:
             vals = {side: [r["eval"].get(str(step), {}).get(name)
-                           for r in curves.get(side, {}).values()] for side in SIDES}
+                           for r in curves[side].values()] for side in sides}
             if not any(_finite(v) for v in vals.values()):
                 continue
-            lines.append(f"| {step} | {name} | {_cell(vals['official'])} | "
-                         f"{_cell(vals['ours'])} | {_diff(vals['official'], vals['ours'])} |")
+            lines.append(_row(f"{step} | {name}", vals, sides, diffs))
     return lines
 
 
@@ -375,13 +403,19 @@ def timing_table(curves: Dict) -> List[str]:
     return lines
 
 
-def masking_line(with_replacement: Optional[bool]) -> str:
-    """How each side draws the masked positions (the one documented difference)."""
+def masking_line(with_replacement: Optional[bool], sides: Sequence[str] = DEFAULT_SIDES
+                 ) -> str:
+    """How each side draws the masked positions (the one documented difference);
+    `with_replacement`: the config's (side ours), `sides`: those reported."""
     ours = ("with replacement too (objective.mask_with_replacement=true)" if with_replacement
             else "without replacement (objective.mask_with_replacement=false, our default: "
             "more distinct tokens corrupted; README predicts ours ≈0.9 higher on the tiny "
             "total loss; =true draws as the official)")
-    return f"Masked positions: the official code draws them with replacement; ours {ours}."
+    line = f"Masked positions: the official code draws them with replacement; ours {ours}"
+    if "ours_official_masking" in sides:
+        line += ("; ours_official_masking is ours with objective.mask_with_replacement=true "
+                 "added, our implementation of the official draw (with replacement)")
+    return line + "."
 
 
 def render_table(data: Dict) -> str:
@@ -399,7 +433,7 @@ def render_table(data: Dict) -> str:
              f"seeds {', '.join(str(s) for s in meta['seeds'])}.", "",
              f"Data: training {describe_files(meta['train_data'])}; held-out "
              f"{describe_files(meta['eval_data'])}.", "",
-             masking_line(meta.get("mask_with_replacement")), "",
+             masking_line(meta.get("mask_with_replacement"), present_sides(curves)), "",
              "Seeds: ours `--seed`; official: the launcher sets the Estimator graph's seed "
              "(RunConfig tf_random_seed; the official code sets none). The official input "
              "pipeline interleaves files `sloppy` (nondeterministic order), so its seed fixes "
@@ -419,7 +453,7 @@ def render_table(data: Dict) -> str:
     lines += eval_table(curves, meta["eval_steps"])
     lines += ["", "## Time per step", "",
               "Median wall time between consecutive steps' loss summaries after step "
-              f"{TIMING_SKIP_STEPS} (every step logged and summarised on both sides; the "
+              f"{TIMING_SKIP_STEPS} (every step logged and summarised on every side; the "
               "machine may be shared).", ""]
     lines += timing_table(curves)
     hparams = dict(meta.get("official_hparams") or {})
@@ -530,7 +564,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "google-research/electra (its run_pretraining.py is run from there).")
     p.add_argument("--official_python", default=None, help="A Python with TensorFlow "
                    "<= 2.15 (tf.estimator) for the official side.")
-    p.add_argument("--sides", default=",".join(SIDES), help="official,ours or one of them.")
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES), help="A comma-separated "
+                   f"subset of {','.join(SIDES)} (module docstring).")
     p.add_argument("--seeds", default="1,2,3", help="Comma-separated seeds per side.")
     p.add_argument("--steps", type=int, default=600, help="Training steps of every run.")
     p.add_argument("--config", default="tiny", help="Our preset or JSON config; the "
@@ -540,7 +575,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=None, help="Training batch of both "
                    "sides (default: the config's).")
     p.add_argument("--eval_every", type=int, default=100, help="Checkpoint interval of "
-                   "both sides (save_checkpoints_steps).")
+                   "every side (save_checkpoints_steps).")
     p.add_argument("--eval_steps", default="", help="Checkpoints to evaluate, e.g. "
                    "100,300,600 (default: every saved one).")
     p.add_argument("--window", type=int, default=50, help="Steps per window of the loss "
@@ -656,10 +691,12 @@ def official_command(args, seed: int, hparams_path: str, info_path: str,
             "--hparams", hparams_path]
 
 
-def ours_command(args, p: Dict, seed: int, mdir: str, evaluate: bool) -> List[str]:
+def ours_command(args, p: Dict, seed: int, mdir: str, evaluate: bool,
+                 side: str = "ours") -> List[str]:
+    overrides = side_overrides(p["overrides"], side)
     cmd = [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--config={args.config}",
            f"--model_dir={mdir}", f"--train_data={args.train_data}", f"--seed={seed}",
-           "--params_override=" + ",".join(f"{k}={v}" for k, v in p["overrides"].items())]
+           "--params_override=" + ",".join(f"{k}={v}" for k, v in overrides.items())]
     if evaluate:
         cmd += [f"--eval_data={args.eval_data}", "--do_eval", "--nodo_train"]
     return cmd
@@ -701,7 +738,7 @@ def eval_result(out_dir: str, side: str, seed: int, step: int) -> Optional[Dict]
     edir = eval_dir(out_dir, side, seed, step)
     path = fileio.join(edir, "eval_results.json")
     result = read_json(path)
-    if result is not None or side == "ours":
+    if result is not None or side != "official":
         return result
     metrics = metrics_at(read_events(fileio.join(edir, "eval")), step)
     if not metrics:
@@ -717,7 +754,8 @@ def run_side(args, p: Dict, side: str, seed: int, log_line) -> Optional[str]:
     job = f"{side}/seed{seed}"
     hparams = dict(p["hparams"], model_dir=mdir)
     expected = {"side": side, "seed": seed, "steps": args.steps, "config": args.config,
-                "overrides": p["overrides"], "train_data": args.train_data,
+                "overrides": side_overrides(p["overrides"], side),
+                "train_data": args.train_data,
                 "eval_data": args.eval_data, "eval_steps": args.eval_step_list}
     if side == "official":
         expected["hparams"] = hparams
@@ -734,7 +772,7 @@ def run_side(args, p: Dict, side: str, seed: int, log_line) -> Optional[str]:
         fileio.write_json_atomic(hpath, hparams, sort_keys=True)
         cmd = official_command(args, seed, hpath, info, rdir)
     else:
-        cmd = ours_command(args, p, seed, mdir, evaluate=False)
+        cmd = ours_command(args, p, seed, mdir, evaluate=False, side=side)
     rc = run_logged(cmd, log)
     missing = [s for s in args.eval_step_list
                if not fileio.exists(checkpoint_prefix(args.out_dir, side, seed, s) + ".index")]
@@ -756,7 +794,7 @@ def run_side(args, p: Dict, side: str, seed: int, log_line) -> Optional[str]:
                 hparams, eval_files=args.eval_data, model_dir=edir), sort_keys=True)
             cmd = official_command(args, seed, hpath, info, edir)
         else:
-            cmd = ours_command(args, p, seed, edir, evaluate=True)
+            cmd = ours_command(args, p, seed, edir, evaluate=True, side=side)
         rc = run_logged(cmd, log)
         if rc != 0 or eval_result(args.out_dir, side, seed, step) is None:
             return f"eval of step {step}: exit {rc}: {last_error(log)} (log: {log})"
@@ -770,9 +808,10 @@ def run_side(args, p: Dict, side: str, seed: int, log_line) -> Optional[str]:
 
 def collect(args) -> Dict:
     """{side: {seed: {"loss": [...], "seconds_per_step", "eval": {step: metrics},
-    "complete", "tensorflow"}}} of every run directory with training events."""
+    "complete", "tensorflow"}}} of every run directory with training events (of every
+    side, not only --sides: a side run later into the same --out_dir joins the report)."""
     curves: Dict = {}
-    for side in args.side_list:
+    for side in SIDES:
         for seed in args.seed_list:
             records = read_events(train_events_dir(args.out_dir, side, seed))
             if not records:
@@ -813,7 +852,8 @@ def plot(data: Dict, path: str, k: int) -> bool:
               "no plot", file=sys.stderr)
         return False
     import io
-    colors = {"official": "tab:blue", "ours": "tab:orange"}
+    colors = {"official": "tab:blue", "ours": "tab:orange",
+              "ours_official_masking": "tab:green"}
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     ax3 = ax2.twinx()
     for side, runs in data["curves"].items():
@@ -904,7 +944,8 @@ def main(argv: Sequence[str]) -> int:
                 cmd = (official_command(args, seed, fileio.join(rdir, "hparams.json"),
                                         fileio.join(rdir, "official_tf.json"), rdir)
                        if side == "official" else
-                       ours_command(args, p, seed, model_dir(args.out_dir, side, seed), False))
+                       ours_command(args, p, seed, model_dir(args.out_dir, side, seed), False,
+                                    side))
                 print(f"{side}/seed{seed}: {shlex.join(cmd)}")
         return 0
     fileio.makedirs(args.out_dir)

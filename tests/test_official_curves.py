@@ -121,7 +121,12 @@ def test_flag_parsing_errors_are_one_line(tmp_path):
         return str(e.value)
 
     assert oc.parse_sides("ours,official") == ["official", "ours"]
-    assert "subset of official,ours" in error("--sides=theirs")
+    assert oc.parse_sides("ours_official_masking, official") == ["official",
+                                                                 "ours_official_masking"]
+    assert oc.parse_sides("ours_official_masking,ours,official") == list(oc.SIDES)
+    for bad in ("theirs", "ours,official_masking", "", ","):
+        assert error(f"--sides={bad}") == (f"--sides={bad!r}: expected a comma-separated "
+                                           "subset of official,ours,ours_official_masking")
     assert "expected comma-separated integers" in error("--seeds=a")
     assert "--steps=0 must be at least 1" in error("--steps=0")
     assert "--official_dir is required" in error("--sides=official")
@@ -138,8 +143,68 @@ def test_flag_parsing_errors_are_one_line(tmp_path):
     assert "unrecognized arguments: --bogus" in error("--bogus")
     args = oc.parse_args(["--sides=ours", "--seeds=3,1", "--steps=10"])
     assert (args.side_list, args.seed_list, args.eval_step_list) == (["ours"], [3, 1], [10])
+    # our sides need none of the official flags
+    assert oc.parse_args(["--sides=ours_official_masking,ours"]).side_list == [
+        "ours", "ours_official_masking"]
     # the official flags are not needed to write the report
     assert oc.parse_args(["--report_only"]).side_list == ["official", "ours"]
+
+
+def _args(tmp_path, **kw):
+    return oc.parse_args([f"--out_dir={tmp_path}", "--sides=ours,ours_official_masking",
+                          "--seeds=1", "--steps=10", "--train_data=t", "--eval_data=e",
+                          "--vocab_file=v"] + [f"--{k}={v}" for k, v in kw.items()])
+
+
+def test_ours_official_masking_adds_the_replacement_draw_to_ours_overrides(tmp_path):
+    args = _args(tmp_path, params_override="train.max_eval_steps=2")
+    p = oc.plan(args)
+    assert p["overrides"] == {"train.max_eval_steps": "2", "train.num_train_steps": "10",
+                              "train.save_checkpoints_steps": "100",
+                              "train.keep_checkpoint_max": "10", "train.log_every_steps": "1"}
+    # official and ours: the same overrides (the markers of runs made before this side
+    # existed still match); ours_official_masking: those + the official draw
+    assert oc.side_overrides(p["overrides"], "official") == p["overrides"]
+    assert oc.side_overrides(p["overrides"], "ours") == p["overrides"]
+    assert oc.side_overrides(p["overrides"], "ours_official_masking") == dict(
+        p["overrides"], **{"objective.mask_with_replacement": "true"})
+    assert "objective.mask_with_replacement" not in p["overrides"]  # not changed in place
+    ours = oc.ours_command(args, p, 1, "m", evaluate=False)
+    masked = oc.ours_command(args, p, 1, "m", evaluate=False, side="ours_official_masking")
+    assert ours[-1] == ("--params_override=train.max_eval_steps=2,train.num_train_steps=10,"
+                        "train.save_checkpoints_steps=100,train.keep_checkpoint_max=10,"
+                        "train.log_every_steps=1")
+    assert masked[:-1] == ours[:-1]
+    assert masked[-1] == ours[-1] + ",objective.mask_with_replacement=true"
+    assert configs.load_config("tiny", dict(
+        p["overrides"], **oc.SIDE_OVERRIDES["ours_official_masking"])
+    ).objective.mask_with_replacement
+    assert oc.run_dir("o", "ours_official_masking", 2) == os.path.join(
+        "o", "pretrain", "ours_official_masking", "seed2")
+
+
+def test_a_done_marker_records_the_sides_overrides(tmp_path):
+    args = _args(tmp_path)
+    p = oc.plan(args)
+    expected = {"seed": 1, "steps": 10, "config": "tiny", "train_data": "t",
+                "eval_data": "e", "eval_steps": [10]}
+    for side, extra in (("ours", {}), ("ours_official_masking",
+                                        {"objective.mask_with_replacement": "true"})):
+        rdir = oc.run_dir(str(tmp_path), side, 1)
+        os.makedirs(rdir)
+        with open(os.path.join(rdir, oc.DONE), "w") as f:
+            json.dump(dict(expected, side=side, overrides=dict(p["overrides"], **extra)), f)
+    logged = []
+    for side in ("ours", "ours_official_masking"):
+        assert oc.run_side(args, p, side, 1, logged.append) is None  # nothing run
+    assert logged == ["ours/seed1: done before, skipped",
+                      "ours_official_masking/seed1: done before, skipped"]
+    # a marker of ours (without the draw) in the new side's directory is another job
+    with open(os.path.join(oc.run_dir(str(tmp_path), "ours_official_masking", 1),
+                           oc.DONE), "w") as f:
+        json.dump(dict(expected, side="ours_official_masking", overrides=p["overrides"]), f)
+    with pytest.raises(oc.ExperimentError, match="was done with overrides="):
+        oc.run_side(args, p, "ours_official_masking", 1, logged.append)
 
 
 # --- events into per-step arrays --------------------------------------------------------
@@ -231,6 +296,66 @@ def test_loss_table_rows():
     assert len(rows) == 5
 
 
+def _data3():
+    data = _data()
+    run = lambda loss, ev, sps: {"loss": loss, "seconds_per_step": sps, "eval": ev,  # noqa
+                                 "complete": True, "tensorflow": None}
+    data["curves"]["ours_official_masking"] = {
+        "1": run([44.0, 43.0, 42.0, 41.0], {"4": {"masked_lm_loss": 8.0,
+                                                  "disc_loss": 0.25}}, 0.3),
+        "3": run([46.0, 45.0, 42.0, 43.0], {"4": {"masked_lm_loss": 9.0,
+                                                  "disc_loss": 0.35}}, 0.4)}
+    return data
+
+
+def test_three_side_tables():
+    curves = _data3()["curves"]
+    # ours_official_masking windows: seed 1 (43.5, 41.5), seed 3 (45.5, 42.5)
+    assert oc.loss_table(curves, steps=4, window=2) == [
+        "| steps | official: mean ± sd over seeds | ours: mean ± sd over seeds | "
+        "ours_official_masking: mean ± sd over seeds | ours − official | "
+        "ours_official_masking − official |",
+        "|---|---:|---:|---:|---:|---:|",
+        "| 1–2 | 45.5000 ± 1.4142 (n=2) | 45.0000 ± — (n=1) | 44.5000 ± 1.4142 (n=2) | "
+        "-0.5000 | -1.0000 |",
+        "| 3–4 | 43.5000 ± 1.4142 (n=2) | 43.5000 ± — (n=1) | 42.0000 ± 0.7071 (n=2) | "
+        "+0.0000 | -1.5000 |",
+        "| step 1 alone | 46.0000 ± 1.4142 (n=2) | 45.5000 ± — (n=1) | "
+        "45.0000 ± 1.4142 (n=2) | -0.5000 | -1.0000 |"]
+    assert oc.eval_table(curves, [4]) == [
+        "| step | metric | official | ours | ours_official_masking | ours − official | "
+        "ours_official_masking − official |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+        "| 4 | masked_lm_loss | 8.5000 ± 0.7071 (n=2) | 8.2500 ± — (n=1) | "
+        "8.5000 ± 0.7071 (n=2) | -0.2500 | +0.0000 |",
+        "| 4 | disc_loss | 0.4000 ± 0.1414 (n=2) | — | 0.3000 ± 0.0707 (n=2) | — | "
+        "-0.1000 |"]
+    assert oc.timing_table(curves)[2:] == [
+        "| official | seed 1: 0.500, seed 2: 0.700 | 0.600 |",
+        "| ours | seed 1: 0.250 | 0.250 |",
+        "| ours_official_masking | seed 1: 0.300, seed 3: 0.400 | 0.350 |"]
+
+
+def test_a_side_without_runs_is_left_out():
+    curves = _data3()["curves"]
+    del curves["ours"]
+    assert oc.present_sides(curves) == ["official", "ours_official_masking"]
+    assert oc.loss_table(curves, steps=4, window=2)[::2] == [
+        "| steps | official: mean ± sd over seeds | "
+        "ours_official_masking: mean ± sd over seeds | ours_official_masking − official |",
+        "| 1–2 | 45.5000 ± 1.4142 (n=2) | 44.5000 ± 1.4142 (n=2) | -1.0000 |",
+        "| step 1 alone | 46.0000 ± 1.4142 (n=2) | 45.0000 ± 1.4142 (n=2) | -1.0000 |"]
+    # without the official side there is nothing to take differences from
+    curves = _data3()["curves"]
+    curves["official"] = {}
+    assert oc.eval_table(curves, [4]) == [
+        "| step | metric | ours | ours_official_masking |", "|---:|---|---:|---:|",
+        "| 4 | masked_lm_loss | 8.2500 ± — (n=1) | 8.5000 ± 0.7071 (n=2) |",
+        "| 4 | disc_loss | — | 0.3000 ± 0.0707 (n=2) |"]
+    assert [r.split(" |")[0] for r in oc.timing_table(curves)[2:]] == [
+        "| ours", "| ours_official_masking"]
+
+
 def test_eval_and_timing_tables():
     curves = _data()["curves"]
     assert oc.eval_table(curves, [4])[2:] == [
@@ -252,6 +377,13 @@ def test_render_table_is_whole_and_json_safe():
                    "| official | seed 1: 0.500", '"x": 1', "- ours/seed2: exit 1: boom",
                    "Data: training t; held-out e.",
                    "ours without replacement (objective.mask_with_replacement=false"):
+        assert needle in text, needle
+    assert "ours_official_masking" not in text  # two sides: as before
+    text = oc.render_table(json.loads(json.dumps(_data3())))
+    for needle in ("| ours − official | ours_official_masking − official |",
+                   "| 4 | disc_loss | 0.4000 ± 0.1414 (n=2) | — | 0.3000 ± 0.0707 (n=2) |",
+                   "| ours_official_masking | seed 1: 0.300, seed 3: 0.400 | 0.350 |",
+                   oc.masking_line(False, oc.SIDES)):
         assert needle in text, needle
 
 
@@ -278,6 +410,13 @@ def test_masking_line_names_both_draws():
         "Masked positions: the official code draws them with replacement; ours with "
         "replacement too (objective.mask_with_replacement=true).")
     assert "ours without replacement" in oc.masking_line(False)
+    assert oc.masking_line(False, ["official", "ours", "ours_official_masking"]) == (
+        "Masked positions: the official code draws them with replacement; ours without "
+        "replacement (objective.mask_with_replacement=false, our default: more distinct "
+        "tokens corrupted; README predicts ours ≈0.9 higher on the tiny total loss; =true "
+        "draws as the official); ours_official_masking is ours with "
+        "objective.mask_with_replacement=true added, our implementation of the official "
+        "draw (with replacement).")
     # our config's switch reaches the table through curves.json's meta
     assert configs.load_config(
         "tiny", {"objective.mask_with_replacement": "true"}).objective.mask_with_replacement
