@@ -596,6 +596,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry_run", action="store_true", help="Print the official "
                    "hyper-parameters and the commands, run nothing.")
     args = p.parse_args(argv)
+    if not fileio.is_remote(args.out_dir):
+        # Absolute: the eval directories' `checkpoint` files name the training run's
+        # checkpoints, and a relative name there is read relative to the eval directory.
+        args.out_dir = os.path.abspath(args.out_dir)  # local: not a remote path
     args.side_list = parse_sides(args.sides)
     args.seed_list = parse_int_list(args.seeds, "--seeds")
     for name in ("steps", "eval_every", "window", "smooth"):

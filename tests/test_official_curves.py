@@ -148,6 +148,10 @@ def test_flag_parsing_errors_are_one_line(tmp_path):
         "ours", "ours_official_masking"]
     # the official flags are not needed to write the report
     assert oc.parse_args(["--report_only"]).side_list == ["official", "ours"]
+    # A relative --out_dir becomes absolute: eval dirs' checkpoint files name paths in it.
+    rel = oc.parse_args(["--sides=ours", "--out_dir=rel/out"]).out_dir
+    assert rel == os.path.join(os.getcwd(), "rel", "out")
+    assert oc.parse_args(["--sides=ours", "--out_dir=ram://x/out"]).out_dir == "ram://x/out"
 
 
 def _args(tmp_path, **kw):
