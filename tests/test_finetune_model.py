@@ -94,6 +94,29 @@ def test_encoder_initialised_from_pretraining_checkpoints(pretrained, which):
         np.testing.assert_array_equal(v.numpy(), source[v.path])
 
 
+def test_encoder_initialised_from_a_gdes_training_checkpoint(tmp_path):
+    """A GDES run's ckpt-N holds the generator's tables and the discriminator's deltas:
+    the encoder gets the folded tables (what its exports write) and computes what the
+    pre-training discriminator does."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, disentangled_embeddings=True)
+    tf.keras.utils.set_random_seed(6)
+    model = ElectraPretrainingModel(cfg)
+    for i, delta in enumerate(model.embeddings.deltas):
+        delta.assign(tf.random.stateless_normal(delta.shape, [i, 3], stddev=0.05))
+    prefix = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt-3"))
+    ft = FinetuningModel(cfg, make_head("classification", cfg, 2))
+    assert init_encoder(ft.electra, prefix) == prefix
+    ids = np.random.default_rng(1).integers(5, 120, (2, 12)).astype(np.int32)
+    mask, seg = np.ones_like(ids), np.zeros_like(ids)
+    np.testing.assert_allclose(ft.electra(ids, mask, seg).numpy(),
+                               model.discriminator_hidden(ids, mask, seg).numpy(), atol=1e-5)
+    word = {v.path: v for v in ft.electra.trainable_variables}[
+        "electra/embeddings/word_embeddings"].numpy()
+    np.testing.assert_allclose(word, model.generator.embeddings.word_embeddings.numpy() +
+                               model.embeddings.deltas[0].numpy(), rtol=1e-6)
+
+
 def test_init_errors_name_the_checkpoint(tmp_path, pretrained):
     ft = FinetuningModel(CFG, make_head("classification", CFG, 2))
     with pytest.raises(InitError, match="no checkpoint in directory"):

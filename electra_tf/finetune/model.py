@@ -17,8 +17,10 @@ from absl import logging
 from electra_tf import rng
 from electra_tf.conversion import convert
 from electra_tf.configs import ModelConfig
-from electra_tf.training.checkpoints import assign_arrays, checkpoint_reader, load_tf1_checkpoint
-from electra_tf.model.modeling import Encoder, dropout, gelu, truncated_normal
+from electra_tf.training.checkpoints import (assign_arrays, checkpoint_reader,
+                                             load_tf1_checkpoint, model_arrays)
+from electra_tf.model.modeling import (ElectraPretrainingModel, Encoder, discriminator_variables,
+                                      dropout, gelu, truncated_normal)
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
@@ -233,6 +235,8 @@ def init_encoder(encoder: Encoder, path: str) -> str:
         except ValueError as e:
             raise InitError(f"--init_checkpoint {prefix}: {e}") from None
         return prefix
+    if any("_delta/" in n for n in names) and encoder.config.disentangled_embeddings:
+        return _init_from_gdes_run(encoder, prefix)
     if any(n.startswith("model/electra/") for n in names):
         status = tf.train.Checkpoint(model=tf.train.Checkpoint(electra=encoder)).read(prefix)
     elif any(n.startswith("electra/") for n in names):
@@ -243,6 +247,21 @@ def init_encoder(encoder: Encoder, path: str) -> str:
     try:
         status.expect_partial().assert_existing_objects_matched()
     except AssertionError as e:
+        raise InitError(f"--init_checkpoint {prefix}: {str(e).splitlines()[0]}") from None
+    return prefix
+
+
+def _init_from_gdes_run(encoder: Encoder, prefix: str) -> str:
+    """A GDES run's training checkpoint: the discriminator's embeddings are the
+    generator's tables + its deltas, so the whole pre-training model is restored and the
+    discriminator's weights are taken in the released layout (deltas folded), as its
+    exports write them."""
+    model = ElectraPretrainingModel(encoder.config)
+    try:
+        tf.train.Checkpoint(model=model).read(prefix).expect_partial() \
+            .assert_existing_objects_matched()
+        assign_arrays(encoder, model_arrays(model, discriminator_variables(model)))
+    except (AssertionError, ValueError) as e:
         raise InitError(f"--init_checkpoint {prefix}: {str(e).splitlines()[0]}") from None
     return prefix
 
