@@ -632,6 +632,7 @@ def intrinsic(args, plan: Dict, failures: Dict[str, str]):
     OUT/intrinsic/corruptions.npz and OUT/intrinsic/<variant>.json."""
     fc = _fixed_corruptions()
     idir = intrinsic_dir(args.out_dir)
+    fileio.makedirs(idir)
     path = fileio.join(idir, "corruptions.npz")
     judge_dir = pretrain_dir(args.out_dir, args.judge)
     if read_marker(judge_dir) is None:

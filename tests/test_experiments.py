@@ -388,3 +388,54 @@ def test_outputs_and_logs_on_a_remote_filesystem(monkeypatch):
     finally:
         if tf.io.gfile.exists(out):
             tf.io.gfile.rmtree(out)
+
+
+def test_intrinsic_draws_once_and_judges_every_finished_run(tmp_path, monkeypatch):
+    """The intrinsic phase with a stand-in for experiments/fixed_corruptions.py: the
+    corruptions are drawn once from the judge into OUT/intrinsic/ (made if missing),
+    every finished variant and the untrained baseline are judged once, a rerun judges
+    nothing again, and the report shows the table."""
+    small = cm.plan_variants("tiny", ["electra", "electra_seed2"], "electra", 20, [1.0])
+    out = str(tmp_path / "exp")
+    args = cm.parse_args(["--variants=electra,electra_seed2", "--reference_steps=20",
+                          "--points=1", f"--out_dir={out}", "--eval_data=held_out",
+                          "--no-baseline"])
+    assert args.judge == "electra_seed2"
+    for v in small["variants"].values():
+        write_marker(cm.pretrain_dir(out, v.name), {
+            "steps": v.steps, "overrides": v.overrides, "config": "tiny", "seconds": 1.0,
+            "eval_results": {}})
+    calls = []
+
+    class Fake:
+        @staticmethod
+        def draw(judge_dir, eval_data, path, num_batches=None):
+            calls.append(("draw", judge_dir, eval_data, num_batches))
+            fileio.write_atomic(path, b"arrays")
+            return {"tokens": 100, "replaced_share": 0.9}
+
+        @staticmethod
+        def judge(path, model_dir=None, config=None, checkpoint=None):
+            calls.append(("judge", model_dir, config, checkpoint))
+            return {"score_kind": "discriminator", "auc": 0.5 if config else 0.6}
+
+    monkeypatch.setattr(cm, "_fixed_corruptions", lambda: Fake)
+    failures = {}
+    cm.intrinsic(args, small, failures)
+    assert failures == {}
+    assert calls[0] == ("draw", cm.pretrain_dir(out, "electra_seed2"), "held_out", None)
+    judged = [(c[1], c[2], c[3]) for c in calls[1:]]
+    assert judged == [(cm.pretrain_dir(out, "electra"), None,
+                       fileio.join(cm.pretrain_dir(out, "electra"), "ckpt-20")),
+                      (cm.pretrain_dir(out, "electra_seed2"), None,
+                       fileio.join(cm.pretrain_dir(out, "electra_seed2"), "ckpt-20")),
+                      (None, "tiny", None)]
+    calls.clear()
+    cm.intrinsic(args, small, failures)  # all done: nothing drawn or judged again
+    assert calls == [] and failures == {}
+    results = cm.collect_results(out, small)
+    assert results["judge"] == "electra_seed2" and results["corruptions"]["tokens"] == 100
+    assert list(results["intrinsic"]) == ["electra", "electra_seed2", cm.BASELINE]
+    text = cm.render_report(results, "python x", "a machine")
+    assert "| electra_seed2 (judge: its own generator) | discriminator | 0.6000 |" in text
+    assert f"| {cm.BASELINE} | discriminator | 0.5000 |" in text
