@@ -924,12 +924,16 @@ def plot(results: Dict, path: str) -> bool:
                              squeeze=False)
     ax = axes[0][0]
     metric = "score"
+    # One point per run (--points=1): the variants side by side, not along FLOPs (all
+    # within 0.1% of the budget).
+    single = all(len(v["points"]) == 1 for v in results["variants"].values())
+    ran = [n for n, v in results["variants"].items() if any(p["scores"] for p in v["points"])]
     for name, v in results["variants"].items():
         pts = [p for p in v["points"] if p["scores"]]
         if not pts:
             continue
         metric = pts[0]["metric"] or metric
-        xs = [p["flops"] for p in pts]
+        xs = [ran.index(name)] if single else [p["flops"] for p in pts]
         med = [statistics.median(p["scores"]) for p in pts]
         err = [[m - min(p["scores"]) for m, p in zip(med, pts)],
                [max(p["scores"]) - m for m, p in zip(med, pts)]]
@@ -939,11 +943,22 @@ def plot(results: Dict, path: str) -> bool:
         ax.axhspan(min(base), max(base), color="black", alpha=0.12,
                    label=f"{BASELINE} (seed range)")
         ax.axhline(statistics.median(base), color="black", linewidth=1)
-    ax.axvline(results["budget"], color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel(f"pre-train FLOPs ({results['convention']} convention)")
+    if single:
+        ax.set_xticks(range(len(ran)))
+        ax.set_xticklabels(ran, rotation=45, ha="right", fontsize=8)
+        ax.set_xlabel(f"variant (each {results['budget']:.2e} pre-train FLOPs, "
+                      f"{results['convention']} convention)")
+    else:
+        ax.axvline(results["budget"], color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(f"pre-train FLOPs ({results['convention']} convention)")
     ax.set_ylabel(f"dev {metric} (median, min-max over seeds)")
-    ax.set_title("Pre-training objectives at equal compute")
-    ax.legend(fontsize=7, ncol=2)
+    if single:  # the variants are the tick labels
+        ax.set_title("Pre-training objectives at equal compute"
+                     + (f"\n(grey band and line: {BASELINE}, its seed range and median)"
+                        if base else ""), fontsize=10)
+    else:
+        ax.set_title("Pre-training objectives at equal compute")
+        ax.legend(fontsize=7, ncol=2)
     if judged:
         ax = axes[0][1]
         names = list(judged)
