@@ -641,8 +641,8 @@ def intrinsic(args, plan: Dict, failures: Dict[str, str]):
     expected = {"judge": args.judge, "batches": args.judge_batches}
     marker = read_marker(idir)
     if not check_marker(marker, expected, "intrinsic/corruptions"):
-        print(f"intrinsic: drawing {args.judge_batches} held-out batches of corruptions "
-              f"from {args.judge}'s generator", flush=True)
+        print(f"intrinsic: drawing {args.judge_batches or 'all'} held-out batches of "
+              f"corruptions from {args.judge}'s generator", flush=True)
         eval_data = args.eval_data
         if not eval_data:  # the bundled sample's held-out shard, as the runs' --do_eval
             from tfrecord_builder.sample import SAMPLE_CACHE, bundled_sample
