@@ -153,7 +153,7 @@ def download(directory: str) -> str:
     lines = [l for l in (done.stderr + done.stdout).splitlines() if l.strip()]
     lines = [l for l in lines if l.startswith("ERROR")] or lines
     path = os.path.join(directory, SDIST_NAME)  # local: a staging directory
-    if done.returncode != 0 or not os.path.isfile(path):  # local: a staging directory
+    if done.returncode != 0 or not fileio.exists(path):
         raise ExperimentError(f"pip download {PACKAGE} failed (exit {done.returncode})"
                               + (f": {lines[-1]}" if lines else ""))
     return path
