@@ -508,7 +508,8 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 def layer_norm(inputs, begin_norm_axis=-1, begin_params_axis=-1, scope=None, reuse=None):
     if begin_norm_axis != -1 or begin_params_axis != -1:
-        raise NotImplementedError("this layer_norm normalises the last axis only")
+        # The official modeling.py normalises the last axis only (its one call site).
+        raise ValueError("this layer_norm supports begin_norm_axis=begin_params_axis=-1")
     with tf.variable_scope(scope, default_name="LayerNorm", values=[inputs], reuse=reuse):
         shape, dtype = inputs.shape[-1:], inputs.dtype.base_dtype
         beta = tf.get_variable("beta", shape=shape, dtype=dtype,
@@ -727,7 +728,9 @@ def read_events(directory: str) -> List[Record]:
                         continue
                     out.append((event.wall_time, int(event.step), v.tag, value))
         except tf.errors.DataLossError:
-            pass
+            # An events file still being written ends in a torn record: the events read
+            # before it are kept (appended above), the rest of that file is not there yet.
+            continue
     return out
 
 
