@@ -411,8 +411,8 @@ def main(argv=None):
     print("seq/s, step s: steady state, wall clock (ours: host loops after the first; "
           "torch: steps after the second); step CPU s: the process's CPU time per step (all "
           "threads; steadier than wall time on a shared machine). first: the first step with "
-          "its one-off costs (ours: trace + XLA compile; the first host loop less its other "
-          "steps at the steady rate). "
+          "its one-off costs (ours: trace + graph optimisation or XLA compile; the first host "
+          "loop less its other steps at the steady rate). "
           "e2e: tokenize + build + train + eval; process: with imports.")
     if args.json:
         with open(args.json, "w") as f:  # local: a results file

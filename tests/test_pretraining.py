@@ -101,7 +101,26 @@ def test_gradient_accumulation_equals_one_big_batch(sample_build):
 
 
 def test_default_jit_choice():
-    assert default_jit(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    """On a CPU each job takes its measured choice: XLA for pre-training, graph execution
+    for fine-tuning (README, Benchmarks)."""
+    from electra_tf.finetune.trainer import Finetuner
+    cpu = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert default_jit(cpu) is True and default_jit(cpu, on_cpu=False) is False
+    assert Pretrainer.xla_on_cpu is True and Finetuner.xla_on_cpu is False
+
+
+def test_host_loop_runs_exactly_num_steps(sample_build):
+    """The host loop (a tf.while_loop, no autograph) runs `num_steps` steps, whatever
+    integer type the count comes in, and sums their metrics."""
+    trainer = _trainer(jit_compile=False)
+    ds = tf.data.Dataset.from_tensors(_batch(sample_build[0])).repeat()
+    loop, iterator = trainer.make_train_loop(), iter(ds)
+    for n, dtype in ((1, tf.int32), (3, tf.int64), (2, tf.int32)):
+        before = int(trainer.global_step.numpy())
+        sums = loop(iterator, tf.constant(n, dtype))
+        assert int(trainer.global_step.numpy()) - before == n
+        assert float(sums["steps"]) == n
+    assert trainer.trace_count == 1
 
 
 REPLICA_SCRIPT = textwrap.dedent("""

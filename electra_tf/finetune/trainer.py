@@ -48,6 +48,12 @@ class Finetuner(Trainer):
     head), AdamW with layer-wise learning rates, and the task's loss over the global batch.
     `reinitialize(seed)` starts the next trial on the same compiled step."""
 
+    # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
+    # XLA step at every size measured, 2 x 128 to 12 x 256, by 15-20% a step and with a
+    # cheaper first step (README, "Performance"); pre-training's step, many small fused
+    # ops, is the other way round.
+    xla_on_cpu = False
+
     def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  strategy: tf.distribute.Strategy, num_train_steps: int,
                  init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):

@@ -259,6 +259,8 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
+    logging.info("Train step: %s (--jit_compile to choose)",
+                 "XLA-compiled" if trainer.jit_compile else "graph execution, no XLA")
     progress = Progress(step, total, s.batch_size)
     last_saved = step  # a loop of only skipped (non-finite) steps does not save again
     out_metrics: Dict[str, float] = {}

@@ -28,13 +28,16 @@ from electra_tf.training.optimization import all_reduce_gradients, clip_by_globa
 _PER_STEP = ("steps", "grad_norm_sum", "skipped")
 
 
-def default_jit(strategy: tf.distribute.Strategy) -> bool:
-    """XLA everywhere except MirroredStrategy over several logical CPU devices, where XLA
-    cannot place the per-replica variables (and on TPU the strategy compiles anyway)."""
+def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
+    """XLA on accelerators (on TPU the strategy compiles anyway). On a CPU-only run,
+    `on_cpu`: the job's measured choice (`Trainer.xla_on_cpu`); never for MirroredStrategy
+    over several logical CPU devices, where XLA cannot place the per-replica variables."""
+    if not distribute.is_cpu_only(strategy):
+        return True
     if isinstance(strategy, (tf.distribute.MirroredStrategy,
                              tf.distribute.MultiWorkerMirroredStrategy)):
-        return not distribute.is_cpu_only(strategy)
-    return True
+        return False
+    return on_cpu
 
 
 @dataclasses.dataclass
@@ -55,6 +58,10 @@ class Trainer(abc.ABC):
     reruns and every worker of a job start from the same model). `seed_stream` tells the
     job's dropout/masking seeds apart from another job's with the same seed.
     """
+
+    # Whether the step is XLA-compiled on a CPU-only run when the user does not say
+    # (--jit_compile); a job sets it from measurement (README, "Performance").
+    xla_on_cpu = True
 
     def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
                  build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float,
@@ -93,7 +100,8 @@ class Trainer(abc.ABC):
                                          trainable=False, name="base_seed", aggregation=agg)
         # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
         use_matvec_means(distribute.is_cpu_only(strategy))
-        self.jit_compile = default_jit(strategy) if jit_compile is None else jit_compile
+        self.jit_compile = (default_jit(strategy, self.xla_on_cpu) if jit_compile is None
+                            else jit_compile)
         self.lr_multipliers = None  # or (variable, multiplier) pairs: layer-wise rates
         # One compiled step, eval step and host loop per phase, made on first use.
         self._replica_steps: Dict[int, Callable] = {}
@@ -195,7 +203,7 @@ class Trainer(abc.ABC):
     def _compiled(self, cache: Dict[int, Callable], fn, phase: int):
         if phase not in cache:
             cache[phase] = tf.function(lambda batch: fn(batch, phase),
-                                       jit_compile=self.jit_compile)
+                                       jit_compile=self.jit_compile, autograph=False)
         return cache[phase]
 
     def step_seed(self, batch, offset: int = 0):
@@ -275,13 +283,20 @@ class Trainer(abc.ABC):
         return self._train_loops[phase]
 
     def _host_loop(self, step_fn):
-        @tf.function
+        # No autograph: the loop, the step and the model are written with TF control
+        # flow, and converting the Keras layers' Python cost ~2 s of every trace.
+        @tf.function(autograph=False)
         def loop(iterator, num_steps):
+            num_steps = tf.cast(num_steps, tf.int32)
             sums = self._reduce(self.strategy.run(step_fn, args=(next(iterator),)))
-            for _ in tf.range(num_steps - 1):
+
+            def body(i, sums):
                 step_sums = self._reduce(
                     self.strategy.run(step_fn, args=(next(iterator),)))
-                sums = {k: sums[k] + step_sums[k] for k in sums}
+                return i + 1, {k: sums[k] + step_sums[k] for k in sums}
+
+            _, sums = tf.while_loop(lambda i, _: i < num_steps - 1, body,
+                                    (tf.constant(0), sums))
             return sums
 
         return loop
