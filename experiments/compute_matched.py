@@ -970,7 +970,10 @@ def plot(results: Dict, path: str) -> bool:
         ax.set_yticks(range(len(names)))
         ax.set_yticklabels(names, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlim(0.3, 1.0)
+        shown = [v for n in names for v in (judged[n]["auc"],
+                                              judged[n].get("replaced_auc_at_masked"))
+                 if v is not None and v == v]
+        ax.set_xlim(min([0.3] + [v - 0.05 for v in shown]), 1.0)  # every point in view
         ax.set_xlabel(f"AUC on fixed corruptions (judge: {results.get('judge')})")
         ax.set_title("Discriminators on the same held-out corruptions")
         ax.legend(fontsize=7, loc="lower right")
