@@ -49,9 +49,9 @@ class Finetuner(Trainer):
     `reinitialize(seed)` starts the next trial on the same compiled step."""
 
     # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
-    # XLA step at every size measured, 2 x 128 to 12 x 256, by 15-20% a step and with a
-    # cheaper first step (README, "Performance"); pre-training's step, many small fused
-    # ops, is the other way round.
+    # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
+    # with a cheaper first step (README, Benchmarks); pre-training's step, many small
+    # fused ops, is the other way round.
     xla_on_cpu = False
 
     def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,

@@ -60,7 +60,7 @@ class Trainer(abc.ABC):
     """
 
     # Whether the step is XLA-compiled on a CPU-only run when the user does not say
-    # (--jit_compile); a job sets it from measurement (README, "Performance").
+    # (--jit_compile); a job sets it from measurement (README, Benchmarks).
     xla_on_cpu = True
 
     def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
