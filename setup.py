@@ -12,8 +12,11 @@ setup(
     packages=find_packages(include=["electra_tf", "electra_tf.*",
                                     "tfrecord_builder", "tfrecord_builder.*"]),
     install_requires=[
-        "tensorflow>=2.21,<2.22",
-        "tensorflow-text>=2.21,<2.22",
+        # TensorFlow 2.20 (the newest TPU build, tensorflow-tpu) and 2.21; tensorflow-text
+        # must match TensorFlow's minor version (electra_tf/compat.py checks both at start).
+        # A Cloud TPU VM installs through install/tpu.txt instead (README: Install).
+        "tensorflow>=2.20,<2.22",
+        "tensorflow-text>=2.20,<2.22",
         "sentencepiece>=0.2,<0.3",
         "absl-py>=2.1,<3",
         "tensorboard>=2.19",
@@ -31,6 +34,8 @@ setup(
                  "matplotlib>=3.7",
                  # tests/test_gcs_emulator.py: gs:// against a local Cloud Storage emulator.
                  "gcp-storage-emulator==2026.7.19", "cryptography>=42"],
+        # One NVIDIA GPU node: TensorFlow with its CUDA libraries from PyPI.
+        "gpu": ["tensorflow[and-cuda]>=2.20,<2.22"],
         # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.
         "beam": ["apache-beam>=2.60", "google-crc32c>=1.5"],
         "tfds": ["tensorflow-datasets>=4.9,<5"],

@@ -21,6 +21,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime load without chips)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 WIKI = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")

@@ -38,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
+import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime load without chips)
 VOCAB = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
 POLARITY = os.path.join(REPO, "data", "polarity")
 FRAMEWORKS = ("ours", "torch")

@@ -24,6 +24,7 @@ for path in (REPO, os.path.join(REPO, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime load without chips)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

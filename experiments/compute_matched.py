@@ -35,6 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime load without chips)
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import configs, fileio

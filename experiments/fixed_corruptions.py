@@ -36,6 +36,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime load without chips)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

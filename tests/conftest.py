@@ -6,6 +6,25 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Before any test imports TensorFlow: the version check, and under the TPU build on a host
+# without TPU chips TPU_LOAD_LIBRARY=0, which every subprocess a test starts inherits.
+import electra_tf  # noqa: E402,F401
+
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "xla_cpu: checks XLA-compiled code on the CPU; skipped under a TensorFlow "
+        "build without XLA:CPU (the TPU build, CI's second leg), which runs the step as a graph")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("xla_cpu"):
+        from electra_tf.compat import xla_cpu_available
+        if not xla_cpu_available():
+            pytest.skip("this TensorFlow build has no XLA:CPU backend (the TPU build)")
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
 WIKI = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")

@@ -44,10 +44,14 @@ ALLOWED = {
     ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
     ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
     ("electra_tf/finetune/text.py", "__init__", "os.path.abspath"): "local only",
-    # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio).
-    ("electra_tf/training/distribute.py", "tpu_chips", "glob.glob"): "/dev",
-    ("electra_tf/training/distribute.py", "tpu_chips", "os.listdir"): "/dev",
-    ("electra_tf/training/distribute.py", "_libtpu_installed", "os.path.exists"): "site-packages",
+    # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio) and the
+    # installed TensorFlow and libtpu (site-packages).
+    ("electra_tf/compat.py", "tpu_chips", "glob.glob"): "/dev",
+    ("electra_tf/compat.py", "tpu_chips", "os.listdir"): "/dev",
+    ("electra_tf/compat.py", "_libtpu_installed", "os.path.exists"): "site-packages",
+    ("electra_tf/compat.py", "tpu_runtime_functions", "glob.glob"): "site-packages",
+    ("electra_tf/compat.py", "tpu_runtime_functions", "open"): "site-packages",
+    ("electra_tf/compat.py", "libtpu_path", "os.path.exists"): "site-packages",
     # The bundled presets in configs/ beside the package.
     ("electra_tf/configs.py", "preset_names", "os.listdir"): "configs/ of this checkout",
     # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf import fileio
+from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import DataError, squad
 from electra_tf.conversion.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
@@ -195,13 +196,13 @@ def test_initial_loss_is_log_of_allowed_positions(v2_data):
 # ------------------------------------------------------------------------------ training
 
 
-def trained(task, data, tmp_path, steps, lr=2e-3, jit=True):
+def trained(task, data, tmp_path, steps, lr=2e-3, jit=None):
     cfg = FinetuneConfig(learning_rate=lr, layerwise_lr_decay=1.0, num_train_epochs=1,
                          train_batch_size=4, eval_batch_size=8, max_seq_length=L,
                          warmup_proportion=0.0, steps_per_loop=steps,
                          save_checkpoints_steps=10 ** 6).resolved(CFG, task)
     ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), steps, None,
-                   seed=3, jit_compile=jit)
+                   seed=3, jit_compile=xla_cpu_available() if jit is None else jit)
     batch = tensors(data.arrays)
     before = float(np.mean(task.loss(ft.model(batch, training=False), batch)))
     train_trial(ft, data, str(tmp_path / "trial"), seed=3)

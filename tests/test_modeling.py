@@ -391,6 +391,7 @@ def _loss_and_grad_norm(model, ids, mask, seg, pos, seed=None, training=True):
     return loss, norm, len([g for g in grads if g is not None])
 
 
+@pytest.mark.xla_cpu
 def test_xla_compiled_train_like_step(tiny):
     ids, mask, seg, pos = _inputs()
 

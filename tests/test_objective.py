@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.pretraining import losses as obj
+from electra_tf.compat import xla_cpu_available
 from electra_tf import rng
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
@@ -16,7 +17,8 @@ KW = dict(mask_prob=MASK_PROB, max_predictions=P, mask_id=MASK, cls_id=CLS, sep_
 
 
 def jit(fn):
-    return tf.function(fn, jit_compile=True)
+    """XLA where this TensorFlow build compiles for the CPU; a graph under the TPU build."""
+    return tf.function(fn, jit_compile=xla_cpu_available())
 
 
 def _row(tokens):
@@ -146,7 +148,7 @@ def test_mask_seeds_reproducible(electra_masks):
 
 
 def test_static_shapes():
-    fn = tf.function(lambda i, m, s: obj.mask_tokens(i, m, s, **KW), jit_compile=True)
+    fn = jit(lambda i, m, s: obj.mask_tokens(i, m, s, **KW))
     conc = fn.get_concrete_function(tf.TensorSpec([4, L], tf.int64),
                                     tf.TensorSpec([4, L], tf.int64),
                                     tf.TensorSpec([2], tf.int32))

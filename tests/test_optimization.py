@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.training import optimization as opt_lib
+from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import OptimizerConfig
 from gradient_accumulator import GradientAccumulator
 
@@ -100,7 +101,7 @@ def test_schedule_without_warmup_and_in_xla():
     assert float(schedule(0)) == pytest.approx(1e-3)
     assert float(schedule(100)) == pytest.approx(5e-4)
     assert float(schedule(200)) == 0.0
-    fn = tf.function(schedule, jit_compile=True)
+    fn = tf.function(schedule, jit_compile=xla_cpu_available())  # a graph under the TPU build
     assert float(fn(tf.constant(50, tf.int64))) == pytest.approx(7.5e-4)
 
 
@@ -312,7 +313,8 @@ def test_gradient_accumulation_equals_mean_gradient():
             loss = _loss(variables, micro["x"], micro["y"])
         return tape.gradient(loss, trained), loss
 
-    mean_grads, mean_loss = tf.function(accumulator.accumulate_microbatches, jit_compile=True)(
+    mean_grads, mean_loss = tf.function(accumulator.accumulate_microbatches,
+                                        jit_compile=xla_cpu_available())(
         grad_fn, {"x": tf.constant(x), "y": tf.constant(y)})
     with tf.GradientTape() as tape:
         full_loss = _loss(variables, x, y)
@@ -349,6 +351,7 @@ def test_gradient_accumulation_equals_mean_gradient():
 
 # --------------------------------------------------------------------------- XLA, factory
 
+@pytest.mark.xla_cpu
 def test_train_step_under_jit_compile():
     x, y = _linear_problem()
     results = []

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.data import input_pipeline
+from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import load_config
 from electra_tf.pretraining.trainer import Pretrainer, summarize
 from electra_tf.training.trainer import default_jit
@@ -58,6 +59,7 @@ def test_losses_at_initialisation(sample_build):
     assert float(dens["mlm"]) == expected
 
 
+@pytest.mark.xla_cpu
 def test_step_is_one_xla_program_traced_once(sample_build):
     trainer = _trainer()
     assert trainer.jit_compile
@@ -105,8 +107,22 @@ def test_default_jit_choice():
     for fine-tuning (README, Benchmarks)."""
     from electra_tf.finetune.trainer import Finetuner
     cpu = tf.distribute.OneDeviceStrategy("/cpu:0")
-    assert default_jit(cpu) is True and default_jit(cpu, on_cpu=False) is False
+    # The TPU build has no XLA:CPU: there every CPU-only step runs as a graph.
+    assert default_jit(cpu) is xla_cpu_available() and default_jit(cpu, on_cpu=False) is False
     assert Pretrainer.xla_on_cpu is True and Finetuner.xla_on_cpu is False
+
+
+def test_jit_compile_on_a_cpu_without_xla_cpu_is_one_line(monkeypatch):
+    """The TPU build cannot XLA-compile for the CPU: --jit_compile=true there is refused in
+    one line (what StrategyError reaches the CLIs as), not a NotFoundError from the step;
+    left to the default, the step runs as a graph."""
+    from electra_tf import compat
+    from electra_tf.training.distribute import StrategyError
+    monkeypatch.setattr(compat, "xla_cpu_available", lambda: False)
+    with pytest.raises(StrategyError, match=r"^--jit_compile=true: this TensorFlow build "
+                                            r"cannot XLA-compile for the CPU"):
+        _trainer(jit_compile=True)
+    assert _trainer().jit_compile is False
 
 
 def test_host_loop_runs_exactly_num_steps(sample_build):

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf import rng
+from electra_tf.compat import xla_cpu_available
 from electra_tf.training.options import RunOptions
 from electra_tf.pretraining import pretrain
 from electra_tf.configs import ConfigError, load_config
@@ -130,7 +131,8 @@ def test_loss_terms_at_initialisation(name, batch):
 
 @pytest.mark.parametrize("name,phase", sorted(CHANGED))
 def test_one_compiled_step_changes_only_its_weights(name, phase, batch):
-    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=True)
+    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(),
+                         jit_compile=xla_cpu_available())
     if phase:
         trainer.global_step.assign(trainer.objective.phases()[phase])
     before = _snapshot(trainer)
@@ -309,7 +311,8 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
     assert moved("generator", deltas) == [False, False, False]
     assert moved("discriminator", [model.embeddings.layer_norm.gamma]) == [True]
     assert moved("generator", [model.embeddings.layer_norm.gamma]) == [False]
-    compiled = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=True)
+    compiled = Pretrainer(cfg, tf.distribute.get_strategy(),
+                         jit_compile=xla_cpu_available())
     before = _snapshot(compiled)
     compiled.make_train_loop(0)(iter(tf.data.Dataset.from_tensors(batch).repeat()),
                                 tf.constant(1))
@@ -360,7 +363,8 @@ def test_fixed_generator_step_trains_the_discriminator_only(batch):
     compiled step changes every discriminator weight and no generator weight; the
     scheduled temperature follows the step counter without a retrace."""
     cfg = _cfg("electra", **FIXED, **{"objective.temperature_schedule": "exponential:4"})
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=True)
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy(),
+                         jit_compile=xla_cpu_available())
     model = trainer.model
     generator = {id(w) for w in model.generator.weights + model.generator_predictions.weights}
     assert generator and not generator & {id(v) for v in trainer.variables}

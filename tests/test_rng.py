@@ -74,6 +74,7 @@ def test_rows_of_a_split_batch_are_rows_of_the_global_draw(shape):
     np.testing.assert_array_equal(np.concatenate(quarters), whole)
 
 
+@pytest.mark.xla_cpu
 def test_bits_with_a_dynamic_shape_and_under_xla_equal_the_static_draw():
     static = rng.bits([4, 5], SEED).numpy()
     np.testing.assert_array_equal(rng.bits(tf.constant([4, 5]), SEED).numpy(), static)

@@ -27,8 +27,6 @@ Every refusal is a one-line `StrategyError`.
 """
 
 import dataclasses
-import glob
-import importlib.util
 import json
 import math
 import os
@@ -38,6 +36,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 from absl import logging
 
+from electra_tf.compat import module_exists, tpu_chips  # TensorFlow-free probes of this host
 from electra_tf.training import gce
 from electra_tf.training.options import STRATEGIES  # the --strategy values
 
@@ -237,36 +236,6 @@ def _check_api(host: TpuHost, what: str):
 # ---------------------------------------------------------------------- the machine
 
 
-def tpu_chips() -> int:
-    """TPU chips attached to this host, from /dev and without the network: /dev/accelN
-    (v2-v4, v5p) or, where libtpu is installed, the numbered /dev/vfio groups (v5e, v6e;
-    VFIO alone also serves GPU passthrough, hence the libtpu condition)."""
-    accel = [p for p in glob.glob("/dev/accel*") if re.fullmatch(r"/dev/accel\d+", p)]
-    if accel:
-        return len(accel)
-    try:
-        groups = [e for e in os.listdir("/dev/vfio") if e.isdigit()]
-    except OSError:
-        return 0
-    return len(groups) if groups and _libtpu_installed() else 0
-
-
-def _libtpu_installed() -> bool:
-    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
-        return True
-    for var in ("TPU_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
-        if "libtpu" in os.environ.get(var, ""):
-            return True
-    return _module_exists("libtpu")
-
-
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _metadata(path: str, timeout: float = 2.0) -> Optional[str]:
     """A GCE metadata value of this VM, or None."""
     try:
@@ -291,8 +260,8 @@ def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
             "instance/attributes/accelerator-type")
         if worker is None:
             worker = _metadata("instance/attributes/agent-worker-number")
-    api = _module_exists("cloud_tpu_client") or (
-        _module_exists("googleapiclient") and _module_exists("oauth2client"))
+    api = module_exists("cloud_tpu_client") or (
+        module_exists("googleapiclient") and module_exists("oauth2client"))
     return TpuHost(chips=chips, tf_tpu_devices=tf_devices, accelerator_type=accelerator_type,
                    worker_id=int(worker) if worker and worker.isdigit() else None,
                    on_gce=on_gce, api_client=api)

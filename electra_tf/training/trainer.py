@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from electra_tf import rng
+from electra_tf import compat, rng
 from electra_tf.training import distribute
 from electra_tf.model.modeling import use_matvec_means
 from electra_tf.training.optimization import all_reduce_gradients, clip_by_global_norm, update_loss_scale
@@ -31,13 +31,14 @@ _PER_STEP = ("steps", "grad_norm_sum", "skipped")
 def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
     """XLA on accelerators (on TPU the strategy compiles anyway). On a CPU-only run,
     `on_cpu`: the job's measured choice (`Trainer.xla_on_cpu`); never for MirroredStrategy
-    over several logical CPU devices, where XLA cannot place the per-replica variables."""
+    over several logical CPU devices, where XLA cannot place the per-replica variables, nor
+    under a TensorFlow build without XLA:CPU (the TPU build, `compat.xla_cpu_available`)."""
     if not distribute.is_cpu_only(strategy):
         return True
     if isinstance(strategy, (tf.distribute.MirroredStrategy,
                              tf.distribute.MultiWorkerMirroredStrategy)):
         return False
-    return on_cpu
+    return on_cpu and compat.xla_cpu_available()
 
 
 @dataclasses.dataclass
@@ -102,6 +103,11 @@ class Trainer(abc.ABC):
         use_matvec_means(distribute.is_cpu_only(strategy))
         self.jit_compile = (default_jit(strategy, self.xla_on_cpu) if jit_compile is None
                             else jit_compile)
+        if (self.jit_compile and distribute.is_cpu_only(strategy)
+                and not compat.xla_cpu_available()):
+            raise distribute.StrategyError(
+                "--jit_compile=true: this TensorFlow build cannot XLA-compile for the CPU (the "
+                "TPU build has no XLA:CPU backend): drop the flag, or run on the TPU")
         self.lr_multipliers = None  # or (variable, multiplier) pairs: layer-wise rates
         # One compiled step, eval step and host loop per phase, made on first use.
         self._replica_steps: Dict[int, Callable] = {}

@@ -1,0 +1,233 @@
+"""The TensorFlow versions electra-tf runs on, checked once at start-up from package metadata.
+
+Supported: TensorFlow 2.20 (the newest TPU build, `tensorflow-tpu`) and 2.21, each with the
+tensorflow-text of the same minor version and Keras 3. Every CLI (and `import electra_tf`)
+stops with one line naming what is installed and what is supported, before any TensorFlow
+code runs. Where the TensorFlow builds differ, the difference lives here: the TPU build
+loads its TPU runtime at import, which on a host without TPU chips spends minutes asking
+for a GCE metadata server (`configure_tpu_library`).
+"""
+
+import glob
+import importlib.metadata
+import importlib.util
+import os
+import re
+from typing import Dict, List, MutableMapping, Optional, Tuple
+
+SUPPORTED_TENSORFLOW = ("2.20", "2.21")
+
+# Distributions that write the importable `tensorflow` package on Linux, most specific
+# first: the stock `tensorflow` wheel last, since on a Cloud TPU VM the `tensorflow` entry
+# is the stand-in of install/tensorflow-tpu-stand-in (no files, local version label below).
+# (Builds that the stock wheel itself depends on elsewhere, tensorflow-intel on Windows or
+# tensorflow-cpu-aws on ARM, would read as a second copy, and tensorflow-text ships no
+# wheel for Windows.)
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tensorflow-cpu", "tf-nightly",
+                            "tf-nightly-cpu", "tf-nightly-tpu", "tensorflow")
+STAND_IN_LABEL = "tpu.stand.in"
+
+INSTALL_HINT = ("install with `pip install -e .` (CPU, or `.[gpu]` for GPUs) or, on a "
+                "Cloud TPU VM, `pip install -r install/tpu.txt` (README: Install)")
+
+
+class UnsupportedEnvironment(SystemExit):
+    """An installed TensorFlow, tensorflow-text or Keras outside the supported range.
+
+    A SystemExit, so that a CLI stops with this one line and no traceback."""
+
+
+def normalise_name(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503): tensorflow_tpu -> tensorflow-tpu."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _minor(version: str) -> str:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return f"{match.group(1)}.{match.group(2)}" if match else version
+
+
+def _installed(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_versions() -> Dict[str, object]:
+    """What is installed, from package metadata alone (no import of TensorFlow):
+    {'tensorflow': [(distribution, version), ...] (stand-ins left out),
+     'stand_in': version or None, 'tensorflow_text': version or None, 'keras': ...}."""
+    tensorflow: List[Tuple[str, str]] = []
+    stand_in = None
+    for name in TENSORFLOW_DISTRIBUTIONS:
+        version = _installed(name)
+        if version is None:
+            continue
+        if version.endswith("+" + STAND_IN_LABEL):
+            stand_in = version
+        else:
+            tensorflow.append((name, version))
+    return {"tensorflow": tensorflow, "stand_in": stand_in,
+            "tensorflow_text": _installed("tensorflow-text"), "keras": _installed("keras")}
+
+
+def check_versions(found: Dict[str, object]) -> Optional[str]:
+    """The one-line problem with `found` (as `installed_versions` returns it), or None."""
+    supported = " and ".join(SUPPORTED_TENSORFLOW)
+    tensorflow = found["tensorflow"]
+    if not tensorflow:
+        return (f"electra-tf: TensorFlow is not installed; electra-tf supports TensorFlow "
+                f"{supported}: {INSTALL_HINT}")
+    if len(tensorflow) > 1:
+        listed = ", ".join(f"{name} {version}" for name, version in tensorflow)
+        return (f"electra-tf: {listed} are installed and all write the one `tensorflow` "
+                f"package; keep one (pip uninstall the others, then reinstall the one you "
+                f"keep): {INSTALL_HINT}")
+    name, version = tensorflow[0]
+    if _minor(version) not in SUPPORTED_TENSORFLOW:
+        return (f"electra-tf: TensorFlow {version} ({name}) is installed; electra-tf supports "
+                f"TensorFlow {supported}: {INSTALL_HINT}")
+    text = found["tensorflow_text"]
+    if text is None:
+        return (f"electra-tf: tensorflow-text is not installed; it must match TensorFlow "
+                f"{version}: pip install 'tensorflow-text=={_minor(version)}.*'")
+    if _minor(text) != _minor(version):
+        return (f"electra-tf: tensorflow-text {text} does not match TensorFlow {version} "
+                f"({name}); install the same minor version: "
+                f"pip install 'tensorflow-text=={_minor(version)}.*'")
+    keras = found["keras"]
+    if keras is None or int(_minor(keras).split(".")[0]) < 3:
+        what = f"Keras {keras} is installed" if keras else "Keras is not installed"
+        return f"electra-tf: {what}; electra-tf needs Keras 3 (pip install 'keras>=3.10')"
+    return None
+
+
+_CHECKED = False
+
+
+def require_supported_versions() -> None:
+    """Stops the process with one line unless the installed versions are supported."""
+    global _CHECKED
+    if _CHECKED:
+        return
+    problem = check_versions(installed_versions())
+    if problem:
+        raise UnsupportedEnvironment(problem)
+    _CHECKED = True
+
+
+# ---------------------------------------------------------------- the TPU build's runtime
+
+
+def module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _libtpu_installed() -> bool:
+    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
+        return True
+    for var in ("TPU_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        if "libtpu" in os.environ.get(var, ""):
+            return True
+    return module_exists("libtpu")
+
+
+def tpu_chips() -> int:
+    """TPU chips attached to this host, from /dev and without the network: /dev/accelN
+    (v2-v4, v5p) or, where libtpu is installed, the numbered /dev/vfio groups (v5e, v6e;
+    VFIO alone also serves GPU passthrough, hence the libtpu condition)."""
+    accel = [p for p in glob.glob("/dev/accel*") if re.fullmatch(r"/dev/accel\d+", p)]
+    if accel:
+        return len(accel)
+    try:
+        groups = [e for e in os.listdir("/dev/vfio") if e.isdigit()]
+    except OSError:
+        return 0
+    return len(groups) if groups and _libtpu_installed() else 0
+
+
+def configure_tpu_library(environ: Optional[MutableMapping[str, str]] = None) -> bool:
+    """Sets TPU_LOAD_LIBRARY=0 where TensorFlow's TPU build would load its TPU runtime on a
+    host with no TPU chips; returns whether it did. Call before TensorFlow is imported.
+
+    On such a host (a CPU machine, CI, the GCE VM of a TPU Node) `import tensorflow` under
+    tensorflow-tpu 2.20 loads libtpu, which asks the GCE metadata server for the TPU's
+    environment, 30 tries a variable (measured on this project's CI machine: the import had
+    not returned after 10 minutes; with TPU_LOAD_LIBRARY=0 it takes 4 s). With the library
+    left unloaded TensorFlow runs on the CPU and a TPU Node is still reached over the
+    network. A value the user set is kept; a host with chips is left
+    alone (worker 0 of a slice sets TPU_LOAD_LIBRARY=0 itself, README: Cloud TPU)."""
+    environ = os.environ if environ is None else environ
+    if "TPU_LOAD_LIBRARY" in environ or not _libtpu_installed() or tpu_chips():
+        return False
+    environ["TPU_LOAD_LIBRARY"] = "0"
+    return True
+
+
+def tensorflow_package_owners() -> List[str]:
+    """The installed distributions whose files include the importable `tensorflow` package
+    (`tensorflow/__init__.py`): one on a sound install; the TPU stand-in owns no files."""
+    owners = []
+    for dist in importlib.metadata.distributions():
+        files = dist.files or ()
+        if any(str(f).replace("\\", "/") == "tensorflow/__init__.py" for f in files):
+            owners.append(normalise_name(dist.metadata["Name"]))
+    return sorted(set(owners))
+
+
+_SET_FN = re.compile(r"TFTPU_SET_FN\(\s*\w+\s*,\s*(\w+)\s*\)")
+
+
+def tpu_runtime_functions(tensorflow_dir: str) -> List[str]:
+    """The TPU runtime's C functions that this TensorFlow build looks up by name when it
+    loads libtpu (its `xla/stream_executor/tpu/*_init_fns.inc` headers list them); [] for a
+    build without them (the stock wheel)."""
+    names = set()
+    pattern = os.path.join(tensorflow_dir, "include", "xla", "stream_executor", "tpu",
+                           "*_init_fns.inc")
+    for path in glob.glob(pattern):
+        with open(path, encoding="utf-8") as f:
+            names.update(_SET_FN.findall(f.read()))
+    return sorted(names)
+
+
+def libtpu_path() -> Optional[str]:
+    """The libtpu.so of the installed `libtpu` package, or None."""
+    spec = importlib.util.find_spec("libtpu") if module_exists("libtpu") else None
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "libtpu.so")
+    return path if os.path.exists(path) else None
+
+
+def missing_tpu_functions(library: str, names: List[str]) -> List[str]:
+    """Those of `names` that the shared library `library` does not export (a libtpu of
+    another TensorFlow release: TensorFlow then fails to start the TPU, on a TPU VM only)."""
+    import ctypes
+    lib = ctypes.CDLL(library, mode=os.RTLD_LAZY)
+    return [name for name in names if not hasattr(lib, name)]
+
+
+_XLA_CPU: Dict[str, bool] = {}
+
+
+def xla_cpu_available() -> bool:
+    """Whether this TensorFlow build can XLA-compile for the CPU. The TPU build cannot
+    ('could not find registered transfer manager for platform Host'): on it, CPU-only runs
+    take graph execution (training/trainer.py's `default_jit`). Probed once, with a 2 x 2
+    matmul."""
+    if "cpu" not in _XLA_CPU:
+        import tensorflow as tf
+        try:
+            with tf.device("/CPU:0"):
+                x = tf.ones((2, 2))
+                value = tf.function(lambda a: tf.matmul(a, a), jit_compile=True)(x)
+            _XLA_CPU["cpu"] = float(tf.reduce_sum(value)) == 8.0
+        except (tf.errors.NotFoundError, tf.errors.UnimplementedError,
+                tf.errors.InvalidArgumentError, tf.errors.InternalError):
+            _XLA_CPU["cpu"] = False
+    return _XLA_CPU["cpu"]
