@@ -152,3 +152,48 @@ def test_every_cli_stops_with_one_line_on_unsupported_tensorflow(cli, fake_old_t
     assert lines == [f"electra-tf: TensorFlow 2.19.0 ({name}) is installed; electra-tf "
                      f"supports TensorFlow 2.20 and 2.21: {compat.INSTALL_HINT}"], proc.stderr
     assert proc.stdout == ""
+
+
+def test_check_install_reports_this_install():
+    """`python -m electra_tf.check_install`, the README's install check, on this machine:
+    the versions read from metadata, the owner of `tensorflow/`, libtpu where the TPU build
+    is installed (CI's second leg: all its TPU functions present), and a correct matmul."""
+    import tensorflow as tf
+    env = {k: v for k, v in os.environ.items() if k != "TPU_LOAD_LIBRARY"}
+    proc = subprocess.run([sys.executable, "-m", "electra_tf.check_install"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    (name, version), = compat.installed_versions()["tensorflow"]
+    assert lines[0].startswith(f"TensorFlow {tf.__version__} ({name}); tensorflow-text "
+                               f"{importlib.metadata.version('tensorflow-text')}")
+    assert lines[1].startswith(f"`tensorflow` package files: {name} only")
+    if name == "tensorflow-tpu":
+        libtpu = importlib.metadata.version("libtpu")
+        assert lines[2].startswith(f"libtpu {libtpu}: exports all ")
+        wanted = compat.tpu_runtime_functions(os.path.dirname(tf.__file__))
+        assert len(wanted) > 200 and f"all {len(wanted)} TPU runtime functions" in lines[2]
+    else:
+        assert lines[2].startswith("libtpu: not installed")
+    chips = compat.tpu_chips()
+    assert lines[3].startswith(f"TPU chips attached to this host: {chips}")
+    assert lines[-2].endswith(f"matmul on every replica: {128 ** 3} (correct)")
+    assert lines[-1] == "OK"
+
+
+def test_check_install_refuses_a_mismatched_libtpu(monkeypatch, capsys):
+    """A libtpu of another release (TensorFlow 2.20 with libtpu 0.0.52 lacks 142 of the 212
+    functions) is one line naming the pin that matches."""
+    from electra_tf import check_install
+    monkeypatch.setattr(compat, "installed_versions", lambda: _found(
+        (("tensorflow-tpu", "2.20.0"),), "2.20.1", stand_in="2.20.0+tpu.stand.in"))
+    monkeypatch.setattr(compat, "tensorflow_package_owners", lambda: ["tensorflow-tpu"])
+    monkeypatch.setattr(compat, "libtpu_path", lambda: "/fake/libtpu.so")
+    monkeypatch.setattr(compat, "tpu_runtime_functions", lambda d: ["TpuPlatform_New", "A", "B"])
+    monkeypatch.setattr(compat, "missing_tpu_functions", lambda lib, names: names[1:])
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "0.0.52" if name == "libtpu" else real_version(name))
+    with pytest.raises(check_install.InstallProblem, match=r"^libtpu 0\.0\.52 lacks 2 of the 3 "
+                                                           r"TPU runtime functions .*install/tpu"):
+        check_install.describe_packages()
