@@ -51,8 +51,7 @@ def describe_packages() -> list:
             " (this TensorFlow build has no TPU runtime; a Cloud TPU VM needs "
             "install/tpu.txt)" if not wanted else ""))
     elif wanted:
-        import importlib.metadata
-        libtpu = importlib.metadata.version("libtpu")
+        libtpu = found["libtpu"]
         missing = compat.missing_tpu_functions(library, wanted)
         if missing:
             raise InstallProblem(

@@ -57,7 +57,8 @@ def _installed(name: str) -> Optional[str]:
 def installed_versions() -> Dict[str, object]:
     """What is installed, from package metadata alone (no import of TensorFlow):
     {'tensorflow': [(distribution, version), ...] (stand-ins left out),
-     'stand_in': version or None, 'tensorflow_text': version or None, 'keras': ...}."""
+     'stand_in': version or None, 'tensorflow_text': version or None, 'keras': ...,
+     'libtpu': ...}."""
     tensorflow: List[Tuple[str, str]] = []
     stand_in = None
     for name in TENSORFLOW_DISTRIBUTIONS:
@@ -69,7 +70,8 @@ def installed_versions() -> Dict[str, object]:
         else:
             tensorflow.append((name, version))
     return {"tensorflow": tensorflow, "stand_in": stand_in,
-            "tensorflow_text": _installed("tensorflow-text"), "keras": _installed("keras")}
+            "tensorflow_text": _installed("tensorflow-text"), "keras": _installed("keras"),
+            "libtpu": _installed("libtpu")}
 
 
 def check_versions(found: Dict[str, object]) -> Optional[str]:

@@ -13,9 +13,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _found(tensorflow=(("tensorflow", "2.21.0"),), text="2.21.1", keras="3.15.1",
-           stand_in=None):
+           stand_in=None, libtpu=None):
     return {"tensorflow": list(tensorflow), "stand_in": stand_in, "tensorflow_text": text,
-            "keras": keras}
+            "keras": keras, "libtpu": libtpu}
 
 
 def test_supported_installs_pass():
@@ -186,14 +186,12 @@ def test_check_install_refuses_a_mismatched_libtpu(monkeypatch, capsys):
     functions) is one line naming the pin that matches."""
     from electra_tf import check_install
     monkeypatch.setattr(compat, "installed_versions", lambda: _found(
-        (("tensorflow-tpu", "2.20.0"),), "2.20.1", stand_in="2.20.0+tpu.stand.in"))
+        (("tensorflow-tpu", "2.20.0"),), "2.20.1", stand_in="2.20.0+tpu.stand.in",
+        libtpu="0.0.52"))
     monkeypatch.setattr(compat, "tensorflow_package_owners", lambda: ["tensorflow-tpu"])
     monkeypatch.setattr(compat, "libtpu_path", lambda: "/fake/libtpu.so")
     monkeypatch.setattr(compat, "tpu_runtime_functions", lambda d: ["TpuPlatform_New", "A", "B"])
     monkeypatch.setattr(compat, "missing_tpu_functions", lambda lib, names: names[1:])
-    real_version = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version",
-                        lambda name: "0.0.52" if name == "libtpu" else real_version(name))
     with pytest.raises(check_install.InstallProblem, match=r"^libtpu 0\.0\.52 lacks 2 of the 3 "
                                                            r"TPU runtime functions .*install/tpu"):
         check_install.describe_packages()
