@@ -495,3 +495,278 @@ def test_remote_input_errors_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(BuildError, match="--output_dir nosuchfs://b/out: .*nosuchfs"):
         build(_cfg("nosuchfs://b/out", [WIKI]))
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------ more shards than examples
+
+
+def test_more_shards_than_examples_writes_empty_shards(tmp_path, caplog):
+    """17 examples into 24 shards: shards 17-23 are empty files the manifest lists with 0
+    examples, one warning says so, and the input pipeline reads the 17 examples. The
+    shards with data hold what a 17-shard build's shards hold, byte for byte."""
+    import logging
+    from electra_tf.data import input_pipeline as ip
+    corpus = _small_corpus(tmp_path, 60)
+    with caplog.at_level(logging.WARNING):
+        m = build(_cfg(tmp_path / "out", [corpus], num_shards=24, chunk_bytes=4096))
+    assert m["examples"] == 17 and m["num_shards"] == 24
+    assert [s["examples"] for s in m["shards"]] == [1] * 17 + [0] * 7
+    out = tmp_path / "out"
+    assert sorted(n for n in os.listdir(out) if n.startswith("pretrain")) == \
+        [build_lib.shard_name(i, 24) for i in range(24)]
+    assert [os.path.getsize(out / s["name"]) for s in m["shards"][17:]] == [0] * 7
+    warnings = [r.getMessage() for r in caplog.records if "hold no example" in r.getMessage()]
+    assert warnings == [
+        "7 of the 24 shards (--num_shards) hold no example (the build has 17 examples): "
+        "written as empty files, listed with 0 examples in manifest.json; --num_shards=17 "
+        "or fewer gives no empty shard"]
+
+    exact = build(_cfg(tmp_path / "exact", [corpus], num_shards=17, chunk_bytes=4096))
+    assert _shard_bytes(out, m)[:17] == _shard_bytes(tmp_path / "exact", exact)
+
+    cfg = ip.InputConfig(file_pattern=str(out), batch_size=1, repeat=False, shuffle_buffer=0,
+                         vocab_size=30522, on_bad_shard="stop")
+    got = [b["input_ids"][0].tolist() for b in ip.make_dataset(cfg).as_numpy_iterator()]
+    want = [ids.tolist() for ids, _, _ in read_examples(str(tmp_path / "exact"), exact)]
+    assert sorted(got) == sorted(want) and len(got) == 17
+
+
+def test_cli_readme_example_with_1000_shards(tmp_path):
+    """The README's flags on the bundled news sample (756 examples) with
+    --num_shards=1000: the build succeeds and says how many shards are empty."""
+    out = tmp_path / "x"
+    done = subprocess.run(
+        [sys.executable, "-m", "tfrecord_builder", "--input=data/corpus/lee_news_sample.txt",
+         f"--output_dir={out}", "--vocab_file=data/vocab/bert_uncased_vocab.txt",
+         "--do_lower_case", "--max_seq_length=128", "--num_shards=1000", "--num_workers=1",
+         "--seed=12345"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == (f"756 examples, 73180 of 73180 corpus tokens kept (retention "
+                           f"100.00%), 1000 shards (244 empty) in {out}\n")
+    assert "244 of the 1000 shards (--num_shards) hold no example (the build has 756 " \
+        "examples)" in done.stderr
+    m = read_manifest(str(out))
+    assert len(m["shards"]) == 1000 and sum(s["examples"] == 0 for s in m["shards"]) == 244
+    assert len([n for n in os.listdir(out) if n.startswith("pretrain")]) == 1000
+
+
+# ------------------------------------------------------------------ full disk
+
+
+def _no_space(path):
+    import tensorflow as tf
+    return tf.errors.ResourceExhaustedError(None, None, f"{path}; No space left on device")
+
+
+def _full_disk_message(out):
+    return (f"--output_dir {out}: could not write {{}} (No space left on device); the chunks "
+            f"encoded so far are kept in {out}/.building: free space and rerun the same "
+            "command to resume")
+
+
+def test_full_disk_while_encoding_is_one_line_and_the_rerun_resumes(tmp_path, monkeypatch):
+    corpus = _small_corpus(tmp_path, 1000)
+    out = tmp_path / "out"
+    cfg = _cfg(out, [corpus], chunk_bytes=8192)
+    reference = build(_cfg(tmp_path / "ref", [corpus], chunk_bytes=8192))
+
+    real = build_lib._process_chunk
+    calls = []
+
+    def full_at_the_fourth(chunk, pieces_dir, *args):
+        calls.append(chunk.index)
+        if len(calls) == 4:
+            raise _no_space(build_lib._piece_paths(pieces_dir, chunk)[0] + ".1234.tmp")
+        return real(chunk, pieces_dir, *args)
+
+    monkeypatch.setattr(build_lib, "_process_chunk", full_at_the_fourth)
+    with pytest.raises(BuildError) as e:
+        build(cfg)
+    assert str(e.value) == _full_disk_message(out).format("the encoded chunks")
+    assert not (out / "manifest.json").exists()
+    assert [n for n in os.listdir(out) if not n.startswith(".")] == []
+    kept = sorted(os.listdir(out / ".building" / "pieces"))
+    assert kept == sorted(f"f000000-c{i:07d}{ext}" for i in range(3)
+                          for ext in (".tfrecord", ".stats.npz"))
+
+    redone = []
+    monkeypatch.setattr(build_lib, "_process_chunk",
+                        lambda chunk, *a: redone.append(chunk.index) or real(chunk, *a))
+    m = build(cfg)
+    assert redone == [3, 4, 5]  # of 6 chunks: 0-2 reused
+    assert m == reference
+    assert _shard_bytes(out, m) == _shard_bytes(tmp_path / "ref", reference)
+    assert not (out / ".building").exists()
+
+
+def test_full_disk_while_writing_shards_keeps_the_pieces(tmp_path, monkeypatch):
+    """ENOSPC on the second shard: one line; the half-written shards are removed (space
+    back, and a rerun deals them again from the pieces), every piece stays, and the
+    rerun encodes nothing and ends with an uninterrupted build's bytes."""
+    corpus = _small_corpus(tmp_path, 1000)
+    out = tmp_path / "out"
+    cfg = _cfg(out, [corpus], chunk_bytes=8192)
+    reference = build(_cfg(tmp_path / "ref", [corpus], chunk_bytes=8192))
+
+    real_open = build_lib.fileio.open_file
+
+    class FullFile:
+        def __init__(self, path):
+            self.path = path
+
+        def write(self, data):
+            raise _no_space(self.path)
+
+        def close(self):
+            pass
+
+    def open_file(path, mode="r"):
+        if path.endswith(build_lib.shard_name(1, 4)):
+            return FullFile(path)
+        return real_open(path, mode)
+
+    monkeypatch.setattr(build_lib.fileio, "open_file", open_file)
+    with pytest.raises(BuildError) as e:
+        build(cfg)
+    assert str(e.value) == _full_disk_message(out).format("the shards")
+    assert not (out / "manifest.json").exists()
+    assert [n for n in os.listdir(out) if not n.startswith(".")] == []
+    assert sorted(os.listdir(out / ".building")) == ["pieces", "state.json"]
+    markers = [n for n in os.listdir(out / ".building" / "pieces") if n.endswith(".npz")]
+    assert len(markers) == 6  # every chunk
+
+    monkeypatch.undo()
+    redone = []
+    real = build_lib._process_chunk
+    monkeypatch.setattr(build_lib, "_process_chunk",
+                        lambda *a: redone.append(1) or real(*a))
+    m = build(cfg)
+    assert redone == []
+    assert m == reference
+    assert _shard_bytes(out, m) == _shard_bytes(tmp_path / "ref", reference)
+    assert not (out / ".building").exists()
+
+
+def test_out_of_space_errors_which_and_where(tmp_path):
+    """What counts as a full disk (ENOSPC / EDQUOT, TensorFlow's ResourceExhaustedError
+    but for an OOM), and which directory the line names: a remote --output_dir's workers
+    stage pieces locally, and then that local disk is the full one."""
+    import errno
+    import tensorflow as tf
+    out = str(tmp_path / "out")
+    cfg = _cfg(out, [WIKI])
+    with pytest.raises(BuildError) as e:
+        with build_lib.out_of_space_errors(cfg, "the shards"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{out}/.building/x")
+    assert str(e.value) == _full_disk_message(out).format("the shards")
+    with pytest.raises(BuildError, match=r"could not write the shards \(Disk quota exceeded\)"):
+        with build_lib.out_of_space_errors(cfg, "the shards"):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), f"{out}/x")
+    oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        with build_lib.out_of_space_errors(cfg, "the shards"):
+            raise oom
+    with pytest.raises(PermissionError):
+        with build_lib.out_of_space_errors(cfg, "the shards"):
+            raise PermissionError(errno.EACCES, "Permission denied", out)
+
+    remote = _cfg("ram://bucket/out", [WIKI])
+    with pytest.raises(BuildError) as e:
+        with build_lib.out_of_space_errors(remote, "the encoded chunks"):
+            raise _no_space("/tmp/tfrecord_builder-pieces-ab12/f000000-c0000001.tfrecord")
+    assert str(e.value) == (
+        "local staging directory /tmp/tfrecord_builder-pieces-ab12: could not write the "
+        "encoded chunks (No space left on device); the chunks encoded so far are kept in "
+        "ram://bucket/out/.building: free space and rerun the same command to resume")
+    with pytest.raises(BuildError, match="^--output_dir ram://bucket/out: could not write"):
+        with build_lib.out_of_space_errors(remote, "the shards"):
+            raise _no_space("ram://bucket/out/.building/shards/x")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_full_disk_is_one_line_then_the_rerun_completes(tmp_path):
+    """A real ENOSPC (the shards written to /dev/full) through the CLI: exit 1, one line
+    naming --output_dir, no traceback; the same command then completes the build."""
+    corpus = _small_corpus(tmp_path, 400)
+    out = tmp_path / "out"
+    flags = [f"--input={corpus}", f"--output_dir={out}", "--num_workers=1",
+             "--num_shards=3", "--chunk_bytes=8192"]
+    script = (  # patched once the CLI has imported TensorFlow its own (quiet) way
+        "import sys\n"
+        "from tfrecord_builder import cli\n"
+        "real_build = cli._build\n"
+        "def build_on_a_full_disk():\n"
+        "    from electra_tf import fileio\n"
+        "    real = fileio.open_file\n"
+        "    fileio.open_file = lambda path, mode='r': real(\n"
+        "        '/dev/full' if '/.building/shards/' in path else path, mode)\n"
+        "    real_build()\n"
+        "cli._build = build_on_a_full_disk\n"
+        f"sys.argv = ['tfrecord_builder'] + {flags!r}\n"
+        "cli.run()\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    errors = [l for l in done.stderr.splitlines() if "error" in l.lower()]
+    assert errors == ["tfrecord_builder: error: " +
+                      _full_disk_message(out).format("the shards")]
+    assert done.stderr.splitlines()[-1] == errors[0]
+    assert not (out / "manifest.json").exists()
+    assert sorted(os.listdir(out / ".building")) == ["pieces", "state.json"]
+
+    again = subprocess.run([sys.executable, "-m", "tfrecord_builder"] + flags,
+                           capture_output=True, text=True, cwd=REPO)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ref = build(_cfg(tmp_path / "ref", [corpus], num_shards=3, chunk_bytes=8192))
+    m = read_manifest(str(out))
+    assert m == ref and _shard_bytes(out, m) == _shard_bytes(tmp_path / "ref", ref)
+
+
+# ------------------------------------------------------------------ the console summary
+
+
+def test_summary_says_how_many_lines_were_skipped_and_why(tmp_path):
+    """A file of 5 text lines and 750 of binary junk: the summary's retention counts the
+    text that was read, and a second line says what was skipped and why."""
+    import random
+    from tfrecord_builder import cli
+    r = random.Random(0)
+    junk = [bytes(r.randrange(256) for _ in range(40)).replace(b"\n", b" ")
+            for _ in range(750)]
+    lines = [b"good line one.", b"another fine sentence here."] + junk + \
+        [b"", b"a third good line.", b"and a fourth one.", b"the fifth"]
+    corpus = tmp_path / "junk.txt"
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out"
+    m = build(_cfg(out, [corpus], num_shards=2))
+    assert m["lines"] == 756 and m["skipped_lines"] == {"invalid_utf8": 642, "nul_bytes": 108}
+    assert cli.summary(m, str(out)) == (
+        f"2 examples, 21 of 21 corpus tokens kept (retention 100.00%), 2 shards in {out}\n"
+        f"750 of 756 input lines skipped (642 with invalid UTF-8, 108 with NUL bytes); "
+        f"file:line examples in {out}/manifest.json")
+
+    other = dict(m, skipped_lines={"long_line_split": 3}, empty_inputs=["a.txt", "b.txt"],
+                 inputs=["a.txt", "b.txt", "c.txt"])
+    assert cli.summary(other, "gs://b/out").splitlines()[1:] == [
+        "3 over-long lines cut at a space and kept; file:line examples in "
+        "gs://b/out/manifest.json",
+        "2 of 3 inputs hold no text: a.txt, b.txt"]
+    clean = dict(m, skipped_lines={}, skipped_line_examples=[])
+    assert "\n" not in cli.summary(clean, str(out))
+
+
+def test_cli_summary_of_a_binary_file(tmp_path):
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_bytes(b"good line one.\n\x00\xff\xfe binary\n\xff\xfe more junk\n"
+                       b"a second good line.\n")
+    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
+                           f"--output_dir={tmp_path / 'o'}", "--num_workers=1",
+                           "--num_shards=1"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == (
+        f"1 examples, 9 of 9 corpus tokens kept (retention 100.00%), 1 shards in "
+        f"{tmp_path / 'o'}\n"
+        f"2 of 4 input lines skipped (1 with invalid UTF-8, 1 with NUL bytes); file:line "
+        f"examples in {tmp_path / 'o'}/manifest.json\n")

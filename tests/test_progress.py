@@ -25,3 +25,19 @@ def test_log_lines_when_not_a_terminal(caplog):
     assert "50.0%" in p.line()
     p.update(40)  # progress never goes backwards
     assert p.done == 50
+
+
+def test_abandon_ends_the_bar_line_without_reaching_100():
+    """A build that stops (an error, Ctrl-C) ends the bar's line so the error stands on
+    its own line, and the bar does not claim 100%."""
+    stream = io.StringIO()
+    p = Progress(1000, "build", stream=stream, tty=True)
+    p._last = -1e9
+    p.update(250)
+    p.abandon()
+    assert stream.getvalue().endswith("\n") and "100.0%" not in stream.getvalue()
+    p.abandon()  # once only
+    assert stream.getvalue().count("\n") == 1
+    quiet = io.StringIO()
+    Progress(1000, "build", stream=quiet, tty=True).abandon()  # nothing shown yet
+    assert quiet.getvalue() == ""

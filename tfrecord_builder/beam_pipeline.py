@@ -44,7 +44,7 @@ from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder.build import (BuildConfig, build_fingerprint, discard, finished_build,
                                     input_chunks, make_manifest, open_inputs, output_dir_errors,
-                                    publish, require_examples, shard_name)
+                                    publish, require_examples, shard_name, warn_empty_shards)
 from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
 from tfrecord_builder.tokenizers import Tokenizer, VocabInfo
@@ -294,6 +294,7 @@ def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
         raise BuildError(f"the Beam pipeline wrote {sum(counts)} records but encoded "
                          f"{stats.examples} examples; nothing was published")
     empty_inputs = [name for i, name in enumerate(source.names) if not tokens_per_input.get(i)]
+    warn_empty_shards(cfg, counts)
 
     manifest = publish(cfg, staging, vocab_counts, make_manifest(
         cfg, vocab, source, stats, counts, empty_inputs, fingerprint))

@@ -20,6 +20,7 @@ or one whose shards are all there.
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -323,9 +324,13 @@ def _assemble_shards(pieces: Sequence[str], shards_dir: str, num_shards: int) ->
                             buffers[j], buffered[j] = [], 0
                         counts[s] += 1
                     g += 1
-            for f, buf in zip(files, buffers):
+            for i, (f, buf) in enumerate(zip(files, buffers), lo):
                 if buf:
                     f.write(b"".join(buf))
+                elif not counts[i]:
+                    # GFile creates its file on the first write, and a shard no example
+                    # reaches must exist all the same: the manifest lists it with 0.
+                    f.write(b"")
         finally:
             for f in files:
                 f.close()
@@ -373,6 +378,63 @@ def finished_build(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
         except tf.errors.OpError:  # already gone: the marker went first, nothing reads it
             pass
     return None
+
+
+def _out_of_space(e: BaseException) -> bool:
+    """A full disk or an exhausted quota. TensorFlow reports ENOSPC and EDQUOT as
+    ResourceExhaustedError; an OOM is one too, but says so."""
+    if isinstance(e, tf.errors.ResourceExhaustedError):
+        return not (e.message or "").startswith("OOM")
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _failed_path(e: BaseException) -> Optional[str]:
+    """The file a filesystem error names, when it names one."""
+    if isinstance(e, OSError):
+        return e.filename if isinstance(e.filename, str) else None
+    first = (getattr(e, "message", None) or "").strip().split("\n")[0]
+    return first.split("; ", 1)[0] if "; " in first else None
+
+
+@contextlib.contextmanager
+def out_of_space_errors(cfg: BuildConfig, writing: str, cleanup: Optional[str] = None):
+    """A full disk while `writing` (its name in the message) as a one-line BuildError
+    that names the directory that is full. The finished pieces under `.building/` stay
+    for the rerun; `cleanup` (what a rerun rebuilds from them anyway) is removed to give
+    back the space it took."""
+    try:
+        yield
+    except (tf.errors.ResourceExhaustedError, OSError) as e:
+        if not _out_of_space(e):
+            raise
+        if cleanup:
+            discard(cleanup)
+        failed = _failed_path(e)
+        # Workers stage their pieces in a local temp directory for a remote output dir:
+        # then that disk is the full one, not --output_dir's.
+        if failed and fileio.is_remote(cfg.output_dir) and not fileio.is_remote(failed):
+            where = f"local staging directory {os.path.dirname(failed)}"
+        else:
+            where = f"--output_dir {cfg.output_dir}"
+        raise BuildError(
+            f"{where}: could not write {writing} ({fileio.error_reason(e)}); the chunks "
+            f"encoded so far are kept in {fileio.join(cfg.output_dir, STATE_DIR)}: free "
+            "space and rerun the same command to resume") from None
+
+
+def warn_empty_shards(cfg: BuildConfig, counts: Sequence[int]):
+    """One log line when shards hold no example. They are written all the same (empty
+    files, 0 in the manifest): --num_shards fixes the file names and how many hosts can
+    split the data, and the input pipeline reads empty shards."""
+    empty = sum(1 for c in counts if c == 0)
+    if not empty:
+        return
+    examples = sum(counts)
+    hint = (f"; --num_shards={examples} or fewer gives no empty shard"
+            if examples < cfg.num_shards else "")
+    logging.warning("%d of the %d shards (--num_shards) hold no example (the build has %d "
+                    "examples): written as empty files, listed with 0 examples in %s%s",
+                    empty, cfg.num_shards, examples, manifest_lib.MANIFEST_NAME, hint)
 
 
 def discard(path: str):
@@ -428,28 +490,35 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     pieces, reused = [], 0
     tokens_per_input = [0] * len(source.names)
     t0 = time.monotonic()
-    runner = _Runner(cfg, vocab, vocab_data, pieces_dir)
-    try:
-        chunks = (chunk for i, name in enumerate(source.names)
-                  for chunk in input_chunks(cfg, i, name))
-        for chunk, stats, was_reused in runner.run(chunks):
-            merge_stats(totals, stats, vocab_counts)
-            pieces.append(_piece_paths(pieces_dir, chunk)[0])
-            tokens_per_input[chunk.file_index] += stats.corpus_tokens
-            reused += was_reused
-            progress.update(offsets[chunk.file_index] + chunk.raw_pos, stats.corpus_tokens)
-    finally:
-        runner.close()
+    with out_of_space_errors(cfg, "the encoded chunks"):
+        runner = _Runner(cfg, vocab, vocab_data, pieces_dir)
+        try:
+            chunks = (chunk for i, name in enumerate(source.names)
+                      for chunk in input_chunks(cfg, i, name))
+            for chunk, stats, was_reused in runner.run(chunks):
+                merge_stats(totals, stats, vocab_counts)
+                pieces.append(_piece_paths(pieces_dir, chunk)[0])
+                tokens_per_input[chunk.file_index] += stats.corpus_tokens
+                reused += was_reused
+                progress.update(offsets[chunk.file_index] + chunk.raw_pos, stats.corpus_tokens)
+        except BaseException:
+            progress.abandon()
+            raise
+        finally:
+            runner.close()
     progress.close()
     encode_s = time.monotonic() - t0
     empty_inputs = [name for name, n in zip(source.names, tokens_per_input) if n == 0]
     require_examples(totals, source)
 
     shards_dir = fileio.join(state_dir, "shards")
-    fileio.rmtree(shards_dir)
-    counts = _assemble_shards(pieces, shards_dir, cfg.num_shards)
-    manifest = publish(cfg, shards_dir, vocab_counts, make_manifest(
-        cfg, vocab, source, totals, counts, empty_inputs, fingerprint))
+    with out_of_space_errors(cfg, "the shards", cleanup=shards_dir):
+        fileio.rmtree(shards_dir)
+        counts = _assemble_shards(pieces, shards_dir, cfg.num_shards)
+    warn_empty_shards(cfg, counts)
+    with out_of_space_errors(cfg, "the finished build"):
+        manifest = publish(cfg, shards_dir, vocab_counts, make_manifest(
+            cfg, vocab, source, totals, counts, empty_inputs, fingerprint))
     discard(state_dir)
     elapsed = time.monotonic() - t0
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "

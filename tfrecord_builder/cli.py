@@ -89,10 +89,45 @@ def _build():
     else:
         from tfrecord_builder.build import build
         manifest = build(cfg)
-    print(f"{manifest['examples']} examples, {manifest['example_tokens']} of "
-          f"{manifest['corpus_tokens']} corpus tokens kept (retention "
-          f"{100 * manifest['retention']:.2f}%), {len(manifest['shards'])} shards in "
-          f"{cfg.output_dir}")
+    print(summary(manifest, cfg.output_dir))
+
+
+# How the console names the reasons manifest.json records under skipped_lines.
+SKIP_REASONS = {"invalid_utf8": "with invalid UTF-8", "nul_bytes": "with NUL bytes"}
+# Counted under skipped_lines too, but the text is kept: the line is only cut.
+LINE_SPLIT = "long_line_split"
+
+
+def summary(manifest: dict, output_dir: str) -> str:
+    """The console summary of a build. Retention counts the tokens of the lines that
+    were read, so lines dropped before tokenization (binary junk) and inputs without text
+    are reported beside it: they are otherwise only in manifest.json."""
+    from electra_tf import fileio  # imports TensorFlow: not before the flags are parsed
+    from tfrecord_builder.manifest import MANIFEST_NAME
+    shards = manifest["shards"]
+    empty = sum(1 for s in shards if not s["examples"])
+    lines = [f"{manifest['examples']} examples, {manifest['example_tokens']} of "
+             f"{manifest['corpus_tokens']} corpus tokens kept (retention "
+             f"{100 * manifest['retention']:.2f}%), {len(shards)} shards"
+             f"{f' ({empty} empty)' if empty else ''} in {output_dir}"]
+    counted = dict(manifest.get("skipped_lines", {}))
+    split = counted.pop(LINE_SPLIT, 0)
+    skipped = sum(counted.values())
+    where = (f"; file:line examples in {fileio.join(output_dir, MANIFEST_NAME)}"
+             if manifest.get("skipped_line_examples") else "")
+    if skipped:
+        why = ", ".join(f"{n} {SKIP_REASONS.get(reason, reason)}"
+                        for reason, n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0])))
+        lines.append(f"{skipped} of {manifest['lines']} input lines skipped ({why}){where}")
+    if split:
+        lines.append(f"{split} over-long lines cut at a space and kept"
+                     f"{'' if skipped else where}")
+    empty_inputs = manifest.get("empty_inputs", [])
+    if empty_inputs:
+        shown = ", ".join(empty_inputs[:3]) + (", ..." if len(empty_inputs) > 3 else "")
+        lines.append(f"{len(empty_inputs)} of {len(manifest['inputs'])} inputs hold no "
+                     f"text: {shown}")
+    return "\n".join(lines)
 
 
 def _learn_vocab():

@@ -53,6 +53,14 @@ class Progress:
         else:
             logging.info(self.line(now))
 
+    def abandon(self):
+        """The work stopped short: ends the bar's line, not at 100%, so that an error
+        printed next stands on a line of its own."""
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._last = 0.0
+
     def close(self):
         self.done = self.total
         self._show(time.monotonic())
