@@ -4,7 +4,8 @@ With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (b
 ./cache on first use) and writes checkpoints and TensorBoard logs to runs/pretrain_tiny.
 Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by a preemption
 notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after saving a
-checkpoint (rerun the same command to resume).
+checkpoint, 130 stopped by Ctrl-C after saving one (rerun the same command to resume
+either).
 """
 
 import os
@@ -82,6 +83,7 @@ def main(argv):
     from tfrecord_builder.manifest import ManifestError
     from electra_tf.training.distribute import StrategyError
     from electra_tf.training.checkpoints import CheckpointError
+    from electra_tf.training.lease import LeaseError
     try:
         cfg = configs.pretraining_config_from_flags(FLAGS)
         if FLAGS.count_flops:
@@ -109,9 +111,9 @@ def main(argv):
         pretrain.run(cfg, options)
     except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)
-        sys.exit(preemption.PREEMPTED_EXIT_CODE)
+        sys.exit(e.exit_code)
     except (configs.ConfigError, pretrain.RunError, InputDataError, ManifestError, BuildError,
-            StrategyError, CheckpointError) as e:
+            StrategyError, CheckpointError, LeaseError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)
 

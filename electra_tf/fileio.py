@@ -240,3 +240,20 @@ def fsync(path: str):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def writable_dir_problem(path: str) -> Optional[str]:
+    """None when `path` is (or could be made) a directory this process can write to, else
+    why not, in a few words. Creates the directory, and writes and removes a small probe
+    file in it: run before any expensive work whose output goes there."""
+    if isfile(path):
+        return "it is a file, not a directory"
+    try:
+        makedirs(path)
+        probe = join(path, f".write-probe-{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+        with tf.io.gfile.GFile(probe, "wb") as f:
+            f.write(b"")
+        remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        return error_reason(e)
+    return None

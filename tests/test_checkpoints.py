@@ -183,8 +183,145 @@ def test_round_trip_on_ram(model, tmp_path, monkeypatch):
 
 
 def test_checkpoint_reader_without_a_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match="Couldn't find 'checkpoint' file"):
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=f"^no checkpoint at {tmp_path} \\(neither"):
         checkpoints.checkpoint_reader(str(tmp_path))
+
+
+# --- complete or damaged ----------------------------------------------------------------
+
+def _training_run(root, steps=(2, 4, 6), shards=1):
+    """A directory of training checkpoints ckpt-2/4/6 as a CheckpointManager writes them
+    (`shards` data files each), with a string tensor among the variables."""
+    step = tf.Variable(0, dtype=tf.int64)
+    weights = tf.Variable(tf.reshape(tf.range(3000, dtype=tf.float32), [30, 100]))
+    name = tf.Variable("a string tensor")
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step, w=weights, n=name),
+                                         root, max_to_keep=None)
+    options = None
+    if shards > 1:  # one data file per device: two CPU devices are not available here,
+        options = tf.train.CheckpointOptions(experimental_sharding_callback=  # noqa: E251
+                                             tf.train.experimental.MaxShardSizePolicy(4000))
+    for s in steps:
+        step.assign(s)
+        weights.assign_add(tf.ones_like(weights))
+        manager.save(checkpoint_number=s, options=options)
+    return manager
+
+
+def test_index_entries_give_every_tensor_and_the_data_sizes(tmp_path):
+    _training_run(str(tmp_path))
+    num_shards, tensors = checkpoints.index_entries(
+        fileio.read_bytes(str(tmp_path / "ckpt-6.index")))
+    assert num_shards == 1
+    names = {n for n, _ in tf.train.list_variables(str(tmp_path / "ckpt-6"))}
+    assert set(tensors) == names
+    w = tensors["w/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert w[0] == 0 and w[2] == 30 * 100 * 4  # float32 [30, 100]
+    data = tmp_path / "ckpt-6.data-00000-of-00001"
+    assert max(offset + size for _, offset, size in tensors.values()) == data.stat().st_size
+    with pytest.raises(ValueError, match="no table footer"):
+        checkpoints.index_entries(fileio.read_bytes(str(tmp_path / "ckpt-6.index"))[:-1])
+
+
+def test_checkpoint_problem_names_what_is_wrong(tmp_path):
+    _training_run(str(tmp_path))
+    assert [checkpoints.checkpoint_problem(str(tmp_path / f"ckpt-{s}")) for s in (2, 4, 6)] \
+        == [None, None, None]
+    data = tmp_path / "ckpt-6.data-00000-of-00001"
+    full = data.stat().st_size
+    with open(data, "r+b") as f:
+        f.truncate(full - 1)  # the last byte of the last tensor
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-6")) == \
+        f"ckpt-6.data-00000-of-00001 has {full - 1} of its {full} bytes"
+    os.remove(data)
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-6")) == \
+        "no ckpt-6.data-00000-of-00001"
+    os.remove(tmp_path / "ckpt-4.index")
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-4")) == "no ckpt-4.index"
+    index = tmp_path / "ckpt-2.index"
+    index.write_bytes(index.read_bytes()[:100])
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-2")) == \
+        "ckpt-2.index is unreadable: no table footer at its end"
+
+
+def test_several_data_shards_are_each_checked(tmp_path):
+    _training_run(str(tmp_path), steps=(1,), shards=3)
+    data = sorted(p.name for p in tmp_path.glob("ckpt-1.data-*"))
+    assert len(data) > 1, data
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-1")) is None
+    os.remove(tmp_path / data[-1])
+    assert checkpoints.checkpoint_problem(str(tmp_path / "ckpt-1")) == f"no {data[-1]}"
+
+
+@pytest.mark.parametrize("damage", ["index", "data"])
+def test_newest_complete_skips_and_sets_aside_a_damaged_newest(tmp_path, damage, caplog):
+    root = str(tmp_path)
+    _training_run(root)
+    if damage == "index":  # a deleted index: tf.train.latest_checkpoint sees no checkpoint
+        os.remove(tmp_path / "ckpt-6.index")
+    else:
+        with open(tmp_path / "ckpt-6.data-00000-of-00001", "r+b") as f:
+            f.truncate(1000)
+    # A reader (fine-tuning, conversion) uses the one before and moves nothing.
+    assert checkpoints.newest_complete(root, "--init_checkpoint") == str(tmp_path / "ckpt-4")
+    assert (tmp_path / "ckpt-6.data-00000-of-00001").exists()
+    warning = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()][-1]
+    assert warning.startswith(f"--init_checkpoint: the checkpoint {root}/ckpt-6 is damaged (")
+    assert warning.endswith("; using ckpt-4")
+    # The run's owner sets it aside, whole, and points the state file at ckpt-4.
+    kept = sorted(p.name for p in tmp_path.glob("ckpt-6.*"))
+    assert checkpoints.newest_complete(root, set_aside=True) == str(tmp_path / "ckpt-4")
+    assert not list(tmp_path.glob("ckpt-6.*"))
+    aside = list((tmp_path / checkpoints.DAMAGED_DIR).iterdir())
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == kept
+    assert tf.train.latest_checkpoint(root) == str(tmp_path / "ckpt-4")
+    assert tf.train.get_checkpoint_state(root).all_model_checkpoint_paths == [
+        str(tmp_path / "ckpt-2"), str(tmp_path / "ckpt-4")]
+    # Now the step can be written again, and a second look finds nothing wrong.
+    assert checkpoints.newest_complete(root, set_aside=True) == str(tmp_path / "ckpt-4")
+    assert len(list((tmp_path / checkpoints.DAMAGED_DIR).iterdir())) == 1
+
+
+def test_no_complete_checkpoint_is_an_error_listing_them(tmp_path):
+    root = str(tmp_path)
+    _training_run(root, steps=(2, 4))
+    os.remove(tmp_path / "ckpt-4.index")
+    os.remove(tmp_path / "ckpt-2.data-00000-of-00001")
+    before = sorted(os.listdir(root))
+    with pytest.raises(checkpoints.CheckpointError) as e:
+        checkpoints.newest_complete(root, set_aside=True)
+    assert str(e.value) == (
+        f"no complete checkpoint in {root}: ckpt-4 (no ckpt-4.index); ckpt-2 (no "
+        "ckpt-2.data-00000-of-00001). Nothing was changed; restore the missing files, or "
+        "move them away to start this run over")
+    assert sorted(os.listdir(root)) == before
+    assert checkpoints.newest_complete(str(tmp_path / "empty")) is None
+    os.makedirs(tmp_path / "empty")
+    assert checkpoints.newest_complete(str(tmp_path / "empty")) is None
+
+
+def test_checkpoint_reader_refuses_a_damaged_prefix_before_reading(tmp_path):
+    root = str(tmp_path)
+    _training_run(root)
+    with open(tmp_path / "ckpt-6.data-00000-of-00001", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=f"^the checkpoint {root}/ckpt-6 is damaged: "
+                             "ckpt-6.data-00000-of-00001 has 10 of its "):
+        checkpoints.checkpoint_reader(f"{root}/ckpt-6")
+    # A directory gives its newest complete one.
+    reader = checkpoints.checkpoint_reader(root)
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 4
+
+
+def test_damage_is_found_on_a_remote_filesystem():
+    root = _ram_root("damaged")
+    local = _training_run(root)
+    assert local.latest_checkpoint == f"{root}/ckpt-6"
+    fileio.remove(f"{root}/ckpt-6.index")
+    assert checkpoints.newest_complete(root, set_aside=True) == f"{root}/ckpt-4"
+    assert fileio.listdir(f"{root}/{checkpoints.DAMAGED_DIR}")
 
 
 # --- torn writes and failed saves ------------------------------------------------------

@@ -354,3 +354,51 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, mon
         assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")
         assert [os.path.basename(s.path) for s in watched[0].log.skipped()] == [shard]
         assert any(shard in r.getMessage() for r in caplog.records)
+
+
+def _resume_cfg(directory, skip_batches, on_bad_shard="stop"):
+    return ip.InputConfig(file_pattern=str(directory), max_seq_length=SEQ, batch_size=2,
+                          repeat=True, deterministic=True, seed=3, cycle_length=2,
+                          shuffle_buffer=1, skip_batches=skip_batches,
+                          on_bad_shard=on_bad_shard)
+
+
+@pytest.mark.parametrize("listed, words", [(8, "holds 10 records but manifest.json says 8"),
+                                           (12, "holds 10 records but manifest.json says 12")])
+def test_a_resume_checks_the_manifest_counts_of_the_shards_it_opens(tmp_path, listed, words):
+    """The resume position is arithmetic on the manifest's counts: a shard open at that
+    position that runs past its count, or ends before it, stops the run naming it (an
+    uninterrupted run would have read other records there)."""
+    paths = _write_shards(tmp_path, num_shards=4)
+    order = ip.StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
+    group = [paths[i] for i in order.group_shards(0, 0)]
+    _write_manifest(tmp_path, paths, [listed if p == group[0] else RECORDS for p in paths])
+    ip.make_dataset(_resume_cfg(tmp_path, 0))  # from the start: nothing to position by
+    with pytest.raises(ip.InputDataError) as e:
+        ip.make_dataset(_resume_cfg(tmp_path, 3))  # record 6: in the first group
+    assert str(e.value) == (
+        f"{group[0]}: {words}; the resume position is computed from manifest.json's counts, "
+        "so this run would continue on other data than it would have uninterrupted: rebuild "
+        "the data, or start a new --model_dir")
+
+
+def test_a_resume_reads_through_only_the_shards_it_opens(tmp_path, monkeypatch):
+    paths = _write_shards(tmp_path, num_shards=4)
+    order = ip.StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
+    second = [paths[i] for i in order.group_shards(0, 1)]
+    # A wrong count in the group not yet open is not read (it is found when reached).
+    _write_manifest(tmp_path, paths, [RECORDS + (p == second[0]) for p in paths])
+    seen = []
+    real = ip.shard_problem
+    monkeypatch.setattr(ip, "shard_problem", lambda p, n=None: seen.append(p) or real(p, n))
+    ip.make_dataset(_resume_cfg(tmp_path, 3))
+    assert sorted(seen) == sorted(paths[i] for i in order.group_shards(0, 0))
+
+
+def test_a_corrupted_shard_at_the_resume_position_follows_on_bad_shard(tmp_path, caplog):
+    paths = _write_shards(tmp_path, num_shards=2)
+    _corrupt(paths[1])
+    with pytest.raises(ip.BadShardError, match="corrupted record 6"):
+        ip.make_dataset(_resume_cfg(tmp_path, 3))
+    ip.make_dataset(_resume_cfg(tmp_path, 3, on_bad_shard="skip"))
+    assert "Skipping bad shard" in caplog.text and paths[1] in caplog.text

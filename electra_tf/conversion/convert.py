@@ -204,7 +204,10 @@ def _resolve(path: str) -> str:
     if tf.io.gfile.exists(path + ".index"):  # a prefix: asked first, as checkpoint_reader does
         return path
     if tf.io.gfile.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
+        try:
+            latest = checkpoints.newest_complete(path)
+        except checkpoints.CheckpointError as e:
+            raise ConvertError(str(e)) from None
         if latest is None:
             raise ConvertError(f"no checkpoint in directory {path}")
         return latest
@@ -258,7 +261,7 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
     `run_pretraining.py --model_dir=model_dir --config=model_dir/config.json` continues:
     weights, Adam slots when the checkpoint has them (else zeros), global_step when present
     (else 0). Returns (report, checkpoint path)."""
-    if tf.train.latest_checkpoint(model_dir):
+    if fileio.isdir(model_dir) and checkpoints.find_checkpoints(model_dir):
         raise ConvertError(f"{model_dir} already holds a checkpoint; refusing to overwrite")
     report = inspect_tf1(ckpt_path, num_heads)
     if report.missing and not allow_missing:
@@ -286,7 +289,10 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
 def load_model_dir(model_dir: str):
     """-> a Pretrainer with the newest checkpoint of our `model_dir` restored."""
     cfg = load_config(os.path.join(model_dir, "config.json"))
-    latest = tf.train.latest_checkpoint(model_dir)
+    try:
+        latest = checkpoints.newest_complete(model_dir)
+    except checkpoints.CheckpointError as e:
+        raise ConvertError(str(e)) from None
     if latest is None:
         raise ConvertError(f"no checkpoint in {model_dir}")
     trainer = _trainer(cfg)

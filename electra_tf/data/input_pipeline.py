@@ -732,6 +732,13 @@ class StreamOrder:
                                                         alg="philox")
         return self._permutation([self.num_shards], seed)
 
+    def group_shards(self, epoch: int, group: int) -> List[int]:
+        """The shards (indices) of group `group` of epoch `epoch`."""
+        with tf.init_scope():
+            order = self.shard_order(epoch).numpy()
+        c = self.cycle_length
+        return [int(i) for i in order[group * c:(group + 1) * c]]
+
     def locate(self, records: int, counts: Sequence[int]) -> StreamPosition:
         """The position of record `records` (0-based, counted over repeated epochs) of the
         stream whose shards hold `counts` records; arithmetic on the counts only."""
@@ -837,6 +844,33 @@ class StreamOrder:
         return first.concatenate(rest)
 
 
+def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: set,
+                        on_bad_shard: str):
+    """A resumed stream's position comes from the manifest's record counts: the shards
+    open at that position (`paths`, one group) are read through and must hold exactly
+    their counts, or the run would continue on other records than it would have without
+    the interruption. A count that disagrees stops the run (InputDataError naming the
+    shard); a shard that fails to read is a bad shard (on_bad_shard). Files whose counts
+    were `counted` just now need no second read."""
+    listed = [p for p in paths if p not in counted and p in counts]
+    if not listed:
+        return
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(listed))) as pool:
+        problems = list(pool.map(lambda p: shard_problem(p, counts[p]), listed))
+    for path, problem in zip(listed, problems):
+        if problem is None or (counts[path] == 0 and problem.startswith("empty file")):
+            continue
+        if problem.startswith("holds "):  # read through: the manifest's count is wrong
+            raise InputDataError(
+                f"{path}: {problem}; the resume position is computed from manifest.json's "
+                "counts, so this run would continue on other data than it would have "
+                "uninterrupted: rebuild the data, or start a new --model_dir")
+        _bad_shard(on_bad_shard, f"{path}: {problem}", path)
+    logging.info("Resume position: the %d shard(s) open there hold their manifest counts "
+                 "(read through in %.1f s)", len(listed), time.perf_counter() - start)
+
+
 def count_records(paths: Sequence[str]) -> Dict[str, int]:
     """{path: records read before its end or first unreadable record}, read in parallel
     (for files no manifest lists; a missing file counts 0)."""
@@ -932,6 +966,10 @@ def make_dataset(config: InputConfig,
                         time.perf_counter() - start)
         counts = dict(counts, **found)
     position = order.locate(records, [counts.get(f, -1) for f in files]) if records else None
+    if position is not None:
+        check_resume_shards([files[i] for i in order.group_shards(position.epoch,
+                                                                  position.group)],
+                            counts, set(unlisted), config.on_bad_shard)
 
     files_t = tf.constant(files)
     expected_records = tf.constant(expected_records, tf.int64)

@@ -17,8 +17,9 @@ from absl import logging
 from electra_tf import rng
 from electra_tf.conversion import convert
 from electra_tf.configs import ModelConfig
-from electra_tf.training.checkpoints import (assign_arrays, checkpoint_reader,
-                                             load_tf1_checkpoint, model_arrays)
+from electra_tf.training.checkpoints import (CheckpointError, assign_arrays,
+                                             checkpoint_reader, load_tf1_checkpoint,
+                                             model_arrays, newest_complete)
 from electra_tf.model.modeling import (ElectraPretrainingModel, Encoder, discriminator_variables,
                                       dropout, gelu, truncated_normal)
 
@@ -191,9 +192,13 @@ def resolve_checkpoint(path: str) -> str:
     if tf.io.gfile.exists(path + ".index"):
         return path
     if tf.io.gfile.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if latest is None and tf.io.gfile.isdir(os.path.join(path, "discriminator")):
-            latest = tf.train.latest_checkpoint(os.path.join(path, "discriminator"))
+        try:
+            latest = newest_complete(path, "--init_checkpoint")
+            if latest is None and tf.io.gfile.isdir(os.path.join(path, "discriminator")):
+                latest = newest_complete(os.path.join(path, "discriminator"),
+                                         "--init_checkpoint")
+        except CheckpointError as e:
+            raise InitError(str(e)) from None
         if latest is None:
             raise InitError(f"--init_checkpoint: no checkpoint in directory {path}")
         return latest

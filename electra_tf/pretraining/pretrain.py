@@ -22,11 +22,12 @@ from electra_tf.pretraining import flops
 from electra_tf.training import distribute, hardware
 from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
-from electra_tf.training.checkpoints import checkpoint_reader, save_tf1_checkpoint
+from electra_tf.training.checkpoints import (CheckpointError, checkpoint_reader,
+                                             newest_complete, save_tf1_checkpoint)
 from electra_tf.model.modeling import discriminator_variables, tf1_variables
 from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
 from electra_tf.pretraining.trainer import Pretrainer, summarize
-from electra_tf.training import loop
+from electra_tf.training import lease, loop
 from electra_tf.training.loop import RunError
 from electra_tf.training.options import RunOptions
 
@@ -121,7 +122,19 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
     chief = distribute.is_chief(strategy)
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = special_ids_and_counts(manifest, files, cfg)
+    problem = fileio.writable_dir_problem(options.model_dir) if chief else None
+    if problem:
+        raise RunError(f"--model_dir={options.model_dir}: cannot write there ({problem})")
     fileio.makedirs(options.model_dir)
+    # One writer per run directory, from before its first write (lease.py).
+    with lease.hold(options.model_dir, writer=chief) as run_lease:
+        return _run(cfg, options, strategy, chief, files, eval_files, special, counts,
+                    profile_steps, run_lease)
+
+
+def _run(cfg: PretrainingConfig, options: RunOptions, strategy, chief: bool, files,
+         eval_files, special, counts, profile_steps, run_lease) -> Dict[str, float]:
+    tc = cfg.train
     if chief:  # a rename (a whole-object upload on a bucket): never a torn config.json
         fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
 
@@ -148,8 +161,9 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
             writer=loop.summary_writer(logdir, chief), chief=chief,
             perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
             profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
-            metrics_from_sums=obj.metrics_from_sums)
+            metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
         if chief:
+            run_lease.check()
             export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
         result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief)
@@ -170,7 +184,10 @@ def load_fixed_generator(model, path: str) -> str:
         w for w in model.generator_predictions.weights
         if all(w is not g for g in model.generator.weights)]
     if fileio.exists(fileio.join(path, "config.json")):  # our model_dir
-        latest = tf.train.latest_checkpoint(path)
+        try:
+            latest = newest_complete(path, "--generator_checkpoint")
+        except CheckpointError as e:
+            raise RunError(str(e)) from None
         if latest is None:
             raise RunError(f"--generator_checkpoint={path}: no checkpoint in it")
         try:

@@ -29,6 +29,8 @@ from electra_tf.finetune.text import TextEncoder  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
 from electra_tf.pretraining.losses import pseudo_log_likelihood  # noqa: E402
 from electra_tf.pretraining.objectives import OBJECTIVES  # noqa: E402
+from electra_tf.training.checkpoints import (CheckpointError, checkpoint_problem,  # noqa: E402
+                                             newest_complete)
 from tfrecord_builder import DEFAULT_VOCAB, BuildError  # noqa: E402
 
 
@@ -54,11 +56,17 @@ def load_run(model_dir: str, checkpoint: Optional[str] = None,
     if objective and cfg.objective.objective != objective:
         raise ScoreError(f"{config_path}: objective {cfg.objective.objective}, not "
                          f"{objective}")
-    path = checkpoint or tf.train.latest_checkpoint(model_dir)
+    try:
+        path = checkpoint or newest_complete(model_dir)
+    except CheckpointError as e:
+        raise ScoreError(f"--model_dir={model_dir}: {e}") from None
     if not path:
         raise ScoreError(f"--model_dir={model_dir}: no checkpoint")
     if not fileio.exists(path + ".index"):
         raise ScoreError(f"--checkpoint={path}: no such checkpoint")
+    problem = checkpoint_problem(path)
+    if problem:
+        raise ScoreError(f"{path}: the checkpoint is damaged ({problem})")
     model = ElectraPretrainingModel(cfg.model, dtype="float32",
                                     heads=OBJECTIVES[cfg.objective.objective].heads)
     try:

@@ -1,10 +1,15 @@
-"""Checkpoints on any filesystem: training checkpoints (saving with a one-line error,
-cleaning up what a killed write left behind) and name-based checkpoints in the released
-TF1 layout, read and written as {TF1 name: array} or straight from / into a model.
+"""Checkpoints on any filesystem: which checkpoint of a directory is the newest complete
+one (`newest_complete`, for resuming, fine-tuning and conversion alike), training
+checkpoints (saving with a one-line error, cleaning up what a killed write left behind)
+and name-based checkpoints in the released TF1 layout, read and written as
+{TF1 name: array} or straight from / into a model.
 """
 
+import dataclasses
+import datetime
 import os
 import re
+import struct
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -16,8 +21,210 @@ from electra_tf.model.modeling import released_arrays, tf1_variables
 
 
 class CheckpointError(ValueError):
-    """A checkpoint could not be written: one line naming the directory and the last good
-    checkpoint."""
+    """A checkpoint could not be written or read: one line naming the directory or file
+    (and, for a write, the last good checkpoint)."""
+
+
+# --- which checkpoint: complete or damaged ----------------------------------------------
+#
+# A checkpoint `P` is `P.index` (a table of every tensor's shard, offset and byte size)
+# plus the data shards `P.data-0000i-of-0000n`. A torn upload, a half-finished copy or a
+# deleted file leaves a checkpoint that TensorFlow either does not see (no index: a run
+# would start over from step 0) or fails to read after minutes of restoring ("Read less
+# bytes than requested"). `checkpoint_problem` finds both from the index and the shards'
+# sizes alone: a few kilobytes read and one stat per shard, however large the checkpoint.
+
+_DATA_NAME = re.compile(r"^(.+)\.data-(\d{5})-of-(\d{5})$")
+_STEP = re.compile(r"-(\d+)$")
+_TABLE_MAGIC = 0xdb4775248b80fb57  # the last 8 bytes of every checkpoint index
+_FOOTER_BYTES = 48
+DAMAGED_DIR = "damaged_checkpoints"  # where a run sets aside what it cannot read
+
+
+def _varint(buf: bytes, i: int):
+    value = shift = 0
+    while True:
+        if i >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _table_block(data: bytes, handle: bytes) -> List[tuple]:
+    """The (key, value) entries of the table block `handle` (offset, size varints) points
+    to: keys prefix-compressed against the previous one, a restart array at the end."""
+    offset, i = _varint(handle, 0)
+    size, _ = _varint(handle, i)
+    if offset + size + 5 > len(data):
+        raise ValueError(f"a block at byte {offset} runs past the end of the file")
+    if data[offset + size] != 0:  # the trailer's compression type
+        raise ValueError("compressed index blocks are not supported")
+    block = data[offset:offset + size]
+    restarts = struct.unpack("<I", block[-4:])[0]
+    end = len(block) - 4 - 4 * restarts
+    if end < 0:
+        raise ValueError("a block's restart array is larger than the block")
+    entries, key, i = [], b"", 0
+    while i < end:
+        shared, i = _varint(block, i)
+        unshared, i = _varint(block, i)
+        length, i = _varint(block, i)
+        key = key[:shared] + block[i:i + unshared]
+        i += unshared
+        entries.append((key, block[i:i + length]))
+        i += length
+    return entries
+
+
+def index_entries(index_bytes: bytes):
+    """-> (number of data shards, {tensor name: (shard, offset, size)}) from the bytes of
+    a checkpoint's `.index` file. Raises ValueError for anything that is not a complete
+    index."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    data = index_bytes
+    if len(data) < _FOOTER_BYTES or struct.unpack("<Q", data[-8:])[0] != _TABLE_MAGIC:
+        raise ValueError("no table footer at its end")
+    footer = data[-_FOOTER_BYTES:]
+    _, i = _varint(footer, 0)  # the meta-index block's handle: unused
+    _, i = _varint(footer, i)
+    num_shards, tensors = None, {}
+    for _, handle in _table_block(data, footer[i:]):
+        for key, value in _table_block(data, handle):
+            if key == b"":
+                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+                num_shards = header.num_shards
+                continue
+            entry = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+            tensors[key.decode("utf-8", "replace")] = (entry.shard_id, entry.offset,
+                                                       entry.size)
+    if num_shards is None:
+        raise ValueError("the checkpoint index has no header")
+    return num_shards, tensors
+
+
+def data_file(prefix: str, shard: int, num_shards: int) -> str:
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def checkpoint_problem(prefix: str) -> Optional[str]:
+    """None when the checkpoint `prefix` is complete (its index reads, and every data
+    shard it names exists with at least the bytes its tensors are recorded to take), else
+    what is wrong, in a few words naming the file. Any filesystem (gs://...)."""
+    index = prefix + ".index"
+    if not fileio.exists(index):
+        return f"no {os.path.basename(index)}"
+    try:
+        num_shards, tensors = index_entries(fileio.read_bytes(index))
+    except (ValueError, IndexError, struct.error) as e:
+        return f"{os.path.basename(index)} is unreadable: {e}"
+    except Exception as e:  # a protobuf DecodeError: bytes that are not a bundle entry
+        return f"{os.path.basename(index)} is unreadable: {type(e).__name__}"
+    needed = [0] * num_shards
+    for shard, offset, size in tensors.values():
+        if shard >= num_shards:
+            return f"{os.path.basename(index)} names data shard {shard} of {num_shards}"
+        needed[shard] = max(needed[shard], offset + size)
+    for shard, want in enumerate(needed):
+        path = data_file(prefix, shard, num_shards)
+        if not fileio.exists(path):
+            return f"no {os.path.basename(path)}"
+        have = fileio.size(path)
+        if have < want:
+            return f"{os.path.basename(path)} has {have} of its {want} bytes"
+    return None
+
+
+@dataclasses.dataclass
+class FoundCheckpoint:
+    """A checkpoint prefix seen in a directory, with the files that make it up there."""
+    prefix: str
+    files: List[str]
+
+    @property
+    def step(self) -> Optional[int]:
+        match = _STEP.search(os.path.basename(self.prefix))
+        return int(match.group(1)) if match else None
+
+
+def find_checkpoints(directory: str) -> List[FoundCheckpoint]:
+    """Every checkpoint prefix with a file (`.index` or a data shard) in `directory`,
+    newest first: numbered ones (`ckpt-N`) by number, then the others with the one the
+    `checkpoint` state file names first."""
+    by_prefix: Dict[str, List[str]] = {}
+    for name in fileio.listdir(directory):
+        data = _DATA_NAME.match(name)
+        base = name[:-len(".index")] if name.endswith(".index") else (
+            data.group(1) if data else None)
+        if base:
+            by_prefix.setdefault(base, []).append(name)
+    named = None
+    state = tf.train.get_checkpoint_state(directory) if by_prefix else None
+    if state is not None and state.model_checkpoint_path:
+        named = os.path.basename(state.model_checkpoint_path)
+    found = [FoundCheckpoint(fileio.join(directory, base), sorted(names))
+             for base, names in by_prefix.items()]
+    return sorted(found, key=lambda f: (f.step is not None, f.step or 0,
+                                        os.path.basename(f.prefix) == named), reverse=True)
+
+
+def _set_aside(directory: str, found: FoundCheckpoint) -> str:
+    """Moves a damaged checkpoint's files into DIRECTORY/damaged_checkpoints/<time>/ (never
+    deleted: they may still be repaired by hand), so that the run can write that step
+    again. Returns the folder."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = fileio.join(directory, DAMAGED_DIR, stamp)
+    fileio.makedirs(aside)
+    for name in found.files:
+        fileio.rename(fileio.join(directory, name), fileio.join(aside, name), overwrite=False)
+    return aside
+
+
+def newest_complete(directory: str, what: str = "", set_aside: bool = False
+                    ) -> Optional[str]:
+    """The prefix of the newest complete checkpoint in `directory` (any filesystem), or
+    None when the directory holds no checkpoint file at all.
+
+    Each newer damaged checkpoint is one warning line saying what is wrong with it; with
+    `set_aside` (the run that owns the directory, about to write there again) its files
+    are moved to `damaged_checkpoints/` and the `checkpoint` state file is pointed at the
+    one returned. When checkpoint files exist but none is complete, a CheckpointError
+    lists them: a caller never starts over silently beside a run's checkpoints. `what`
+    (e.g. "--init_checkpoint") leads the messages."""
+    if not fileio.isdir(directory):
+        return None
+    found = find_checkpoints(directory)
+    lead = f"{what}: " if what else ""
+    damaged = []
+    for candidate in found:
+        problem = checkpoint_problem(candidate.prefix)
+        if problem is None:
+            break
+        damaged.append((candidate, problem))
+    else:
+        candidate = None
+    if candidate is None:
+        if not found:
+            return None
+        listing = "; ".join(f"{os.path.basename(c.prefix)} ({p})" for c, p in damaged)
+        raise CheckpointError(
+            f"{lead}no complete checkpoint in {directory}: {listing}. Nothing was changed; "
+            "restore the missing files, or move them away to start this run over")
+    for bad, problem in damaged:
+        note = ""
+        if set_aside:
+            note = f"; moved to {_set_aside(directory, bad)}"
+        logging.warning("%sthe checkpoint %s is damaged (%s)%s; using %s", lead, bad.prefix,
+                        problem, note, os.path.basename(candidate.prefix))
+    if damaged and set_aside:  # the state file named a checkpoint that is now aside
+        gone = {bad.prefix for bad, _ in damaged}
+        write_checkpoint_state(directory, [os.path.basename(c.prefix) for c in reversed(found)
+                                           if c.prefix not in gone])
+    return candidate.prefix
 
 
 # A checkpoint write's staging directory, the checkpoint index's temporary file, and the
@@ -73,11 +280,20 @@ def checkpoint_reader(path: str):
     with a `checkpoint` state file; any filesystem (gs://...). Raises ValueError when
     there is none.
 
-    The prefix is tried first: `tf.train.load_checkpoint` asks `isdir` first, which on
-    filesystems that match names by prefix (ram://) is true of a prefix too."""
-    if tf.io.gfile.exists(path + ".index"):
-        return tf.compat.v1.train.NewCheckpointReader(path)
-    return tf.train.load_checkpoint(path)
+    A directory gives its newest complete checkpoint (`newest_complete`); a damaged
+    checkpoint is a CheckpointError naming what is wrong, before a byte of it is read.
+    The prefix is tried first: on filesystems that match names by prefix (ram://) `isdir`
+    is true of a prefix too."""
+    if not tf.io.gfile.exists(path + ".index"):
+        latest = newest_complete(path) if fileio.isdir(path) else None
+        if latest is None:
+            raise CheckpointError(f"no checkpoint at {path} (neither {path}.index nor a "
+                                  "directory holding one)")
+        path = latest
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(f"the checkpoint {path} is damaged: {problem}")
+    return tf.compat.v1.train.NewCheckpointReader(path)
 
 
 def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
@@ -94,11 +310,17 @@ def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
     fileio.makedirs(directory)
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                       tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
-    base = os.path.basename(prefix)
     # The state file, which makes the checkpoint visible to latest_checkpoint, comes last.
-    state = f'model_checkpoint_path: "{base}"\nall_model_checkpoint_paths: "{base}"\n'
-    fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
+    write_checkpoint_state(directory, [os.path.basename(prefix)])
     return prefix
+
+
+def write_checkpoint_state(directory: str, names: Sequence[str]):
+    """The `checkpoint` state file of `directory` (atomically): `names` (prefixes relative
+    to it), oldest first; the last is the latest."""
+    state = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
+        f'all_model_checkpoint_paths: "{name}"\n' for name in names)
+    fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
 
 
 def model_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np.ndarray]:

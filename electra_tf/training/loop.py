@@ -18,7 +18,8 @@ from absl import logging
 
 from electra_tf import fileio
 from electra_tf.training import hardware
-from electra_tf.training.checkpoints import remove_torn_checkpoints, save_checkpoint
+from electra_tf.training.checkpoints import (newest_complete, remove_torn_checkpoints,
+                                             save_checkpoint)
 from electra_tf.training.preemption import PreemptionWatch
 from electra_tf.training.trainer import Trainer, summarize
 
@@ -227,12 +228,18 @@ class InputWatch:
 def open_checkpoints(trainer: Trainer, directory: str, save_dir: Optional[str] = None,
                      max_to_keep: int = 1, clean: bool = True
                      ) -> tf.train.CheckpointManager:
-    """Resumes `trainer` from the newest checkpoint in `directory` (after deleting what a
-    killed write left there, when `clean`) and returns the manager that saves to
-    `save_dir` (default `directory`; another worker's scratch copy in multi-worker jobs)."""
+    """Resumes `trainer` from the newest complete checkpoint in `directory` and returns
+    the manager that saves to `save_dir` (default `directory`; another worker's scratch
+    copy in multi-worker jobs).
+
+    With `clean` (the process that owns the directory) what a killed write left there is
+    deleted first, and newer damaged checkpoints are set aside (`newest_complete`), so the
+    run continues from the one before and can write those steps again. A directory with
+    checkpoint files none of which is complete stops the run (CheckpointError): a run
+    never starts over from step 0 beside its own checkpoints."""
     if clean:
         remove_torn_checkpoints(directory)
-    latest = tf.train.latest_checkpoint(directory)
+    latest = newest_complete(directory, set_aside=clean)
     if latest:
         trainer.restore(latest)
         logging.info("Resumed from %s (step %d)", latest, int(trainer.global_step.numpy()))
@@ -245,12 +252,13 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
           schedule: Schedule, *, writer, perf: Optional[Perf] = None,
           profile_steps: Optional[Tuple[int, int]] = None, profile_dir: str = "",
           chief: bool = True, inputs: Optional[InputWatch] = None,
-          metrics_from_sums: Callable = lambda sums: sums, what: str = ""
+          metrics_from_sums: Callable = lambda sums: sums, what: str = "", lease=None
           ) -> Dict[str, float]:
     """Trains from the trainer's global step to `schedule.num_train_steps`; returns the
     last logged metrics. A preemption notice stops it at the end of the current host loop,
     after a checkpoint (multi-worker: at a step agreed with the other workers), by
-    raising `preemption.Preempted`."""
+    raising `preemption.Preempted`. `lease` (lease.RunLease) is checked before every
+    save: a run whose directory another process has taken stops without writing."""
     s = schedule
     total = s.num_train_steps
     inputs = inputs or InputWatch()
@@ -266,6 +274,11 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     out_metrics: Dict[str, float] = {}
     sums = None
     bad_run = 0  # consecutive skipped (non-finite) steps
+
+    def save(at: int) -> str:
+        if lease is not None:
+            lease.check()
+        return save_checkpoint(manager, at)
     with (PreemptionWatch(trainer.strategy, what=what) as preemption,
           ProfileWindow(profile_steps, profile_dir, chief) as profile):
         while step < total:
@@ -312,8 +325,8 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
                                             step >= total)
             if saved:
                 last_saved = step
-                logging.info("Saved checkpoint %s", save_checkpoint(manager, step))
+                logging.info("Saved checkpoint %s", save(step))
             preemption.stop_if_noticed(step, lambda: manager.latest_checkpoint if saved
-                                       else save_checkpoint(manager, step))
+                                       else save(step))
             progress.loop_done(step)
     return out_metrics

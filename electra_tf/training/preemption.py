@@ -2,8 +2,10 @@
 one check per host loop (`PreemptionWatch.stop_if_noticed`), used by pre-training and by
 fine-tuning trials.
 
-Each process of a job watches two sources:
+Each process of a job watches these sources:
 - **SIGTERM**: what schedulers, `kill` and a GCE preemption (a shutdown) send.
+- **SIGINT** (Ctrl-C): the same save and stop, with the exit code a shell expects of an
+  interrupted command (130); a second Ctrl-C interrupts at once, without saving.
 - **The GCE metadata server**, on a GCE VM (Cloud TPU VMs are GCE VMs):
   `instance/maintenance-event` turning to TERMINATE_ON_HOST_MAINTENANCE, announced ahead
   of a maintenance that stops the VM, or `instance/preempted` turning TRUE, polled by a
@@ -29,13 +31,18 @@ from electra_tf.training import distribute, gce
 
 # EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
 PREEMPTED_EXIT_CODE = 75
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT  # what a shell reports for a Ctrl-C
 
 METADATA_POLL_SECONDS = 5.0
 
 
 class Preempted(Exception):
-    """A preemption notice arrived; the job saved a checkpoint at the current step and
-    stopped."""
+    """A preemption notice (or Ctrl-C) arrived; the job saved a checkpoint at the current
+    step and stopped. `exit_code`: what the CLI exits with."""
+
+    def __init__(self, message: str, exit_code: int = PREEMPTED_EXIT_CODE):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def metadata_notice(host: Optional[str] = None, timeout: float = 2.0) -> Optional[str]:
@@ -66,6 +73,7 @@ class PreemptionWatch:
                 tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)),
                 axis=None))
         self._previous_sigterm = None
+        self._previous_sigint = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._metadata_failed = False
@@ -77,6 +85,7 @@ class PreemptionWatch:
             # signal handlers can only be set from the main thread
             self._previous_sigterm = signal.signal(
                 signal.SIGTERM, lambda signum, frame: self._notice("SIGTERM"))
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
         if gce.on_gce():
             # The first look is synchronous: a job started during a pending maintenance
             # stops after its first host loop.
@@ -91,12 +100,22 @@ class PreemptionWatch:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
         if self._thread is not None:
             self._thread.join(timeout=5)
 
     def _notice(self, reason: str):
         if not self.notices:
             self.notices.append(reason)
+
+    def _on_sigint(self, signum, frame):
+        # A second Ctrl-C is Python's usual KeyboardInterrupt: stop now, without saving.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        logging.warning("Ctrl-C: saving a checkpoint after the current host loop, then "
+                        "stopping (Ctrl-C again to stop at once, without saving)")
+        self._notice("SIGINT")
 
     def _look_at_metadata(self):
         try:
@@ -128,5 +147,6 @@ class PreemptionWatch:
                 reason = "a preemption notice to another worker"
         if reason:
             where = f"step {step}" + (f" of the {self.what}" if self.what else "")
+            code = INTERRUPTED_EXIT_CODE if reason == "SIGINT" else PREEMPTED_EXIT_CODE
             raise Preempted(f"{reason} at {where}: saved {save()}; rerun the same command "
-                            "to resume")
+                            "to resume", code)
