@@ -5,7 +5,8 @@ With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` o
 bundled polarity set, prints dev accuracy, exports a SavedModel and answers one raw-text
 request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
 by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after
-saving a checkpoint (rerun the same command to resume).
+saving a checkpoint, 130 stopped by Ctrl-C after saving one (rerun the same command to
+resume either).
 """
 
 import os
@@ -95,12 +96,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
     from electra_tf.finetune import cli
-    from electra_tf.training.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from electra_tf.training.preemption import Preempted
     try:
         cli.main(FLAGS, REPO)
     except Preempted as e:
         print(f"run_finetuning: {e}", file=sys.stderr)
-        sys.exit(PREEMPTED_EXIT_CODE)
+        sys.exit(e.exit_code)
     except cli.USER_ERRORS as e:
         print(f"run_finetuning: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -3,7 +3,7 @@ the trainer (`TaskData`); GLUE/TSV, SQuAD and tagging tasks all build on it."""
 
 import abc
 import dataclasses
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +28,8 @@ class Task(abc.ABC):
     kind: str = "classification"  # classification | regression | tagging | qa
     primary_metric: str = "accuracy"
     num_train_epochs: float = 3.0
+    # The data file the label set was read from; None when the task or the user fixes it.
+    labels_from: Optional[str] = None
 
     @abc.abstractmethod
     def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
@@ -44,6 +46,11 @@ class Task(abc.ABC):
 
     def head_options(self) -> Dict[str, Any]:
         return {}
+
+    def label_names(self) -> Optional[Sequence[str]]:
+        """The class names in output order, for the logs and results.json; None for a task
+        without a fixed set (regression, SQuAD). Known once `train_split` has run."""
+        return None
 
     @abc.abstractmethod
     def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:

@@ -12,16 +12,17 @@ from electra_tf.conversion import convert
 from electra_tf.training.distribute import StrategyError
 from electra_tf.training.loop import RunError
 from electra_tf.training.checkpoints import CheckpointError
+from electra_tf.training.lease import LeaseError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.tfds_data import from_tfds
-from electra_tf.finetune.trainer import run
+from electra_tf.finetune.trainer import ModelMismatchError, run
 from electra_tf.training.options import options_from_flags
 from tfrecord_builder import BuildError
 
 USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError,
-               RunError, CheckpointError)
+               RunError, CheckpointError, LeaseError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 
@@ -30,6 +31,10 @@ def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> config
     """--config if given, else that of a Hugging Face ELECTRA / BERT directory, else the
     config.json of the pre-training run that wrote the checkpoint (looked for beside it and
     up to two directories above; any filesystem, gs://...)."""
+    if init_checkpoint and not (fileio.exists(init_checkpoint + ".index") or
+                                fileio.exists(init_checkpoint)):
+        raise InitError(f"--init_checkpoint={init_checkpoint} does not exist (neither a "
+                        f"directory nor a checkpoint prefix with {init_checkpoint}.index)")
     if config:
         return configs.load_config(config).model
     if init_checkpoint and convert.is_hf_dir(init_checkpoint):
@@ -104,7 +109,14 @@ def main(flags, repo: str) -> dict:
                                  init_checkpoint=init, export_dir=export_dir, vocab_file=vocab,
                                  spm_model=flags.spm_model, do_lower_case=flags.do_lower_case,
                                  do_predict=flags.do_predict)
-    results = run(task, model_config, cfg, options)
+    try:
+        results = run(task, model_config, cfg, options)
+    except ModelMismatchError as e:
+        hint = (f"--config={flags.config} is not the size the checkpoint was pre-trained "
+                "with: drop --config (the run's config.json beside the checkpoint gives the "
+                "size) or give the config it was trained with" if flags.config else
+                "give the config it was pre-trained with by --config")
+        raise ModelMismatchError(f"{e}; {hint}") from None
     print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
           f"{len(results['scores'])} trial(s) "
           f"({', '.join(f'{s:.4f}' for s in results['scores'])}); "

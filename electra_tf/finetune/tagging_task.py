@@ -75,6 +75,9 @@ class TaggingTask(Task):
     def num_outputs(self) -> int:
         return len(self._labels())
 
+    def label_names(self):
+        return self.label_map.labels if self.label_map is not None else None
+
     # --- data --------------------------------------------------------------------
     def _read(self, data_dir: str, file: str) -> List[Sentence]:
         path = os.path.join(data_dir, self.name, file)
@@ -109,6 +112,7 @@ class TaggingTask(Task):
         sentences = self._read(data_dir, self.train_file)
         # Rebuilt on every call: the head's size follows the training data it is given.
         self.label_map = LabelMap.from_sentences(sentences, self.scheme)
+        self.labels_from = os.path.join(data_dir, self.name, self.train_file)
         return self._data(sentences, encoder, max_seq_length, self.train_file)
 
     def eval_splits(self, data_dir, encoder, max_seq_length):

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics, where
@@ -83,6 +84,11 @@ class TsvTask(Task):
     test_files: the unlabelled test sets (GLUE's). They always have a header with an
       index column (`test_index_column`) and the text columns under the names of
       `test_text_columns` (default: `text_columns`), and no label.
+    exact_columns: every row must have as many columns as the header (the first row
+      without one), else at least enough for the wanted columns. User tasks set it: an
+      extra or missing tab shifts the label column. GLUE's files do not: some of their
+      rows are legitimately narrower or wider (MNLI's optional annotator labels, QQP).
+    labels_from: the training file the label set was read from (None: given).
     """
     name: str
     text_columns: Tuple[Column, ...]
@@ -99,6 +105,8 @@ class TsvTask(Task):
     test_files: Tuple[SubmissionFile, ...] = ()
     test_text_columns: Tuple[str, ...] = ()
     test_index_column: str = "index"
+    exact_columns: bool = False
+    labels_from: Optional[str] = None
 
     @property
     def kind(self) -> str:
@@ -139,22 +147,47 @@ class TsvTask(Task):
                                 f"(columns: {', '.join(head)})")
         return indices, max(indices) + 1, rows[1:]
 
+    def _table(self, path: str, wanted=None, header=None
+               ) -> Tuple[List[int], List[Tuple[int, List[str]]]]:
+        """The wanted columns' indices and the data rows of `path`, each row checked to
+        have the columns they need (with `exact_columns`, exactly the header's)."""
+        rows = read_tsv(path)
+        indices, width, data = self._indices(path, rows, wanted, header)
+        exact = None
+        if self.exact_columns and rows:
+            has_header = self.header if header is None else header
+            exact = rows[0]  # the header, or the first row that sets the width
+            what = "the header" if has_header else "the first row"
+        for number, fields in data:
+            if exact is not None and len(fields) != len(exact[1]):
+                raise DataError(f"{where(path, number)}: expected {len(exact[1])} "
+                                f"tab-separated columns as {what} (line {exact[0]}) has, "
+                                f"found {len(fields)}")
+            if len(fields) < width:
+                raise DataError(f"{where(path, number)}: expected at least {width} "
+                                f"tab-separated columns, found {len(fields)}")
+        return indices, data
+
+    def _unknown_label(self, path: str, number: int, raw: str) -> DataError:
+        if self.labels_from:
+            return DataError(f"{where(path, number)}: label {raw!r} does not occur in "
+                             f"{self.labels_from}, whose labels are {', '.join(self.labels)}; "
+                             "fix the row, or list every label with --labels")
+        return DataError(f"{where(path, number)}: label {raw!r} is not one of "
+                         f"{', '.join(self.labels)}")
+
     def read(self, path: str) -> Tuple[List[List[str]], List[Any], List[int]]:
         """Texts per column, labels (ids or floats) and line numbers of `path`."""
-        indices, width, rows = self._indices(path, read_tsv(path))
+        indices, rows = self._table(path)
         *text_idx, label_idx = indices
         texts: List[List[str]] = [[] for _ in text_idx]
         labels, lines = [], []
         lookup = {l: i for i, l in enumerate(self.labels)} if self.labels else None
         for number, fields in rows:
-            if len(fields) < width:
-                raise DataError(f"{where(path, number)}: expected at least {width} "
-                                f"tab-separated columns, found {len(fields)}")
             raw = fields[label_idx].strip()
             if lookup is not None:
                 if raw not in lookup:
-                    raise DataError(f"{where(path, number)}: label {raw!r} is not one of "
-                                    f"{', '.join(self.labels)}")
+                    raise self._unknown_label(path, number, raw)
                 labels.append(lookup[raw])
             else:
                 try:
@@ -172,15 +205,11 @@ class TsvTask(Task):
     def read_test(self, path: str) -> Rows:
         """A GLUE test file: header, index column, text columns, no label."""
         columns = list(self.test_text_columns or self.text_columns)
-        indices, width, rows = self._indices(path, read_tsv(path),
-                                             [self.test_index_column] + columns, header=True)
+        indices, rows = self._table(path, [self.test_index_column] + columns, header=True)
         id_idx, *text_idx = indices
         texts: List[List[str]] = [[] for _ in text_idx]
         ids = []
         for number, fields in rows:
-            if len(fields) < width:
-                raise DataError(f"{where(path, number)}: expected at least {width} "
-                                f"tab-separated columns, found {len(fields)}")
             ids.append(fields[id_idx].strip())
             for column, i in zip(texts, text_idx):
                 column.append(fields[i])
@@ -282,6 +311,9 @@ class TsvTask(Task):
         return {"label": tf.gather(tf.constant(list(self.labels)), ids), "label_id": ids,
                 "probabilities": probs}
 
+    def label_names(self):
+        return self.labels
+
     def assets(self):
         return {"labels.txt": "".join(f"{l}\n" for l in self.labels)} if self.labels else {}
 
@@ -334,20 +366,81 @@ def find_dir(data_dir: str, task: TsvTask) -> TsvTask:
     return task
 
 
+# A label inferred from the training file is suspect (a typo, a shifted column) when it
+# has fewer rows than 1% of the most common label's, or a single row while the most common
+# has at least RARE_SINGLETON_MIN. Only a warning: rare classes can be real.
+RARE_SHARE = 0.01
+RARE_SINGLETON_MIN = 10
+MAX_RARE_WARNINGS = 5
+
+
+def rare_labels(counts: Dict[str, int]) -> List[str]:
+    """The labels of `counts` (label -> rows) that the rule above flags, rarest first."""
+    if not counts:
+        return []
+    top = max(counts.values())
+    rare = [l for l, c in counts.items()
+            if c < RARE_SHARE * top or (c == 1 and top >= RARE_SINGLETON_MIN)]
+    return sorted(rare, key=lambda l: (counts[l], l))
+
+
+def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
+    """The sorted label set of the training file `path`; warns of rare labels (naming
+    each one's count and first line). An empty label is an error."""
+    indices, rows = task._table(path)
+    label_idx = indices[-1]
+    counts: Dict[str, int] = {}
+    first: Dict[str, int] = {}
+    for number, fields in rows:
+        raw = fields[label_idx].strip()
+        if not raw:
+            raise DataError(f"{where(path, number)}: empty label (column "
+                            f"{task.label_column!r})")
+        counts[raw] = counts.get(raw, 0) + 1
+        first.setdefault(raw, number)
+    if not counts:
+        raise DataError(f"{path}: no examples")
+    rare = rare_labels(counts)
+    if rare:
+        common = sorted(l for l in counts if l not in rare)
+        top = max(counts, key=lambda l: (counts[l], l))
+        for label in rare[:MAX_RARE_WARNINGS]:
+            logging.warning(
+                "Task %s: label %r has only %d of %d rows (first at %s; %r has %d): a typo "
+                "or a shifted column? If it is not a class, fix those rows or give the "
+                "labels with --labels=%s (then any other label is an error naming its line)",
+                task.name, label, counts[label], len(rows), where(path, first[label]), top,
+                counts[top], ",".join(common))
+        if len(rare) > MAX_RARE_WARNINGS:
+            logging.warning("Task %s: %d more rare labels in %s: %s", task.name,
+                            len(rare) - MAX_RARE_WARNINGS, path,
+                            ", ".join(rare[MAX_RARE_WARNINGS:]))
+    return tuple(sorted(counts))
+
+
 def tsv_task(name: str, text_columns: Sequence[str], label_column: str,
              labels: Optional[Sequence[str]], metric: str = "accuracy",
              data_dir: Optional[str] = None) -> TsvTask:
-    """A user TSV task (header names for the columns). labels None: read the label set
-    from the training file (sorted); labels () : regression."""
-    if labels is None:
-        if data_dir is None:
-            raise DataError(f"task {name}: give its labels or a data_dir to read them from")
-        probe = TsvTask(name, tuple(text_columns), label_column, labels=None)
-        path = probe._path(data_dir, probe.train_file)
-        indices, _, rows = probe._indices(path, read_tsv(path))
-        labels = sorted({f[indices[-1]].strip() for _, f in rows if len(f) > indices[-1]})
-    return TsvTask(name, tuple(text_columns), label_column,
-                   labels=tuple(labels) if labels else None, metric=metric)
+    """A user TSV task (header names for the columns; every row as many columns as the
+    header). labels None: read the label set from the training file (sorted), warn of rare
+    labels, and check the dev files that exist against it (a label the training file lacks
+    is an error naming its line); labels () : regression."""
+    task = TsvTask(name, tuple(text_columns), label_column,
+                   labels=tuple(labels) if labels else None, metric=metric,
+                   exact_columns=True)
+    if labels is not None:
+        return task
+    if data_dir is None:
+        raise DataError(f"task {name}: give its labels or a data_dir to read them from")
+    path = task._path(data_dir, task.train_file)
+    task = dataclasses.replace(task, labels=infer_labels(task, path), labels_from=path)
+    # Now rather than after tokenizing the training set; a missing dev file is reported
+    # where it is read.
+    for dev in task.dev_files:
+        dev_path = task._path(data_dir, dev)
+        if fileio.exists(dev_path):
+            task.read(dev_path)
+    return task
 
 
 def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[str] = (),

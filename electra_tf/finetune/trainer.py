@@ -8,20 +8,22 @@ saves its position and resumes from it.
 """
 
 import dataclasses
+import gc
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.training import distribute
+from electra_tf.training import distribute, lease
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
-from electra_tf.finetune.model import (FinetuningModel, init_encoder, layerwise_lr_multipliers,
-                                       make_head)
+from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
+                                       layerwise_lr_multipliers, make_head)
 from electra_tf.conversion import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.text import TextEncoder
@@ -29,6 +31,66 @@ from electra_tf.training.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
 from electra_tf.training.options import RunOptions
 from electra_tf.training.trainer import Trainer
+
+
+class ModelMismatchError(InitError):
+    """The init checkpoint holds a model of another size than the config: the message
+    names the first variable whose shapes differ (the CLI adds which --config to give)."""
+
+
+# How a restore into variables of other shapes reads: a name-based (TF1 / Hugging Face)
+# load, and an object-based `tf.train.Checkpoint.read`, whose error is a bare ValueError.
+_TF1_SHAPES = re.compile(r"(\S+): (?:checkpoint )?shape (\[[^\]]*\]) != variable shape "
+                         r"(\[[^\]]*\])")
+_OBJECT_SHAPES = re.compile(r"incompatible tensor with shape \(([^)]*)\) when attempting to "
+                            r"restore variable with shape \(([^)]*)\) and name ([^\s:]+)")
+
+
+def _shape_mismatch(message: str) -> Optional[Tuple[str, str, str]]:
+    """(variable, checkpoint shape, model shape) from a restore error, else None."""
+    match = _TF1_SHAPES.search(message)
+    if match:
+        return match.group(1), match.group(2), match.group(3)
+    match = _OBJECT_SHAPES.search(message)
+    if match:
+        dims = lambda text: f"[{', '.join(d.strip() for d in text.split(',') if d.strip())}]"
+        return match.group(3), dims(match.group(1)), dims(match.group(2))
+    return None
+
+
+def init_or_explain(encoder, init_checkpoint: str) -> str:
+    """`init_encoder`, with a restore into variables of other shapes (a config of another
+    size than the checkpoint's) raised as one ModelMismatchError line."""
+    # A failed object-based restore logs every unrestored value when it is deleted (as
+    # the traceback goes): after the CLI's one-line error, unless silenced meanwhile.
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    try:
+        try:
+            return init_encoder(encoder, init_checkpoint)
+        except ValueError as e:  # InitError included: the name-based loads wrap theirs
+            mismatch = _shape_mismatch(str(e))
+            if mismatch is None:
+                raise
+            tf_logger.setLevel("ERROR")
+        gc.collect()
+    finally:
+        tf_logger.setLevel(level)
+    name, theirs, ours = mismatch
+    config = encoder.config
+    raise ModelMismatchError(
+        f"--init_checkpoint {init_checkpoint} does not fit the model config: {name} is "
+        f"{theirs} in the checkpoint but {ours} in the model (hidden_size="
+        f"{config.hidden_size}, embedding_size={config.embedding_size}, "
+        f"num_hidden_layers={config.num_hidden_layers})")
+
+
+def check_writable(path: str, flag: str):
+    """Creates directory `path` and probes it with a small file, so that an output that
+    cannot be written fails at the start of a run, not after training."""
+    problem = fileio.writable_dir_problem(path)
+    if problem:
+        raise ConfigError(f"{flag}={path}: cannot write there: {problem}")
 
 
 def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
@@ -65,7 +127,7 @@ class Finetuner(Trainer):
             head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
             model = FinetuningModel(model_config, head)
             if init_checkpoint:
-                self.init_path = init_encoder(model.electra, init_checkpoint)
+                self.init_path = init_or_explain(model.electra, init_checkpoint)
             return model
 
         def build_optimizer():
@@ -165,7 +227,8 @@ def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
 
 
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
-                logdir: Optional[str] = None, profile_steps=None, chief: bool = True) -> None:
+                logdir: Optional[str] = None, profile_steps=None, chief: bool = True,
+                run_lease=None) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
     and on a preemption notice (then raises Preempted); resumes from `trial_dir` if it
     holds one, at the data position it had reached. TensorBoard scalars (and a
@@ -177,7 +240,7 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
                schedule(finetuner.cfg, finetuner.num_train_steps),
                writer=loop.summary_writer(logdir, chief and logdir is not None),
                profile_steps=profile_steps, profile_dir=logdir or "",
-               chief=chief and logdir is not None, what="trial")
+               chief=chief and logdir is not None, what="trial", lease=run_lease)
 
 
 def median_trial(scores: List[float]) -> int:
@@ -205,12 +268,27 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     with do_predict writes its test-set predictions to `<model_dir>/predictions/`
     (`write_predictions`). Returns the results dict."""
 
+    if cfg.max_seq_length > model_config.max_position_embeddings:
+        raise ConfigError(f"--max_seq_length={cfg.max_seq_length} exceeds the model's "
+                          f"max_position_embeddings={model_config.max_position_embeddings} "
+                          "(the longest input it has position embeddings for)")
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
     cfg = dataclasses.replace(cfg.resolved(model_config, task).check(),
                               precision=distribute.resolve_precision(cfg.precision, strategy))
     distribute.set_precision(cfg.precision)
     chief = distribute.is_chief(strategy)
+    # Outputs first: a directory that cannot be written fails now, not after training.
+    check_writable(options.model_dir, "--model_dir")
+    if options.export_dir and chief:
+        check_writable(options.export_dir, "--export_dir")
+    # One writer per run directory, from before its first write (training/lease.py).
+    with lease.hold(options.model_dir, writer=chief) as run_lease:
+        return _run(task, model_config, cfg, options, strategy, chief, run_lease)
+
+
+def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: RunOptions,
+         strategy, chief: bool, run_lease) -> Dict[str, Any]:
     encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
     if encoder.vocab_size != model_config.vocab_size:
         raise ConfigError(f"the vocabulary {encoder.vocab_path} has {encoder.vocab_size} "
@@ -226,7 +304,11 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                  train.name, ", ".join(f"{d.name}: {d.num_examples}" for d in evals),
                  steps, cfg.train_batch_size, cfg.num_train_epochs, cfg.learning_rate,
                  cfg.layerwise_lr_decay)
-    fileio.makedirs(options.model_dir)
+    labels = task.label_names()
+    if labels is not None:
+        logging.info("Task %s: %d labels (%s): %s", task.name, len(labels),
+                     f"read from {task.labels_from}" if task.labels_from else "given",
+                     ", ".join(labels))
     trials: List[Dict[str, float]] = []
     finetuner: Optional[Finetuner] = None
     for trial in range(cfg.num_trials):
@@ -246,17 +328,21 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         train_trial(finetuner, train, trial_dir, seed,
                     fileio.join(options.model_dir, "train", f"trial_{trial}"),
                     loop.parse_profile_steps(options.profile_steps) if trial == 0 else None,
-                    chief)
+                    chief, run_lease)
         metrics = _evaluate_all(finetuner, evals)
         metrics["seed"] = seed
         logging.info("Trial %d (seed %d) dev: %s", trial, seed,
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seed"))
         if chief:
+            run_lease.check()
             _write_json(result_path, metrics)
         trials.append(metrics)
     scores = [t[task.primary_metric] for t in trials]
     best = median_trial(scores)
+    labels = task.label_names()
     results = {"task": task.name, "metric": task.primary_metric,
+               "labels": list(labels) if labels is not None else None,
+               "labels_from": task.labels_from,
                "median": float(np.median(scores)), "scores": scores, "trials": trials,
                "median_trial": best, "num_train_steps": steps,
                "config": dataclasses.asdict(cfg), "init_checkpoint": options.init_checkpoint}
@@ -280,5 +366,6 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                                                   cfg.max_seq_length, options.export_dir)
             logging.info("Exported %s", results["export"])
     if chief:
+        run_lease.check()
         _write_json(os.path.join(options.model_dir, "results.json"), results)
     return results
