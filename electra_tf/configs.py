@@ -80,6 +80,18 @@ class ModelConfig:
         return dataclasses.replace(self, tie_embeddings=False, disentangled_embeddings=False)
 
     def check(self):
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
+                     "num_attention_heads", "intermediate_size", "max_position_embeddings",
+                     "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be at least 1")
+        for name in ("generator_hidden_size", "generator_layers", "initializer_range",
+                     "layer_norm_eps"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be > 0")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
                               f"model.num_attention_heads={self.num_attention_heads}")
@@ -250,6 +262,11 @@ class OptimizerConfig:
             raise ConfigError(f"optimizer.learning_rate={self.learning_rate} must be > 0")
 
 
+# The shortest pre-training sequence: two one-token segments and their three markers (the
+# builder's minimum too).
+MIN_SEQ_LENGTH = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Batching, length, steps, checkpoints and numerics of a run."""
@@ -276,6 +293,9 @@ class TrainConfig:
     on_bad_shard: str = "skip"  # skip | stop
 
     def check(self, model: ModelConfig):
+        if self.max_seq_length < MIN_SEQ_LENGTH:
+            raise ConfigError(f"max_seq_length={self.max_seq_length} must be at least "
+                              f"{MIN_SEQ_LENGTH} ([CLS] A [SEP] B [SEP])")
         if self.max_seq_length > model.max_position_embeddings:
             raise ConfigError(f"max_seq_length={self.max_seq_length} exceeds "
                               f"model.max_position_embeddings={model.max_position_embeddings}")

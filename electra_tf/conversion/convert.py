@@ -610,9 +610,25 @@ def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool
     return report.config, checkpoints.read_tf1(source), report.has_generator
 
 
+def _check_output(directory: str, what: str):
+    """The output directory of a command, probed before anything is read or converted."""
+    problem = fileio.writable_dir_problem(directory or ".")
+    if problem:
+        raise ConvertError(f"{what} {directory}: cannot write there ({problem})")
+
+
+# Where each command writes: (argument, whether it is a checkpoint prefix).
+_OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
+            "export-hf": ("out_dir", False), "import-hf": ("prefix", True)}
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in _OUTPUTS:
+            name, is_prefix = _OUTPUTS[args.command]
+            out = getattr(args, name)
+            _check_output(os.path.dirname(out) if is_prefix else out, name.upper())
         if args.command == "inspect":
             print("\n".join(inspect_tf1(args.checkpoint, args.num_heads).lines()))
         elif args.command == "import-tf1":
@@ -637,7 +653,7 @@ def main(argv=None) -> int:
             if unmapped:
                 print(f"unmapped ({len(unmapped)}): {', '.join(unmapped)}")
             print(checkpoints.write_tf1(arrays, args.prefix))
-    except (ConvertError, ConfigError) as e:
+    except (ConvertError, ConfigError, checkpoints.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
