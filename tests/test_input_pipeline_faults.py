@@ -389,8 +389,8 @@ def test_a_resume_reads_through_only_the_shards_it_opens(tmp_path, monkeypatch):
     # A wrong count in the group not yet open is not read (it is found when reached).
     _write_manifest(tmp_path, paths, [RECORDS + (p == second[0]) for p in paths])
     seen = []
-    real = ip.shard_problem
-    monkeypatch.setattr(ip, "shard_problem", lambda p, n=None: seen.append(p) or real(p, n))
+    real = ip.count_records
+    monkeypatch.setattr(ip, "count_records", lambda ps: seen.extend(ps) or real(ps))
     ip.make_dataset(_resume_cfg(tmp_path, 3))
     assert sorted(seen) == sorted(paths[i] for i in order.group_shards(0, 0))
 

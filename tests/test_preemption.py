@@ -102,6 +102,25 @@ def test_sigterm_is_a_notice_and_the_handler_is_restored(monkeypatch):
     assert str(e.value) == ("SIGTERM at step 7 of the trial: saved ckpt-1; rerun the same "
                             "command to resume")
     assert signal.getsignal(signal.SIGTERM) == previous
+    assert e.value.exit_code == preemption.PREEMPTED_EXIT_CODE == 75
+
+
+def test_ctrl_c_saves_and_exits_130_and_a_second_one_interrupts(monkeypatch):
+    monkeypatch.delenv(gce.METADATA_HOST_ENV, raising=False)
+    monkeypatch.setattr(gce, "on_gce", lambda: False)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    previous = signal.getsignal(signal.SIGINT)
+    saved = []
+    with preemption.PreemptionWatch(strategy) as watch:
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):  # the second: Python's own, at once
+            os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(preemption.Preempted) as e:
+            watch.stop_if_noticed(5, _saver(saved))
+    assert saved == ["ckpt-1"]
+    assert str(e.value) == "SIGINT at step 5: saved ckpt-1; rerun the same command to resume"
+    assert e.value.exit_code == preemption.INTERRUPTED_EXIT_CODE == 130
+    assert signal.getsignal(signal.SIGINT) == previous
 
 
 def test_maintenance_event_while_the_loop_runs(monkeypatch):

@@ -70,6 +70,50 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_the_same(
+        tmp_path, sample_build, caplog):
+    """The newest checkpoint truncated (a torn copy): the rerun names it, moves it to
+    damaged_checkpoints/, resumes from the one before and ends bit-identical to an
+    uninterrupted run; with every checkpoint damaged it stops, changing nothing."""
+    caplog.set_level("INFO")
+    data = sample_build[0]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain.run(_cfg(), _options(straight, data))
+    pretrain.run(_cfg(), _options(run, data))
+    newest = run / "ckpt-6.data-00000-of-00001"
+    size = newest.stat().st_size
+    with open(newest, "r+b") as f:
+        f.truncate(size // 2)
+    pretrain.run(_cfg(), _options(run, data))
+    assert f"the checkpoint {run}/ckpt-6 is damaged (ckpt-6.data-00000-of-00001 has " \
+        f"{size // 2} of its " in caplog.text
+    assert f"Resumed from {run}/ckpt-3 (step 3)" in caplog.text
+    aside = list((run / checkpoints.DAMAGED_DIR).iterdir())
+    assert len(aside) == 1 and (aside[0] / newest.name).stat().st_size == size // 2
+    a, b = _final_weights(straight), _final_weights(run)
+    assert a.keys() == b.keys() and len(a) > 20
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+    for prefix in ("ckpt-3", "ckpt-6"):
+        os.remove(run / f"{prefix}.index")
+    before = sorted(os.listdir(run))
+    with pytest.raises(checkpoints.CheckpointError, match=f"^no complete checkpoint in {run}: "
+                       "ckpt-6 \\(no ckpt-6.index\\); ckpt-3 \\(no ckpt-3.index\\)"):
+        pretrain.run(_cfg(num_train_steps=9), _options(run, data))
+    assert sorted(os.listdir(run)) == before
+
+
+def test_a_second_run_on_the_same_model_dir_stops_before_writing(tmp_path, sample_build):
+    from electra_tf.training import lease
+    run = tmp_path / "run"
+    with lease.RunLease(str(run)):  # another process's run, as its lease says
+        with pytest.raises(lease.LeaseError, match=f"^{run} is in use by another run: pid "
+                           f"{os.getpid()} on host "):
+            pretrain.run(_cfg(), _options(run, sample_build[0]))
+        assert sorted(os.listdir(run)) == [lease.LEASE_FILE]  # not even config.json
+
+
 def test_outputs_of_a_run(tmp_path, sample_build):
     out = tmp_path / "run"
     metrics = pretrain.run(_cfg(), _options(out, sample_build[0], do_eval=True,

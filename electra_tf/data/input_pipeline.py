@@ -856,11 +856,13 @@ def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: s
     if not listed:
         return
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(min(16, len(listed))) as pool:
-        problems = list(pool.map(lambda p: shard_problem(p, counts[p]), listed))
-    for path, problem in zip(listed, problems):
-        if problem is None or (counts[path] == 0 and problem.startswith("empty file")):
+    found = count_records(listed)  # in parallel, to the end or the first bad record
+    for path in listed:
+        if found[path] == counts[path]:
             continue
+        problem = f"holds {found[path]} records but manifest.json says {counts[path]}"
+        if found[path] < counts[path]:  # a read error, or a shard the manifest over-counts
+            problem = shard_problem(path, counts[path]) or problem
         if problem.startswith("holds "):  # read through: the manifest's count is wrong
             raise InputDataError(
                 f"{path}: {problem}; the resume position is computed from manifest.json's "

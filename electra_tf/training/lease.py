@@ -135,6 +135,7 @@ class RunLease:
             f"wait {wait:.0f} s for its lease to go stale) and rerun")
 
     def acquire(self) -> "RunLease":
+        fileio.makedirs(self.directory)
         now = time.time()
         other = read_holder(self.directory)
         if other is not None and other.token != self.holder.token:
