@@ -214,10 +214,21 @@ def read_checkpoint(prefix: str) -> Dict[str, "object"]:
             if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
+def newest_checkpoint(model_dir: str) -> Optional[str]:
+    """The checkpoint a rerun resumes from: the newest complete one, as the run finds it
+    (from the index and the data files' sizes, `checkpoints.newest_complete`), which
+    `checkpoint_problem` then confirms by reading every tensor."""
+    from electra_tf.training.checkpoints import newest_complete
+    return newest_complete(model_dir) if os.path.isdir(model_dir) else None
+
+
 def checkpoint_problem(model_dir: str) -> Optional[str]:
-    """None if the newest checkpoint in model_dir (if any) reads completely, else why."""
-    import tensorflow as tf
-    latest = tf.train.latest_checkpoint(model_dir)
+    """None if the newest complete checkpoint in model_dir (if any) reads completely, else
+    why."""
+    try:
+        latest = newest_checkpoint(model_dir)
+    except ValueError as e:  # checkpoint files, none complete
+        return str(e)
     if latest is None:
         return None
     try:
@@ -228,8 +239,7 @@ def checkpoint_problem(model_dir: str) -> Optional[str]:
 
 
 def latest_step(model_dir: str) -> int:
-    import tensorflow as tf
-    latest = tf.train.latest_checkpoint(model_dir)
+    latest = newest_checkpoint(model_dir)
     return int(CKPT_NUM_RE.search(os.path.basename(latest)).group(1)) if latest else 0
 
 
