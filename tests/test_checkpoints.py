@@ -281,6 +281,15 @@ def test_newest_complete_skips_and_sets_aside_a_damaged_newest(tmp_path, damage,
     # Now the step can be written again, and a second look finds nothing wrong.
     assert checkpoints.newest_complete(root, set_aside=True) == str(tmp_path / "ckpt-4")
     assert len(list((tmp_path / checkpoints.DAMAGED_DIR).iterdir())) == 1
+    # A manager on the rewritten state keeps managing the older checkpoints: saving two more
+    # with max_to_keep=2 deletes ckpt-2 and ckpt-4 (a listed checkpoint without a
+    # timestamp would be kept for good).
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), root, max_to_keep=2)
+    for s in (6, 8):
+        manager.save(checkpoint_number=s)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.index")) == ["ckpt-6.index",
+                                                                     "ckpt-8.index"]
 
 
 def test_no_complete_checkpoint_is_an_error_listing_them(tmp_path):

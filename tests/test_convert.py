@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,8 @@ from electra_tf.conversion import convert
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
+
+from conftest import REPO
 
 TINY = ModelConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
                    num_attention_heads=1, intermediate_size=64, max_position_embeddings=24,
@@ -345,8 +348,46 @@ def test_transformers_bert_as_our_encoder(tmp_path):
 
 
 # transformers 5.x dropped its TF-checkpoint loader; 4.x lives in a side directory that
-# only a subprocess puts on its path (tests/legacy-transformers.txt).
+# only a subprocess puts on its path (tests/legacy-transformers.txt), installed there by the
+# fixture below on first use (once per virtual environment).
 LEGACY_TRANSFORMERS = os.path.join(sys.prefix, "legacy-transformers")
+LEGACY_REQUIREMENTS = os.path.join(REPO, "tests", "legacy-transformers.txt")
+# pip's messages when the package registry cannot be reached (the one reason to skip).
+_OFFLINE = ("Could not find a version that satisfies", "No matching distribution",
+            "NewConnectionError", "Failed to establish a new connection",
+            "Temporary failure in name resolution", "Network is unreachable")
+
+
+def _legacy_transformers_ready() -> bool:
+    return os.path.isdir(os.path.join(LEGACY_TRANSFORMERS, "transformers"))
+
+
+@pytest.fixture(scope="session")
+def legacy_transformers():
+    """The side directory holding transformers 4.x, installed with pip on first use into
+    a temporary sibling renamed into place (an interrupted install leaves nothing that
+    looks complete). Skips only when the package registry cannot be reached."""
+    if _legacy_transformers_ready():
+        return LEGACY_TRANSFORMERS
+    staging = f"{LEGACY_TRANSFORMERS}.{os.getpid()}.tmp"  # local test scaffolding
+    shutil.rmtree(staging, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--disable-pip-version-check", "--target", staging,
+                           "-r", LEGACY_REQUIREMENTS], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        if any(needle in proc.stderr for needle in _OFFLINE):
+            pytest.skip("transformers 4.x could not be installed (package registry "
+                        f"unreachable): {proc.stderr.strip().splitlines()[-1]}")
+        raise AssertionError(f"pip install -r {LEGACY_REQUIREMENTS} failed:\n"
+                             f"{proc.stderr[-3000:]}")
+    try:
+        os.rename(staging, LEGACY_TRANSFORMERS)
+    except OSError:  # another test process finished the same install first
+        shutil.rmtree(staging, ignore_errors=True)
+    assert _legacy_transformers_ready(), LEGACY_TRANSFORMERS
+    return LEGACY_TRANSFORMERS
 _LEGACY_LOAD = r"""
 import contextlib, io, json, sys
 import torch
@@ -379,12 +420,8 @@ for part, hf_dir, out in job["parts"]:
 """
 
 
-@pytest.mark.skipif(not os.path.isdir(LEGACY_TRANSFORMERS), reason=(
-    f"transformers 4.x (its load_tf_weights_in_electra) is not in {LEGACY_TRANSFORMERS}; "
-    f"install it with: python -m pip install -q --no-deps --target {LEGACY_TRANSFORMERS} "
-    "-r tests/legacy-transformers.txt"))
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-def test_tf1_export_loads_in_transformers_tf_loader(tmp_path):
+def test_tf1_export_loads_in_transformers_tf_loader(tmp_path, legacy_transformers):
     """Our TF1 export (the CLI's export-tf1 from a training model_dir, Adam slots included)
     read by transformers 4.x's own load_tf_weights_in_electra: every weight of
     ElectraForPreTraining / ElectraForMaskedLM found, the same tensors as our safetensors
@@ -403,7 +440,7 @@ def test_tf1_export_loads_in_transformers_tf_loader(tmp_path):
            "attention_mask": mask.tolist(), "token_type_ids": seg.tolist()}
     env = dict(os.environ, USE_TF="0", USE_TORCH="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(
-                   p for p in (LEGACY_TRANSFORMERS, os.environ.get("PYTHONPATH")) if p))
+                   p for p in (legacy_transformers, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, "-c", _LEGACY_LOAD, json.dumps(job)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -10,6 +10,7 @@ import datetime
 import os
 import re
 import struct
+import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -223,7 +224,7 @@ def newest_complete(directory: str, what: str = "", set_aside: bool = False
     if damaged and set_aside:  # the state file named a checkpoint that is now aside
         gone = {bad.prefix for bad, _ in damaged}
         write_checkpoint_state(directory, [os.path.basename(c.prefix) for c in reversed(found)
-                                           if c.prefix not in gone])
+                                           if c.prefix not in gone], managed=True)
     return candidate.prefix
 
 
@@ -315,11 +316,17 @@ def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
     return prefix
 
 
-def write_checkpoint_state(directory: str, names: Sequence[str]):
+def write_checkpoint_state(directory: str, names: Sequence[str], managed: bool = False):
     """The `checkpoint` state file of `directory` (atomically): `names` (prefixes relative
-    to it), oldest first; the last is the latest."""
+    to it), oldest first; the last is the latest. `managed` (training checkpoints): each
+    gets a timestamp (now, in order), since a CheckpointManager treats a listed checkpoint
+    without one as preserved for good and would never delete it under max_to_keep."""
+    now = time.time()
     state = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
         f'all_model_checkpoint_paths: "{name}"\n' for name in names)
+    if managed:
+        state += "".join(f"all_model_checkpoint_timestamps: {now - (len(names) - i) / 1e3:.6f}"
+                         "\n" for i in range(1, len(names) + 1))
     fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
 
 
