@@ -75,7 +75,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_the_same(
     """The newest checkpoint truncated (a torn copy): the rerun names it, moves it to
     damaged_checkpoints/, resumes from the one before and ends bit-identical to an
     uninterrupted run; with every checkpoint damaged it stops, changing nothing."""
-    caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="absl")
     data = sample_build[0]
     straight, run = tmp_path / "straight", tmp_path / "run"
     pretrain.run(_cfg(), _options(straight, data))

@@ -135,13 +135,14 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
 def _run(cfg: PretrainingConfig, options: RunOptions, strategy, chief: bool, files,
          eval_files, special, counts, profile_steps, run_lease) -> Dict[str, float]:
     tc = cfg.train
-    if chief:  # a rename (a whole-object upload on a bucket): never a torn config.json
-        fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
-
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     manager = loop.open_checkpoints(trainer, options.model_dir,
                                     distribute.worker_dir(options.model_dir, strategy),
                                     max_to_keep=tc.keep_checkpoint_max, clean=chief)
+    # After the checkpoints are resolved (a directory none of whose checkpoints is
+    # complete stops the run unchanged); a rename, so never a torn config.json.
+    if chief:
+        fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
     if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
         source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
         logging.info("Fixed generator (forward only) from %s", source)
