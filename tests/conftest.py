@@ -31,6 +31,21 @@ WIKI = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
 NEWS = os.path.join(REPO, "data", "corpus", "lee_news_sample.txt")
 
 
+def write(path, text):
+    """A small test input file (local), its directories made."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def finetune_tiny_model():
+    """The one-layer, 32-wide model of the fine-tuning tests (BERT's vocabulary)."""
+    from electra_tf.configs import ModelConfig
+    return ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32,
+                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       max_position_embeddings=32)
+
+
 @pytest.fixture(scope="session")
 def sample_build(tmp_path_factory):
     """The bundled Wikipedia sample built with the defaults (length 128, 16 shards)."""

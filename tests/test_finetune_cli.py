@@ -10,19 +10,13 @@ import types
 import pytest
 import tensorflow as tf
 
-from electra_tf.configs import ConfigError, ModelConfig
+from electra_tf.configs import ConfigError
 from electra_tf.finetune import cli
 from electra_tf.finetune.model import InitError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,
-                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
+from conftest import REPO, finetune_tiny_model, write
 
-
-def write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+TINY = finetune_tiny_model()
 
 
 @pytest.fixture(scope="module")

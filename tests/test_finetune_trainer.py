@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.configs import ModelConfig
 from electra_tf.conversion import export as export_lib
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
@@ -19,16 +18,10 @@ from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import FinetuneConfig, median_trial, pad_rows, run
 from ram_paths import forget
 
+from conftest import REPO, finetune_tiny_model, write
+
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,
-                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
-
-
-def write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+TINY = finetune_tiny_model()
 
 
 @pytest.fixture(scope="module")
