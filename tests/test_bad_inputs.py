@@ -455,14 +455,19 @@ def test_ctrl_c_saves_a_checkpoint_exits_130_and_the_rerun_resumes(tmp_path, bas
 # ------------------------------------------------------------------- 4. the builder
 
 
-def test_builder_with_more_shards_than_examples_writes_every_shard(tmp_path):
-    out = str(tmp_path / "b")
-    done = _run(BUILDER, f"--input={NEWS}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
-                "--num_shards=1000", "--num_workers=1")
+def _build(corpus, out, num_shards):
+    """A one-worker build that must succeed -> (the process, its manifest)."""
+    done = _run(BUILDER, f"--input={corpus}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
+                f"--num_shards={num_shards}", "--num_workers=1")
     assert done.returncode == 0, _tail(done)
     assert "Traceback" not in done.stderr
     with open(os.path.join(out, "manifest.json")) as f:
-        manifest = json.load(f)
+        return done, json.load(f)
+
+
+def test_builder_with_more_shards_than_examples_writes_every_shard(tmp_path):
+    out = str(tmp_path / "b")
+    done, manifest = _build(NEWS, out, 1000)
     shards = manifest["shards"]
     names = [f"pretrain_data.tfrecord-{i:05d}-of-01000" for i in range(1000)]
     assert [s["name"] for s in shards] == names
@@ -493,12 +498,7 @@ def test_builder_on_binary_input_says_how_many_lines_it_skipped_and_why(tmp_path
         with open(path, "wb") as f:
             f.write(MIXED)
     out = str(tmp_path / "b")
-    done = _run(BUILDER, f"--input={path}", f"--vocab_file={VOCAB}", f"--output_dir={out}",
-                "--num_shards=2", "--num_workers=1")
-    assert done.returncode == 0, _tail(done)
-    assert "Traceback" not in done.stderr
-    with open(os.path.join(out, "manifest.json")) as f:
-        manifest = json.load(f)
+    done, manifest = _build(path, out, 2)
     counted = manifest["skipped_lines"]
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout

@@ -85,10 +85,16 @@ def _saver(paths):
     return save
 
 
-def test_sigterm_is_a_notice_and_the_handler_is_restored(monkeypatch):
+@pytest.fixture
+def off_gce(monkeypatch):
+    """A one-device strategy on a host that is not a GCE VM (signals are the only source)."""
     monkeypatch.delenv(gce.METADATA_HOST_ENV, raising=False)
     monkeypatch.setattr(gce, "on_gce", lambda: False)
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def test_sigterm_is_a_notice_and_the_handler_is_restored(off_gce):
+    strategy = off_gce
     previous = signal.getsignal(signal.SIGTERM)
     saved = []
     with preemption.PreemptionWatch(strategy, what="trial") as watch:
@@ -105,10 +111,8 @@ def test_sigterm_is_a_notice_and_the_handler_is_restored(monkeypatch):
     assert e.value.exit_code == preemption.PREEMPTED_EXIT_CODE == 75
 
 
-def test_ctrl_c_saves_and_exits_130_and_a_second_one_interrupts(monkeypatch):
-    monkeypatch.delenv(gce.METADATA_HOST_ENV, raising=False)
-    monkeypatch.setattr(gce, "on_gce", lambda: False)
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+def test_ctrl_c_saves_and_exits_130_and_a_second_one_interrupts(off_gce):
+    strategy = off_gce
     previous = signal.getsignal(signal.SIGINT)
     saved = []
     with preemption.PreemptionWatch(strategy) as watch:
