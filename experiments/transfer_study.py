@@ -1,0 +1,341 @@
+"""Does pre-training help a few-label task at this machine's compute? (issue 30)
+
+One task, fine-tuned the same way from every starting point: `--num_labels` sentences (a
+seeded sample of the movie-snippets training split, `experiments/movie_snippets.py`) and
+its 2,000-sentence dev set, `--seeds` fine-tuning seeds, `--epochs` epochs at length 64,
+the default recipe (lr 3e-4, layer-wise decay 0.8). The starting points (`SETTINGS`):
+random initialisation, and tiny-preset pre-trainings that vary what a user can vary:
+learning rate, steps, corpus (the task's own text, the bundled Wikipedia sample, both),
+the objective (ELECTRA or BERT's MLM) and the discriminator's loss weight. A setting with
+several `points` fine-tunes the checkpoints its one run saved at those steps (the budget
+curve).
+
+    python experiments/movie_snippets.py --out_dir=cache/movie_snippets
+    python experiments/transfer_study.py --data_dir=cache/movie_snippets    # every setting
+    python experiments/transfer_study.py ... --settings=none,electra_lr3e-4  # some
+    python experiments/transfer_study.py ... --report_only                  # the table
+
+Writes OUT (`--out_dir`, default experiments/results/transfer_movies_500): `report.md`
+(the table: each row's pre-training steps, minutes, train FLOPs, final training metrics,
+the starting network's attention entropy, the dev accuracy of every seed with its mean and
+range, and where the seeds stand against the no-pre-training row), `results.json`, and
+under OUT/work (not committed) the data, runs and logs. Finished jobs leave DONE.json and
+are skipped by a rerun; trial checkpoints are deleted once scored.
+"""
+
+import collections
+import importlib.util
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import electra_tf  # noqa: E402,F401  (first: the version check)
+
+from electra_tf import configs, fileio  # noqa: E402
+from electra_tf.pretraining import flops  # noqa: E402
+
+
+def _load_compute_matched():
+    spec = importlib.util.spec_from_file_location(
+        "compute_matched", os.path.join(REPO, "experiments", "compute_matched.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_cm = _load_compute_matched()
+ExperimentError = _cm.ExperimentError
+run_logged, last_error, read_json, machine = (_cm.run_logged, _cm.last_error, _cm.read_json,
+                                              _cm.machine)
+
+PRESET = "tiny"
+MAX_SEQ_LENGTH = 64
+DONE = "DONE.json"
+LR = "optimizer.learning_rate"
+BERT = {"objective.objective": "mlm", "objective.mask_token_prob": "0.8",
+        "objective.random_token_prob": "0.1"}
+
+# name -> corpus (movies: the task's training text, 8,568 sentences, labels unused; wiki:
+# the bundled Wikipedia sample; both), config overrides, steps, the steps fine-tuned.
+Setting = collections.namedtuple("Setting", "corpus overrides steps points what")
+SETTINGS = collections.OrderedDict([
+    ("none", Setting(None, {}, 0, [0], "no pre-training (random initialisation)")),
+    ("electra_preset", Setting("movies", {}, 2000, [2000],
+                               "ELECTRA, the tiny preset as shipped before (lr 1e-3)")),
+    ("electra_preset_seed2", Setting("movies", {"train.seed": "2"}, 2000, [2000],
+                                     "as electra_preset, pre-training seed 2")),
+    ("electra_preset_official_masking", Setting(
+        "movies", {"objective.mask_with_replacement": "true"}, 2000, [2000],
+        "as electra_preset, the official masked-position draw (with replacement)")),
+    ("electra_lr3e-4", Setting("movies", {LR: "3e-4"}, 6000, [250, 500, 1000, 2000, 4000, 6000],
+                               "ELECTRA, lr 3e-4")),
+    ("bert_mlm_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 2000, [1000, 2000],
+                                "BERT's MLM, lr 3e-4")),
+    ("electra_lr3e-4_wiki", Setting("wiki", {LR: "3e-4"}, 2000, [2000],
+                                    "ELECTRA, lr 3e-4, Wikipedia sample")),
+    ("electra_lr1e-3_warmup1k", Setting("movies", {LR: "1e-3", "optimizer.warmup_steps": "1000"},
+                                        2000, [2000], "ELECTRA, lr 1e-3, warm-up 1,000 steps")),
+    ("bert_mlm_preset", Setting("movies", dict(BERT), 2000, [2000], "BERT's MLM, lr 1e-3")),
+    ("electra_disc10", Setting("movies", {LR: "3e-4", "objective.disc_weight": "10"}, 2000,
+                               [2000], "ELECTRA, lr 3e-4, discriminator weight 10")),
+    ("electra_lr1e-4", Setting("movies", {LR: "1e-4"}, 2000, [2000], "ELECTRA, lr 1e-4")),
+    ("electra_lr3e-4_both", Setting("both", {LR: "3e-4"}, 2000, [2000],
+                                    "ELECTRA, lr 3e-4, task text + Wikipedia sample")),
+])
+
+
+def check_setting(name: str, s: Setting):
+    """A setting's points are saved by one run: each a multiple of the first (the
+    checkpoint interval) and none past its steps; its overrides are valid config keys."""
+    if s.steps == 0:
+        if s.points != [0] or s.corpus is not None:
+            raise ExperimentError(f"{name}: a setting without pre-training has points [0]")
+        return
+    if any(p % min(s.points) or p > s.steps for p in s.points):
+        raise ExperimentError(f"{name}: points {s.points} must be multiples of "
+                              f"{min(s.points)} and at most {s.steps}")
+    try:
+        configs.load_config(PRESET, dict(s.overrides))
+    except configs.ConfigError as e:
+        raise ExperimentError(f"{name}: {e}") from None
+
+
+def parse_args(argv):
+    p = _cm._Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--data_dir", default="cache/movie_snippets",
+                   help="experiments/movie_snippets.py's output (polarity/{train,dev}.tsv)")
+    p.add_argument("--out_dir", default=os.path.join(REPO, "experiments", "results",
+                                                     "transfer_movies_500"))
+    p.add_argument("--work_dir", default=None, help="Data, runs and logs (default OUT/work)")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--num_labels", type=int, default=500)
+    p.add_argument("--label_seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--report_only", action="store_true")
+    args = p.parse_args(argv)
+    args.work_dir = args.work_dir or os.path.join(args.out_dir, "work")
+    unknown = [s for s in args.settings.split(",") if s not in SETTINGS]
+    if unknown:
+        p.error(f"--settings: unknown {unknown}; known: {', '.join(SETTINGS)}")
+    for name in args.settings.split(","):
+        check_setting(name, SETTINGS[name])
+    return args
+
+
+def few_label_task(args) -> str:
+    """WORK/task/polarity/{train,dev}.tsv: `num_labels` seeded training rows, the whole dev."""
+    task = os.path.join(args.work_dir, "task")
+    train_out = os.path.join(task, "polarity", "train.tsv")
+    if fileio.exists(train_out):
+        return task
+    lines = fileio.read_bytes(os.path.join(args.data_dir, "polarity", "train.tsv")) \
+        .decode("utf-8").splitlines()
+    header, rows = lines[0], lines[1:]
+    if args.num_labels > len(rows):
+        raise ExperimentError(f"--num_labels={args.num_labels}: the training split has "
+                              f"{len(rows)} rows")
+    sample = random.Random(args.label_seed).sample(rows, args.num_labels)
+    fileio.makedirs(os.path.join(task, "polarity"))
+    dev = fileio.read_bytes(os.path.join(args.data_dir, "polarity", "dev.tsv"))
+    fileio.write_atomic(os.path.join(task, "polarity", "dev.tsv"), dev)
+    fileio.write_atomic(train_out, "\n".join([header] + sample) + "\n")
+    return task
+
+
+def corpus_data(args, corpus: str) -> str:
+    """--train_data for `corpus`, built at length 64 on first use."""
+    parts = {"movies": ["movies"], "wiki": ["wiki"], "both": ["movies", "wiki"]}[corpus]
+    return ",".join(_build(args, part) for part in parts)
+
+
+def _build(args, part: str) -> str:
+    out = os.path.join(args.work_dir, "data", f"{part}-seq{MAX_SEQ_LENGTH}")
+    if fileio.exists(os.path.join(out, "manifest.json")):
+        return out
+    cmd = [sys.executable, "-m", "tfrecord_builder", "build", f"--output_dir={out}",
+           f"--max_seq_length={MAX_SEQ_LENGTH}", "--num_shards=4"]
+    if part == "movies":  # the training split's sentences, labels dropped
+        text = os.path.join(args.work_dir, "data", "movies_train.txt")
+        fileio.makedirs(os.path.dirname(text))
+        rows = fileio.read_bytes(os.path.join(args.data_dir, "polarity", "train.tsv")) \
+            .decode("utf-8").splitlines()[1:]
+        fileio.write_atomic(text, "\n".join(r.split("\t")[0] for r in rows) + "\n")
+        cmd.append(f"--input={text}")
+    if run_logged(cmd, os.path.join(args.work_dir, "logs", f"build_{part}.log")):
+        raise ExperimentError(f"building {out} failed (log: {args.work_dir}/logs)")
+    return out
+
+
+LOG_LINE = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+)(.*)")
+
+
+def last_metrics(log_path: str) -> Dict[str, float]:
+    """The metrics of the last `step N/N | loss ...` line of a training log."""
+    try:
+        text = fileio.read_bytes(log_path).decode("utf-8", errors="replace")
+    except Exception:  # noqa: BLE001  (a missing log: no metrics)
+        return {}
+    found: Dict[str, float] = {}
+    for line in text.splitlines():
+        m = LOG_LINE.search(line)
+        if m:
+            found = {"step": int(m.group(1)), "loss": float(m.group(3))}
+            for key, value in re.findall(r"(\w+) (-?[\d.]+(?:e-?\d+)?)\b", m.group(4)):
+                if key in ("mlm_loss", "mlm_acc", "disc_loss", "disc_acc", "disc_auc"):
+                    found[key] = float(value)
+    return found
+
+
+def trial_losses(log_path: str) -> List[float]:
+    """Each fine-tuning trial's training loss at its last logged step."""
+    losses, last = [], None
+    try:
+        text = fileio.read_bytes(log_path).decode("utf-8", errors="replace")
+    except Exception:  # noqa: BLE001
+        return []
+    for line in text.splitlines():
+        m = LOG_LINE.search(line)
+        if m:
+            last = (int(m.group(1)), int(m.group(2)), float(m.group(3)))
+            if last[0] == last[1]:
+                losses.append(last[2])
+    return losses
+
+
+def pretrain(args, name: str, s: Setting) -> Optional[dict]:
+    run = os.path.join(args.work_dir, "pretrain", name)
+    marker = read_json(os.path.join(run, DONE))
+    if marker:
+        return marker
+    overrides = dict(s.overrides)
+    overrides.update({"train.num_train_steps": str(s.steps),
+                      "train.max_seq_length": str(MAX_SEQ_LENGTH),
+                      "train.save_checkpoints_steps": str(min(s.points)),
+                      "train.keep_checkpoint_max": "100"})
+    cmd = [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--config={PRESET}",
+           f"--model_dir={run}", f"--train_data={corpus_data(args, s.corpus)}",
+           "--params_override=" + ",".join(f"{k}={v}" for k, v in overrides.items())]
+    log = os.path.join(args.work_dir, "logs", f"pretrain_{name}.log")
+    print(f"transfer_study: pre-training {name} ({s.steps} steps) ...", flush=True)
+    t0 = time.monotonic()
+    rc = run_logged(cmd, log)
+    if rc:
+        print(f"transfer_study: {name}: FAILED: {last_error(log)}", flush=True)
+        return None
+    cfg = configs.load_config(PRESET, dict(overrides))
+    marker = {"seconds": time.monotonic() - t0, "metrics": last_metrics(log),
+              "train_flops_per_step": flops.count_config(cfg, flops.PAPER).train_per_step()["total"],
+              "overrides": overrides, "corpus": s.corpus}
+    fileio.write_json_atomic(os.path.join(run, DONE), marker, sort_keys=True)
+    return marker
+
+
+def finetune(args, name: str, step: int) -> Optional[dict]:
+    out = os.path.join(args.work_dir, "finetune", name, f"step{step}")
+    marker = read_json(os.path.join(out, DONE))
+    if marker:
+        return marker
+    init = ["--init_checkpoint=none", f"--config={PRESET}"] if step == 0 else [
+        "--init_checkpoint=" + os.path.join(args.work_dir, "pretrain", name, f"ckpt-{step}")]
+    cmd = [sys.executable, os.path.join(REPO, "run_finetuning.py"), "--task=polarity",
+           f"--data_dir={few_label_task(args)}", f"--model_dir={out}",
+           f"--num_trials={args.seeds}", f"--num_train_epochs={args.epochs}",
+           f"--max_seq_length={MAX_SEQ_LENGTH}"] + init
+    log = os.path.join(args.work_dir, "logs", f"finetune_{name}_step{step}.log")
+    print(f"transfer_study: fine-tuning {name} step {step} ...", flush=True)
+    t0 = time.monotonic()
+    rc = run_logged(cmd, log)
+    results = read_json(os.path.join(out, "results.json"))
+    if rc or not results:
+        print(f"transfer_study: {name} step {step}: FAILED: {last_error(log)}", flush=True)
+        return None
+    marker = {"seconds": time.monotonic() - t0, "scores": results["scores"],
+              "train_losses": trial_losses(log)}
+    fileio.write_json_atomic(os.path.join(out, DONE), marker, sort_keys=True)
+    _cm.drop_trial_checkpoints(out)
+    return marker
+
+
+def collect(args) -> Dict:
+    rows = []
+    for name, s in SETTINGS.items():
+        pm = read_json(os.path.join(args.work_dir, "pretrain", name, DONE)) or {}
+        for step in s.points:
+            fm = read_json(os.path.join(args.work_dir, "finetune", name, f"step{step}", DONE))
+            if not fm:
+                continue
+            per_step = pm.get("train_flops_per_step", 0.0)
+            rows.append({"setting": name, "what": s.what, "corpus": s.corpus, "step": step,
+                         "pretrain_steps": s.steps, "pretrain_seconds": pm.get("seconds"),
+                         "flops": per_step * step, "final_metrics": pm.get("metrics", {}),
+                         "scores": fm["scores"], "train_losses": fm.get("train_losses", [])})
+    return {"rows": rows, "num_labels": args.num_labels, "seeds": args.seeds,
+            "epochs": args.epochs}
+
+
+def render(results: Dict, command: str) -> str:
+    rows = results["rows"]
+    base = next((r["scores"] for r in rows if r["setting"] == "none"), None)
+    out = ["# Few-label transfer: does pre-training help at this compute?", "",
+           f"Command: `{command}`", "", f"Machine: {machine()}", "",
+           f"Task: {results['num_labels']} labelled movie snippets, 2,000-sentence dev set "
+           f"(majority 0.5125), {results['epochs']} epochs at length {MAX_SEQ_LENGTH}, "
+           f"{results['seeds']} fine-tuning seeds, lr 3e-4, layer-wise decay 0.8.", "",
+           "| setting | corpus | step | train FLOPs | pre-train min (whole run) | final disc AUC / "
+           "MLM acc | fine-tuning train loss | dev accuracy: mean (min-max) | vs none |",
+           "|---|---|---:|---:|---:|---|---|---|---|"]
+    for r in rows:
+        m = r["final_metrics"]
+        sc = r["scores"]
+        mean = statistics.fmean(sc)
+        vs = _cm.separation(sc, base) if base and r["setting"] != "none" else "—"
+        intr = "—" if not m else (f"{m.get('disc_auc', float('nan')):.3f} / "
+                                  f"{m.get('mlm_acc', float('nan')):.3f}")
+        mins = "—" if r["pretrain_seconds"] is None else f"{r['pretrain_seconds'] / 60:.1f}"
+        losses = ", ".join(f"{x:.3f}" for x in r["train_losses"]) or "—"
+        out.append(f"| {r['setting']}: {r['what']} | {r['corpus'] or '—'} | {r['step']} | "
+                   f"{r['flops']:.2e} | {mins} | {intr} | {losses} | "
+                   f"{mean:.4f} ({min(sc):.4f}-{max(sc):.4f}) | {vs} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv if argv is not None else sys.argv[1:])
+    command = "python experiments/transfer_study.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    failed = 0
+    if not args.report_only:
+        few_label_task(args)
+        for name in args.settings.split(","):
+            s = SETTINGS[name]
+            if s.steps and pretrain(args, name, s) is None:
+                failed += 1
+                continue
+            for step in s.points:
+                failed += finetune(args, name, step) is None
+    results = collect(args)
+    fileio.makedirs(args.out_dir)
+    fileio.write_json_atomic(os.path.join(args.out_dir, "results.json"), results,
+                             sort_keys=True)
+    fileio.write_atomic(os.path.join(args.out_dir, "report.md"), render(results, command))
+    print(render(results, command))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ExperimentError as e:
+        print(f"transfer_study: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,117 @@
+"""experiments/transfer_study.py without training: its settings, the few-label sample, the
+log parsing and the table."""
+
+import os
+
+import pytest
+
+from conftest import write
+from electra_tf import fileio
+import experiment_scripts
+
+ts = experiment_scripts.load("transfer_study")
+
+PRETRAIN_LOG = """\
+I1126 loop.py:316] step 1950/2000 | loss 24.4101 | mlm_loss 6.0363 mlm_acc 0.1739 | disc_loss 0.3675 disc_acc 0.8761 disc_auc 0.5609 replaced 0.126 | lr 2.5e-05 | 112.2 seq/s | ETA 0:00:14
+I1126 loop.py:316] step 2000/2000 | loss 24.3969 | mlm_loss 6.0102 mlm_acc 0.1771 | disc_loss 0.3671 disc_acc 0.8766 disc_auc 0.5593 replaced 0.125 | lr 0 | 110.0 seq/s | ETA 0:00:00
+"""
+
+FINETUNE_LOG = """\
+] step 100/157 | loss 0.6012 | lr 0.0001 | 250.0 seq/s | ETA 0:00:05
+] step 157/157 | loss 0.4443 | lr 0 | 122.5 seq/s | ETA 0:00:00
+] step 157/157 | loss 0.3192 | lr 0 | 251.8 seq/s | ETA 0:00:00
+] step 50/157 | loss 0.7001 | lr 0.0002 | 251.8 seq/s | ETA 0:00:09
+] step 157/157 | loss 0.0033 | lr 0 | 265.9 seq/s | ETA 0:00:00
+"""
+
+
+def test_every_setting_is_valid_and_none_comes_first():
+    assert list(ts.SETTINGS)[0] == "none"
+    for name, s in ts.SETTINGS.items():
+        ts.check_setting(name, s)  # raises on a bad point or override
+
+
+@pytest.mark.parametrize("setting, message", [
+    (ts.Setting("movies", {}, 1000, [300, 500], "x"), "multiples of 300"),
+    (ts.Setting("movies", {}, 1000, [500, 1500], "x"), "at most 1000"),
+    (ts.Setting("movies", {"optimizer.no_such_knob": "1"}, 1000, [1000], "x"), "no_such_knob"),
+    (ts.Setting(None, {}, 0, [100], "x"), r"points \[0\]"),
+])
+def test_a_bad_setting_is_refused_by_name(setting, message):
+    with pytest.raises(ts.ExperimentError, match="bad: .*" + message):
+        ts.check_setting("bad", setting)
+
+
+def test_the_last_logged_step_gives_the_pretraining_metrics(tmp_path):
+    write(str(tmp_path / "p.log"), PRETRAIN_LOG)
+    assert ts.last_metrics(str(tmp_path / "p.log")) == {
+        "step": 2000, "loss": 24.3969, "mlm_loss": 6.0102, "mlm_acc": 0.1771,
+        "disc_loss": 0.3671, "disc_acc": 0.8766, "disc_auc": 0.5593}
+    assert ts.last_metrics(str(tmp_path / "missing.log")) == {}
+
+
+def test_each_trials_final_training_loss_is_read(tmp_path):
+    write(str(tmp_path / "f.log"), FINETUNE_LOG)
+    assert ts.trial_losses(str(tmp_path / "f.log")) == [0.4443, 0.3192, 0.0033]
+
+
+def _task(tmp_path, rows=20):
+    data = tmp_path / "data"
+    write(str(data / "polarity" / "train.tsv"),
+          "sentence\tlabel\n" + "".join(f"line {i}\t{i % 2}\n" for i in range(rows)))
+    write(str(data / "polarity" / "dev.tsv"), "sentence\tlabel\ndev one\t1\n")
+    return data
+
+
+def _args(tmp_path, data, **kw):
+    return ts.parse_args([f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}"] +
+                         [f"--{k}={v}" for k, v in kw.items()])
+
+
+def test_the_few_label_task_is_a_seeded_sample_with_the_whole_dev_set(tmp_path):
+    data = _task(tmp_path)
+    task = ts.few_label_task(_args(tmp_path, data, num_labels=5, label_seed=3))
+    lines = fileio.read_bytes(os.path.join(task, "polarity", "train.tsv")).decode().splitlines()
+    assert lines[0] == "sentence\tlabel" and len(lines) == 6
+    assert len(set(lines[1:])) == 5
+    assert fileio.read_bytes(os.path.join(task, "polarity", "dev.tsv")) == \
+        b"sentence\tlabel\ndev one\t1\n"
+    again = ts.few_label_task(_args(tmp_path / "b", data, num_labels=5, label_seed=3))
+    assert fileio.read_bytes(os.path.join(again, "polarity", "train.tsv")).decode() \
+        .splitlines() == lines
+    other = ts.few_label_task(_args(tmp_path / "c", data, num_labels=5, label_seed=4))
+    assert fileio.read_bytes(os.path.join(other, "polarity", "train.tsv")).decode() \
+        .splitlines() != lines
+
+
+def test_more_labels_than_rows_is_one_line(tmp_path):
+    data = _task(tmp_path, rows=4)
+    with pytest.raises(ts.ExperimentError, match="--num_labels=5: the training split has 4"):
+        ts.few_label_task(_args(tmp_path, data, num_labels=5))
+
+
+def test_an_unknown_setting_is_refused(tmp_path):
+    with pytest.raises(ts.ExperimentError, match="unknown.*nope"):
+        _args(tmp_path, tmp_path, settings="none,nope")
+
+
+def test_the_table_marks_rows_against_the_no_pretraining_seeds():
+    row = dict(what="w", corpus="movies", step=2000, pretrain_steps=2000,
+               pretrain_seconds=300.0, flops=8e13, final_metrics={"disc_auc": 0.55,
+                                                                   "mlm_acc": 0.17},
+               train_losses=[0.5])
+    results = {"num_labels": 500, "seeds": 3, "epochs": 10, "rows": [
+        dict(row, setting="none", corpus=None, step=0, pretrain_seconds=None, flops=0.0,
+             final_metrics={}, scores=[0.60, 0.62, 0.64]),
+        dict(row, setting="low", scores=[0.50, 0.51, 0.52]),
+        dict(row, setting="high", scores=[0.65, 0.66, 0.70]),
+        dict(row, setting="mixed", scores=[0.55, 0.63, 0.70])]}
+    table = ts.render(results, "cmd")
+    lines = {line.split(":")[0].strip("| "): line for line in table.splitlines()
+             if line.startswith("| ") and ":" in line}
+    assert lines["low"].endswith("| 0.5100 (0.5000-0.5200) | below |")
+    assert lines["high"].endswith("| 0.6700 (0.6500-0.7000) | above |")
+    assert lines["mixed"].endswith("| within spread |")
+    assert "| 0.550 / 0.170 | 0.500 |" in lines["low"]
+    assert "| 8.00e+13 | 5.0 |" in lines["low"]
+    assert lines["none"].endswith("| 0.6200 (0.6000-0.6400) | — |")
