@@ -19,7 +19,8 @@ or `random` for a fresh initialisation with the fine-tuning seed), on sentences 
 3. **Fine-tuning at its first step**: the gradient norm of the classification loss per
    layer, with the fine-tuning head initialised as `run_finetuning.py` does (seed 1).
 4. **Linear probes**: a logistic regression on the frozen, standardised [CLS] and
-   mean-pooled features of `--train_tsv`, scored on `--dev_tsv`.
+   mean-pooled features of `--train_tsv`, scored on `--dev_tsv`; and the same on the word
+   table alone (each sentence the mean of its tokens' embedding rows, no network).
 
     python experiments/transfer_diagnostics.py --model=random=random \\
         --model=ours=runs/pretrain_tiny --config=tiny \\
@@ -157,6 +158,14 @@ def features(encoder, batch) -> Tuple[np.ndarray, np.ndarray]:
     return hidden[:, 0], (hidden * m).sum(1) / m.sum(1)
 
 
+def word_table_features(encoder, batch) -> np.ndarray:
+    """Each sentence as the mean of its tokens' rows of the word-embedding table (no
+    network): what the table alone says about a sentence."""
+    table = encoder.embeddings.word_embeddings.numpy()
+    ids, mask = batch["input_ids"].numpy(), batch["input_mask"].numpy().astype(np.float32)
+    return (table[ids] * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+
+
 def probe(train_x, train_y, dev_x, dev_y) -> float:
     from sklearn.linear_model import LogisticRegression
     mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
@@ -199,6 +208,9 @@ def diagnose(name: str, path: str, config: configs.ModelConfig, text: TextEncode
     dv_cls, dv_mean = features(model.electra, data["dev_all"])
     report["probe_cls"] = probe(tr_cls, data["train_labels"], dv_cls, data["dev_labels"])
     report["probe_mean"] = probe(tr_mean, data["train_labels"], dv_mean, data["dev_labels"])
+    report["probe_word_table"] = probe(
+        word_table_features(model.electra, data["train_all"]), data["train_labels"],
+        word_table_features(model.electra, data["dev_all"]), data["dev_labels"])
     return report
 
 

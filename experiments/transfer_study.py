@@ -79,13 +79,20 @@ SETTINGS = collections.OrderedDict([
         "as electra_preset, the official masked-position draw (with replacement)")),
     ("electra_lr3e-4", Setting("movies", {LR: "3e-4"}, 6000, [250, 500, 1000, 2000, 4000, 6000],
                                "ELECTRA, lr 3e-4")),
+    ("bert_mlm_preset", Setting("movies", dict(BERT), 2000, [1000, 2000],
+                                "BERT's MLM, the preset (lr 1e-3)")),
     ("bert_mlm_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 2000, [1000, 2000],
                                 "BERT's MLM, lr 3e-4")),
+    ("electra_gen0.25", Setting("movies", {"model.generator_hidden_size": "0.25"}, 2000,
+                                [2000], "ELECTRA, a generator 1/4 of the discriminator's "
+                                "width (the paper's Small)")),
+    ("electra_unigram", Setting("movies", {"objective.generator": "unigram"}, 2000, [2000],
+                                "replaced-token detection against unigram samples (no "
+                                "generator)")),
     ("electra_lr3e-4_wiki", Setting("wiki", {LR: "3e-4"}, 2000, [2000],
                                     "ELECTRA, lr 3e-4, Wikipedia sample")),
     ("electra_lr1e-3_warmup1k", Setting("movies", {LR: "1e-3", "optimizer.warmup_steps": "1000"},
                                         2000, [2000], "ELECTRA, lr 1e-3, warm-up 1,000 steps")),
-    ("bert_mlm_preset", Setting("movies", dict(BERT), 2000, [2000], "BERT's MLM, lr 1e-3")),
     ("electra_disc10", Setting("movies", {LR: "3e-4", "objective.disc_weight": "10"}, 2000,
                                [2000], "ELECTRA, lr 3e-4, discriminator weight 10")),
     ("electra_lr1e-4", Setting("movies", {LR: "1e-4"}, 2000, [2000], "ELECTRA, lr 1e-4")),
@@ -192,7 +199,8 @@ def last_metrics(log_path: str) -> Dict[str, float]:
         if m:
             found = {"step": int(m.group(1)), "loss": float(m.group(3))}
             for key, value in re.findall(r"(\w+) (-?[\d.]+(?:e-?\d+)?)\b", m.group(4)):
-                if key in ("mlm_loss", "mlm_acc", "disc_loss", "disc_acc", "disc_auc"):
+                if key in ("mlm_loss", "mlm_acc", "disc_loss", "disc_acc", "disc_auc",
+                           "main_lm_loss", "main_lm_acc"):  # main_lm_*: BERT's MLM
                     found[key] = float(value)
     return found
 
@@ -292,20 +300,22 @@ def render(results: Dict, command: str) -> str:
            f"Task: {results['num_labels']} labelled movie snippets, 2,000-sentence dev set "
            f"(majority 0.5125), {results['epochs']} epochs at length {MAX_SEQ_LENGTH}, "
            f"{results['seeds']} fine-tuning seeds, lr 3e-4, layer-wise decay 0.8.", "",
-           "| setting | corpus | step | train FLOPs | pre-train min (whole run) | final disc AUC / "
-           "MLM acc | fine-tuning train loss | dev accuracy: mean (min-max) | vs none |",
-           "|---|---|---:|---:|---:|---|---|---|---|"]
+           "Pre-training wall times are left out: the 2-core machine ran several jobs at once "
+           "and some were paused.", "",
+           "| setting | corpus | step | train FLOPs | end of pre-training: disc AUC / MLM acc "
+           "| fine-tuning train loss | dev accuracy: mean (min-max) | vs none |",
+           "|---|---|---:|---:|---|---|---|---|"]
     for r in rows:
         m = r["final_metrics"]
         sc = r["scores"]
         mean = statistics.fmean(sc)
         vs = _cm.separation(sc, base) if base and r["setting"] != "none" else "—"
-        intr = "—" if not m else (f"{m.get('disc_auc', float('nan')):.3f} / "
-                                  f"{m.get('mlm_acc', float('nan')):.3f}")
-        mins = "—" if r["pretrain_seconds"] is None else f"{r['pretrain_seconds'] / 60:.1f}"
+        auc = f"{m['disc_auc']:.3f}" if "disc_auc" in m else "—"
+        acc = m.get("mlm_acc", m.get("main_lm_acc"))
+        intr = "—" if not m else f"{auc} / " + ("—" if acc is None else f"{acc:.3f}")
         losses = ", ".join(f"{x:.3f}" for x in r["train_losses"]) or "—"
         out.append(f"| {r['setting']}: {r['what']} | {r['corpus'] or '—'} | {r['step']} | "
-                   f"{r['flops']:.2e} | {mins} | {intr} | {losses} | "
+                   f"{r['flops']:.2e} | {intr} | {losses} | "
                    f"{mean:.4f} ({min(sc):.4f}-{max(sc):.4f}) | {vs} |")
     return "\n".join(out) + "\n"
 

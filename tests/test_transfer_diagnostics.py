@@ -76,3 +76,13 @@ def test_gradients_are_grouped_by_layer(model):
     assert set(grads) == {"embeddings", "embeddings_project", "layer_0", "head", "loss"}
     assert grads["loss"] == pytest.approx(np.log(2.0), abs=0.05)  # a fresh 2-way head
     assert all(v > 0 for v in grads.values())
+
+
+def test_word_table_features_average_the_rows_of_real_tokens(model):
+    batch = _batch(rows=3)
+    table = model.electra.embeddings.word_embeddings.numpy()
+    got = td.word_table_features(model.electra, batch)
+    ids, mask = batch["input_ids"].numpy(), batch["input_mask"].numpy()
+    for row in range(3):
+        real = ids[row][mask[row] == 1]
+        np.testing.assert_allclose(got[row], table[real].mean(0), rtol=1e-5, atol=1e-7)

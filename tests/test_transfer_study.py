@@ -13,6 +13,7 @@ ts = experiment_scripts.load("transfer_study")
 
 PRETRAIN_LOG = """\
 I1126 loop.py:316] step 1950/2000 | loss 24.4101 | mlm_loss 6.0363 mlm_acc 0.1739 | disc_loss 0.3675 disc_acc 0.8761 disc_auc 0.5609 replaced 0.126 | lr 2.5e-05 | 112.2 seq/s | ETA 0:00:14
+I1126 loop.py:316] step 10/10 | loss 6.4846 | main_lm_loss 6.4844 main_lm_acc 0.1102 | lr 0 | 70.9 seq/s
 I1126 loop.py:316] step 2000/2000 | loss 24.3969 | mlm_loss 6.0102 mlm_acc 0.1771 | disc_loss 0.3671 disc_acc 0.8766 disc_auc 0.5593 replaced 0.125 | lr 0 | 110.0 seq/s | ETA 0:00:00
 """
 
@@ -113,5 +114,8 @@ def test_the_table_marks_rows_against_the_no_pretraining_seeds():
     assert lines["high"].endswith("| 0.6700 (0.6500-0.7000) | above |")
     assert lines["mixed"].endswith("| within spread |")
     assert "| 0.550 / 0.170 | 0.500 |" in lines["low"]
-    assert "| 8.00e+13 | 5.0 |" in lines["low"]
+    assert "| 8.00e+13 | 0.550 / 0.170 |" in lines["low"]
+    bert = dict(row, setting="bert", final_metrics={"main_lm_acc": 0.11}, scores=[0.5] * 3)
+    table = ts.render(dict(results, rows=results["rows"] + [bert]), "cmd")
+    assert "| — / 0.110 |" in [l for l in table.splitlines() if l.startswith("| bert")][0]
     assert lines["none"].endswith("| 0.6200 (0.6000-0.6400) | — |")
