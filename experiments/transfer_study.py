@@ -24,7 +24,6 @@ are skipped by a rerun; trial checkpoints are deleted once scored.
 """
 
 import collections
-import importlib.util
 import json
 import os
 import random
@@ -45,15 +44,9 @@ from electra_tf import configs, fileio  # noqa: E402
 from electra_tf.pretraining import flops  # noqa: E402
 
 
-def _load_compute_matched():
-    spec = importlib.util.spec_from_file_location(
-        "compute_matched", os.path.join(REPO, "experiments", "compute_matched.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiments/, not a package
+import compute_matched as _cm  # noqa: E402  (its job runner, markers, parser, machine line)
 
-
-_cm = _load_compute_matched()
 ExperimentError = _cm.ExperimentError
 run_logged, last_error, read_json, machine = (_cm.run_logged, _cm.last_error, _cm.read_json,
                                               _cm.machine)
