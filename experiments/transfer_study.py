@@ -64,7 +64,7 @@ Setting = collections.namedtuple("Setting", "corpus overrides steps points what"
 SETTINGS = collections.OrderedDict([
     ("none", Setting(None, {}, 0, [0], "no pre-training (random initialisation)")),
     ("electra_preset", Setting("movies", {}, 2000, [2000],
-                               "ELECTRA, the tiny preset as shipped before (lr 1e-3)")),
+                               "ELECTRA, the tiny preset (lr 1e-3)")),
     ("electra_preset_seed2", Setting("movies", {"train.seed": "2"}, 2000, [2000],
                                      "as electra_preset, pre-training seed 2")),
     ("electra_preset_official_masking", Setting(
@@ -74,6 +74,8 @@ SETTINGS = collections.OrderedDict([
                                "ELECTRA, lr 3e-4")),
     ("bert_mlm_preset", Setting("movies", dict(BERT), 2000, [1000, 2000],
                                 "BERT's MLM, the preset (lr 1e-3)")),
+    ("bert_mlm_lr3e-4_6k", Setting("movies", dict(BERT, **{LR: "3e-4"}), 6000, [3000, 6000],
+                                   "BERT's MLM, lr 3e-4, 6,000 steps")),
     ("bert_mlm_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 2000, [1000, 2000],
                                 "BERT's MLM, lr 3e-4")),
     ("electra_gen0.25", Setting("movies", {"model.generator_hidden_size": "0.25"}, 2000,
@@ -180,8 +182,9 @@ def _build(args, part: str) -> str:
 LOG_LINE = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+)(.*)")
 
 
-def last_metrics(log_path: str) -> Dict[str, float]:
-    """The metrics of the last `step N/N | loss ...` line of a training log."""
+def last_metrics(log_path: str, step: Optional[int] = None) -> Dict[str, float]:
+    """The metrics of the last `step N/M | loss ...` line of a training log (with `step`:
+    of the last line at that step)."""
     try:
         text = fileio.read_bytes(log_path).decode("utf-8", errors="replace")
     except Exception:  # noqa: BLE001  (a missing log: no metrics)
@@ -189,7 +192,7 @@ def last_metrics(log_path: str) -> Dict[str, float]:
     found: Dict[str, float] = {}
     for line in text.splitlines():
         m = LOG_LINE.search(line)
-        if m:
+        if m and (step is None or int(m.group(1)) == step):
             found = {"step": int(m.group(1)), "loss": float(m.group(3))}
             for key, value in re.findall(r"(\w+) (-?[\d.]+(?:e-?\d+)?)\b", m.group(4)):
                 if key in ("mlm_loss", "mlm_acc", "disc_loss", "disc_acc", "disc_auc",
@@ -277,9 +280,11 @@ def collect(args) -> Dict:
             if not fm:
                 continue
             per_step = pm.get("train_flops_per_step", 0.0)
+            log = os.path.join(args.work_dir, "logs", f"pretrain_{name}.log")
+            at_point = last_metrics(log, step) if step else {}
             rows.append({"setting": name, "what": s.what, "corpus": s.corpus, "step": step,
                          "pretrain_steps": s.steps, "pretrain_seconds": pm.get("seconds"),
-                         "flops": per_step * step, "final_metrics": pm.get("metrics", {}),
+                         "flops": per_step * step, "final_metrics": at_point,
                          "scores": fm["scores"], "train_losses": fm.get("train_losses", [])})
     return {"rows": rows, "num_labels": args.num_labels, "seeds": args.seeds,
             "epochs": args.epochs}
@@ -295,7 +300,7 @@ def render(results: Dict, command: str) -> str:
            f"{results['seeds']} fine-tuning seeds, lr 3e-4, layer-wise decay 0.8.", "",
            "Pre-training wall times are left out: the 2-core machine ran several jobs at once "
            "and some were paused.", "",
-           "| setting | corpus | step | train FLOPs | end of pre-training: disc AUC / MLM acc "
+           "| setting | corpus | step | train FLOPs | pre-training at that step: disc AUC / MLM acc "
            "| fine-tuning train loss | dev accuracy: mean (min-max) | vs none |",
            "|---|---|---:|---:|---|---|---|---|"]
     for r in rows:
@@ -315,8 +320,10 @@ def render(results: Dict, command: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
+    # The table covers every setting with results: its command runs them all.
     command = "python experiments/transfer_study.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
+        a for a in (argv if argv is not None else sys.argv[1:])
+        if a != "--report_only" and not a.startswith("--settings"))
     failed = 0
     if not args.report_only:
         few_label_task(args)

@@ -49,6 +49,10 @@ def test_the_last_logged_step_gives_the_pretraining_metrics(tmp_path):
         "step": 2000, "loss": 24.3969, "mlm_loss": 6.0102, "mlm_acc": 0.1771,
         "disc_loss": 0.3671, "disc_acc": 0.8766, "disc_auc": 0.5593}
     assert ts.last_metrics(str(tmp_path / "missing.log")) == {}
+    assert ts.last_metrics(str(tmp_path / "p.log"), step=1950)["disc_auc"] == 0.5609
+    assert ts.last_metrics(str(tmp_path / "p.log"), step=10) == {
+        "step": 10, "loss": 6.4846, "main_lm_loss": 6.4844, "main_lm_acc": 0.1102}
+    assert ts.last_metrics(str(tmp_path / "p.log"), step=7) == {}
 
 
 def test_each_trials_final_training_loss_is_read(tmp_path):
