@@ -12,6 +12,9 @@ official code's SST-2 task (the same file layout, labels 0/1).
         --official_python=/path/to/tf2.15-venv/bin/python --data_dir=TASK_DIR \\
         --model=ours=runs/pretrain_tiny/discriminator --model=random=none --out_dir=OUT
 
+The official fine-tuning code imports scipy and scikit-learn besides TensorFlow:
+`V/bin/pip install tensorflow-cpu==2.15.1 scipy scikit-learn` makes the venv.
+
 Each `--model=NAME=PATH` is a TF1-named checkpoint (a prefix, or a directory with a
 `checkpoint` file: our runs' `discriminator/` export, the official trainer's model dir, a
 released model) or `none` (the official code's own random initialisation). Sizes come
