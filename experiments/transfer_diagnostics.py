@@ -47,12 +47,11 @@ import tensorflow as tf  # noqa: E402
 
 from electra_tf import configs  # noqa: E402
 from electra_tf.finetune.model import (FinetuningModel, init_encoder,  # noqa: E402
-                                       make_head)
+                                       make_head, resolve_checkpoint)
 from electra_tf.finetune.text import TextEncoder  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel, attention_bias  # noqa: E402
 from electra_tf.training.checkpoints import (checkpoint_reader, model_arrays,  # noqa: E402
                                              read_tf1)
-from electra_tf.finetune.model import resolve_checkpoint  # noqa: E402
 
 
 def read_tsv(path: str, limit: int = 0) -> Tuple[List[str], np.ndarray]:
@@ -189,8 +188,7 @@ def head_gradients(model: FinetuningModel, batch, labels) -> Dict[str, float]:
     return out
 
 
-def diagnose(name: str, path: str, config: configs.ModelConfig, text: TextEncoder,
-             data: Dict, max_seq_length: int) -> Dict:
+def diagnose(name: str, path: str, config: configs.ModelConfig, data: Dict) -> Dict:
     keras.utils.set_random_seed(1)
     model = FinetuningModel(config, make_head("classification", config, 2))
     report: Dict = {"name": name, "path": path}
@@ -238,7 +236,7 @@ def main(argv=None):
     reports = []
     for spec in args.model:
         name, _, path = spec.partition("=")
-        reports.append(diagnose(name, path, config, text, data, args.max_seq_length))
+        reports.append(diagnose(name, path, config, data))
         print(json.dumps(reports[-1], indent=1), flush=True)
     if args.out:
         with tf.io.gfile.GFile(args.out, "w") as f:
