@@ -80,7 +80,8 @@ def main(argv):
     from electra_tf.training import preemption
     from electra_tf.data.input_pipeline import InputDataError
     from tfrecord_builder import BuildError
-    from tfrecord_builder.manifest import ManifestError
+    from electra_tf.data.manifest import ManifestError
+    from electra_tf.text import VocabError
     from electra_tf.training.distribute import StrategyError
     from electra_tf.training.checkpoints import CheckpointError
     from electra_tf.training.lease import LeaseError
@@ -113,7 +114,7 @@ def main(argv):
         print(f"run_pretraining: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except (configs.ConfigError, pretrain.RunError, InputDataError, ManifestError, BuildError,
-            StrategyError, CheckpointError, LeaseError) as e:
+            VocabError, StrategyError, CheckpointError, LeaseError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)
 

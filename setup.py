@@ -21,7 +21,7 @@ setup(
         "absl-py>=2.1,<3",
         "tensorboard>=2.19",
         "numpy>=1.26",
-        # Hugging Face conversion (electra_tf/conversion/convert.py) reads and writes safetensors.
+        # Hugging Face conversion (electra_tf/conversion/formats.py) reads and writes safetensors.
         "safetensors>=0.4",
         # GLUE metrics (electra_tf/finetune/metrics.py), as the official GLUE scripts.
         "scikit-learn>=1.3",

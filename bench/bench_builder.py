@@ -40,7 +40,7 @@ def stage_breakdown(corpus, chunk_bytes):
     """Seconds per stage over the corpus in this process (tokenizer already warm)."""
     from tfrecord_builder import corpus as corpus_lib
     from tfrecord_builder import examples
-    from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+    from electra_tf.text import Tokenizer, vocab_info
     import tensorflow as tf
     tok = Tokenizer(vocab_info(VOCAB))
     tok.tokenize(["warm up"])
@@ -104,7 +104,7 @@ def main():
         t0 = time.perf_counter()
         import tensorflow  # noqa: F401  (start-up cost, reported separately)
         from tfrecord_builder.build import BuildConfig, build, _init_worker
-        from tfrecord_builder.tokenizers import vocab_info
+        from electra_tf.text import vocab_info
         _init_worker(vocab_info(VOCAB))
         startup = time.perf_counter() - t0
         print(f"machine: {os.cpu_count()} cores; corpus: {size_mb:.1f} MB "

@@ -1,7 +1,7 @@
 """Fine-tuning throughput and end-to-end time of our path beside transformers/PyTorch.
 
 Both frameworks fine-tune the same encoder (identical initial weights: drawn here as
-the released code initialises them, written by `conversion.convert.export_hf`: the
+the released code initialises them, written by `conversion.formats.export_hf`: the
 directory that `--init_checkpoint` and `from_pretrained` both read) on the same
 sentence-classification data (the bundled polarity set, its train split cycled to
 `--num_train_examples` rows) with the same recipe: AdamW (eps 1e-6, no weight decay),
@@ -104,7 +104,7 @@ def _model_config(args):
 def prepare(args, workdir: str):
     """The cycled TSVs and the initial encoder as a Hugging Face directory."""
     import numpy as np
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import formats
     _cycled_tsv(os.path.join(POLARITY, "train.tsv"),
                 os.path.join(workdir, "data", "polarity", "train.tsv"), args.num_train_examples)
     _cycled_tsv(os.path.join(POLARITY, "dev.tsv"),
@@ -113,7 +113,7 @@ def prepare(args, workdir: str):
     config.check()
     r = np.random.RandomState(args.seed)
     arrays = {}
-    for name, shape in convert.expected_shapes(config, generator=False).items():
+    for name, shape in formats.expected_shapes(config, generator=False).items():
         leaf = name.rsplit("/", 1)[-1]
         if leaf == "gamma":
             arrays[name] = np.ones(shape, np.float32)
@@ -125,7 +125,7 @@ def prepare(args, workdir: str):
                 bad = np.abs(a) > 2
                 a[bad] = r.standard_normal(int(bad.sum()))
             arrays[name] = (a * config.initializer_range).astype(np.float32)
-    convert.export_hf(arrays, config, os.path.join(workdir, "init_hf"))
+    formats.export_hf(arrays, config, os.path.join(workdir, "init_hf"))
 
 
 def _num_steps(args, num_examples: int) -> int:
@@ -141,10 +141,10 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import formats
     from electra_tf.finetune import tasks
     from electra_tf.finetune import trainer as ft
-    from electra_tf.finetune.text import TextEncoder
+    from electra_tf.text import TextEncoder
     from electra_tf.training import distribute
     t_imported = time.perf_counter()
 
@@ -165,7 +165,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
 
     data_dir = os.path.join(workdir, "data")
     init = os.path.join(workdir, "init_hf")
-    model_config = convert.read_hf_config(init)
+    model_config = formats.read_hf_config(init)
     task = tasks.get_task("polarity", data_dir)
     strategy = distribute.make_strategy("auto")
     # --max_steps: the epochs that give exactly that many steps (trainer.num_train_steps)

@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 
 from electra_tf import fileio
 from electra_tf.data import input_pipeline as ip  # noqa: E402
-from tfrecord_builder import manifest as manifest_lib  # noqa: E402
+from electra_tf.data import manifest as manifest_lib  # noqa: E402
 
 
 def parse_args(argv=None):

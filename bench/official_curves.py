@@ -646,7 +646,7 @@ def resolve_data(args):
         args.train_data = args.train_data or train
         args.eval_data = args.eval_data or held_out
     if not args.vocab_file:
-        from tfrecord_builder import DEFAULT_VOCAB
+        from electra_tf import DEFAULT_VOCAB
         args.vocab_file = DEFAULT_VOCAB
 
 

@@ -3,7 +3,15 @@
 TPU first; the data stage lives in `tfrecord_builder`, the trainer side in this package.
 """
 
+import os
+
 from electra_tf.compat import configure_tpu_library, require_supported_versions
+
+# The bundled sample (a fresh clone's defaults): data/ beside the package.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # repo-internal, not a user path
+REPO_DATA = os.path.join(os.path.dirname(_PACKAGE_DIR), "data")
+DEFAULT_CORPUS = os.path.join(REPO_DATA, "corpus", "enwiki_sample.txt")
+DEFAULT_VOCAB = os.path.join(REPO_DATA, "vocab", "bert_uncased_vocab.txt")
 
 # TensorFlow 2.20 or 2.21 with matching tensorflow-text and Keras 3, or one line and exit
 # (from package metadata; TensorFlow itself is not imported here).

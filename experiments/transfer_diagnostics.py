@@ -48,7 +48,7 @@ import tensorflow as tf  # noqa: E402
 from electra_tf import configs  # noqa: E402
 from electra_tf.finetune.model import (FinetuningModel, init_encoder,  # noqa: E402
                                        make_head, resolve_checkpoint)
-from electra_tf.finetune.text import TextEncoder  # noqa: E402
+from electra_tf.text import TextEncoder  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel, attention_bias  # noqa: E402
 from electra_tf.training.checkpoints import (checkpoint_reader, model_arrays,  # noqa: E402
                                              read_tf1)

@@ -12,8 +12,8 @@ import pytest
 from tfrecord_builder import BuildError
 from tfrecord_builder import build as build_lib
 from tfrecord_builder.build import BuildConfig, build
-from tfrecord_builder.manifest import ManifestError, read_manifest, validate_manifest
-from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+from electra_tf.data.manifest import ManifestError, read_manifest, validate_manifest
+from electra_tf.text import Tokenizer, VocabError, vocab_info
 
 from conftest import REPO, VOCAB, WIKI, read_examples
 
@@ -490,7 +490,7 @@ def test_remote_input_errors_are_one_line(tmp_path, monkeypatch):
         build(_cfg(f"{root}/out", [f"{root}/x.txt"]))
     with pytest.raises(BuildError, match=r"--input: .*/\*\.txt matches no files"):
         build(_cfg(f"{root}/out", [f"{root}/*.txt"]))
-    with pytest.raises(BuildError, match=f"--vocab_file: cannot read {root}/v.txt"):
+    with pytest.raises(VocabError, match=f"--vocab_file: cannot read {root}/v.txt"):
         build(BuildConfig(output_dir=f"{root}/out", inputs=(WIKI,), vocab_file=f"{root}/v.txt"))
     with pytest.raises(BuildError, match="--output_dir nosuchfs://b/out: .*nosuchfs"):
         build(_cfg("nosuchfs://b/out", [WIKI]))

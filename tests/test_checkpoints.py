@@ -12,7 +12,7 @@ from electra_tf import fileio
 from electra_tf.model import modeling
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
-from electra_tf.conversion.convert import expected_shapes
+from electra_tf.conversion.formats import expected_shapes
 
 # E=16 != H=32 (an embeddings projection), generator half as wide.
 TINY = ModelConfig(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=2,

@@ -181,7 +181,7 @@ class _Flags(types.SimpleNamespace):
 
 def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
     from electra_tf import fileio
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import convert, formats
     from electra_tf.pretraining import pretrain
     from electra_tf.configs import load_config
     from electra_tf.training.options import RunOptions
@@ -362,10 +362,10 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         assert convert.main(["export-tf1", pre, tf1_prefix, "--include_optimizer"]) == 0
         tf1 = read_tf1(tf1_prefix)
         assert int(tf1.pop("global_step")) == 6
-        slots = {n for n in tf1 if n.endswith(convert.SLOT_SUFFIXES)}
+        slots = {n for n in tf1 if n.endswith(formats.SLOT_SUFFIXES)}
         weights = {n: a for n, a in tf1.items() if n not in slots}
         model_cfg = load_config(f"{pre}/config.json").model
-        assert set(weights) == set(convert.expected_shapes(model_cfg))
+        assert set(weights) == set(formats.expected_shapes(model_cfg))
         assert len(slots) == 2 * len(weights)
         # The weights equal those pretrain.run exported for fine-tuning (released names).
         disc = read_tf1(f"{pre}/discriminator/model.ckpt")
@@ -376,8 +376,8 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         hf = f"{root}/hf"
         assert convert.main(["export-hf", pre, hf]) == 0
         for part in ("discriminator", "generator"):
-            assert convert.is_hf_dir(f"{hf}/{part}"), part
-        hf_cfg = convert.read_hf_config(f"{hf}/discriminator")
+            assert formats.is_hf_dir(f"{hf}/{part}"), part
+        hf_cfg = formats.read_hf_config(f"{hf}/discriminator")
         assert (hf_cfg.hidden_size, hf_cfg.num_hidden_layers) == (128, 1)
         hf_disc = load_safetensors(fileio.read_bytes(f"{hf}/discriminator/model.safetensors"))
         np.testing.assert_array_equal(

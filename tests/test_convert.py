@@ -1,4 +1,5 @@
-"""electra_tf.conversion.convert: TF1 inspect/import/export and Hugging Face safetensors round trips."""
+"""conversion.formats, pretraining.model_dir and the conversion.convert CLI: TF1
+inspect/import/export and Hugging Face safetensors round trips."""
 
 import dataclasses
 import importlib.util
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.conversion import convert
+from electra_tf.conversion import convert, formats
+from electra_tf.pretraining import model_dir
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
@@ -44,7 +46,7 @@ def test_expected_shapes_match_the_model(config):
     model = ElectraPretrainingModel(config)
     names = tf1_checkpoint_names(model)
     got = {names[v.path]: tuple(v.shape) for v in model.trainable_variables}
-    assert got == convert.expected_shapes(config)
+    assert got == formats.expected_shapes(config)
 
 
 def test_inspect_infers_config_and_reports(tmp_path, capsys):
@@ -56,7 +58,7 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
     arrays = checkpoints.read_tf1(prefix)
     arrays.update(slots)
     prefix = checkpoints.write_tf1(arrays, str(tmp_path / "full.ckpt"))
-    report = convert.inspect_tf1(prefix)
+    report = formats.inspect_tf1(prefix)
     c = report.config
     assert (c.vocab_size, c.embedding_size, c.hidden_size, c.num_hidden_layers) == (40, 32, 128, 2)
     assert (c.num_attention_heads, c.intermediate_size, c.max_position_embeddings,
@@ -64,34 +66,34 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
     assert c.generator_hidden_size == 1.0 and c.generator_layers == 1.0 and c.tie_embeddings
     assert report.has_generator and report.global_step == 1234
     assert report.unmapped == ["some/other/var"] and not report.missing
-    assert len(report.slots) == 2 and len(report.mapped) == len(convert.expected_shapes(c))
+    assert len(report.slots) == 2 and len(report.mapped) == len(formats.expected_shapes(c))
     assert convert.main(["inspect", prefix]) == 0
     out = capsys.readouterr().out
     assert "hidden_size: 128" in out and "global_step: 1234" in out and "some/other/var" in out
 
     # directory form, and the tiny one with a half-width generator
     _, p2, _ = _ckpt(tmp_path / "tiny", TINY)
-    r2 = convert.inspect_tf1(str(tmp_path / "tiny"))
+    r2 = formats.inspect_tf1(str(tmp_path / "tiny"))
     assert r2.config.generator_hidden == 16 and r2.config.generator_intermediate == 32
     assert r2.config.num_attention_heads == 1 and r2.global_step is None
 
 
 def test_inspect_discriminator_only_and_missing(tmp_path):
-    disc = convert.expected_shapes(TINY, generator=False)
+    disc = formats.expected_shapes(TINY, generator=False)
     _, prefix, _ = _ckpt(tmp_path, TINY, variables=disc)
-    report = convert.inspect_tf1(prefix)
+    report = formats.inspect_tf1(prefix)
     assert not report.has_generator and not report.missing
     layer1 = [n for n in disc if "layer_1/output/dense/kernel" in n]
     _, prefix, _ = _ckpt(tmp_path / "m", TINY, variables=set(disc) - set(layer1))
-    assert convert.inspect_tf1(prefix).missing == layer1
+    assert formats.inspect_tf1(prefix).missing == layer1
 
 
 def test_shape_mismatch_is_refused(tmp_path):
     _, prefix, arrays = _ckpt(tmp_path, TINY)
     arrays["electra/encoder/layer_1/intermediate/dense/kernel"] = np.zeros((32, 65), np.float32)
     bad = checkpoints.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
-    with pytest.raises(convert.ConvertError) as e:
-        convert.inspect_tf1(bad)
+    with pytest.raises(formats.ConvertError) as e:
+        formats.inspect_tf1(bad)
     msg = str(e.value)
     assert "layer_1/intermediate/dense/kernel" in msg and "[32, 65]" in msg and "[32, 64]" in msg
     assert "\n" not in msg
@@ -107,10 +109,10 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     arrays[m] = np.full((64, 32), 0.5, np.float32)
     prefix = checkpoints.write_tf1(arrays, str(tmp_path / "src" / "model.ckpt"))
     out = str(tmp_path / "run")
-    report, path = convert.tf1_to_model_dir(prefix, out, overrides="num_train_steps=100")
+    report, path = model_dir.tf1_to_model_dir(prefix, out, overrides="num_train_steps=100")
     assert path.endswith("ckpt-77") and report.global_step == 77
-    with pytest.raises(convert.ConvertError, match="already holds"):
-        convert.tf1_to_model_dir(prefix, out)
+    with pytest.raises(formats.ConvertError, match="already holds"):
+        model_dir.tf1_to_model_dir(prefix, out)
 
     # exactly what electra_tf.pretraining.pretrain.run does on resume
     cfg = load_config(os.path.join(out, "config.json"))
@@ -133,9 +135,9 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     reader = tf.train.load_checkpoint(back)
     assert int(reader.get_tensor("global_step")) == 77
     np.testing.assert_array_equal(reader.get_tensor(m), arrays[m])
-    for name in convert.expected_shapes(TINY):
+    for name in formats.expected_shapes(TINY):
         np.testing.assert_array_equal(reader.get_tensor(name), arrays[name], err_msg=name)
-    assert not convert.inspect_tf1(back).missing
+    assert not formats.inspect_tf1(back).missing
 
 
 @pytest.mark.parametrize("config", [
@@ -143,8 +145,8 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
 def test_hf_round_trip(tmp_path, config):
     model = ElectraPretrainingModel(config)
     arrays = checkpoints.model_arrays(model)
-    disc = convert.export_hf(arrays, config, str(tmp_path / "d"))
-    gen = convert.export_hf(arrays, config, str(tmp_path / "g"), "generator")
+    disc = formats.export_hf(arrays, config, str(tmp_path / "d"))
+    gen = formats.export_hf(arrays, config, str(tmp_path / "g"), "generator")
     from safetensors.numpy import load_file
     d = load_file(os.path.join(disc, "model.safetensors"))
     g = load_file(os.path.join(gen, "model.safetensors"))
@@ -168,21 +170,21 @@ def test_hf_round_trip(tmp_path, config):
     assert hc["embedding_size"] == config.embedding_size and hc["hidden_act"] == "gelu"
     assert hc["layer_norm_eps"] == 1e-12
 
-    got_config, got, unmapped = convert.import_hf(disc, gen)
+    got_config, got, unmapped = formats.import_hf(disc, gen)
     assert got_config == config and not unmapped
     assert sorted(got) == sorted(arrays)
     for name, value in arrays.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
     # discriminator alone
-    _, only, _ = convert.import_hf(disc)
-    assert sorted(only) == sorted(convert.expected_shapes(config, generator=False))
+    _, only, _ = formats.import_hf(disc)
+    assert sorted(only) == sorted(formats.expected_shapes(config, generator=False))
 
 
 def test_hf_config_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     arrays = checkpoints.model_arrays(ElectraPretrainingModel(WIDE))
-    out = convert.export_hf(arrays, WIDE, str(tmp_path / "g"), "generator")
+    out = formats.export_hf(arrays, WIDE, str(tmp_path / "g"), "generator")
     hc = transformers.ElectraConfig.from_pretrained(out)
     assert (hc.hidden_size, hc.embedding_size, hc.num_attention_heads,
             hc.intermediate_size) == (128, 32, 2, 96)
@@ -217,14 +219,14 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     assert convert.main(["inspect", prefix]) == 0
     assert f"mapped variables: {len(arrays) - 1}\n" in capsys.readouterr().out
     assert convert.main(["export-hf", prefix, f"{root}/hf"]) == 0
-    local = {part: convert.export_hf(arrays, TINY, str(tmp_path / "local" / part), part)
+    local = {part: formats.export_hf(arrays, TINY, str(tmp_path / "local" / part), part)
              for part in ("discriminator", "generator")}
     for part, local_dir in local.items():
         for name in ("model.safetensors", "config.json"):
             with open(os.path.join(local_dir, name), "rb") as f:
                 assert fileio.read_bytes(f"{root}/hf/{part}/{name}") == f.read(), name
-    assert convert.is_hf_dir(f"{root}/hf/discriminator") and not convert.is_hf_dir(prefix)
-    assert convert.read_hf_config(f"{root}/hf/discriminator").hidden_size == 32
+    assert formats.is_hf_dir(f"{root}/hf/discriminator") and not formats.is_hf_dir(prefix)
+    assert formats.read_hf_config(f"{root}/hf/discriminator").hidden_size == 32
 
     back = f"{root}/back/model.ckpt"
     assert convert.main(["import-hf", f"{root}/hf/discriminator", back, "--generator_dir",
@@ -235,7 +237,7 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     for name, value in got.items():
         np.testing.assert_array_equal(value, arrays[name], err_msg=name)
 
-    report, path = convert.tf1_to_model_dir(prefix, f"{root}/run")
+    report, path = model_dir.tf1_to_model_dir(prefix, f"{root}/run")
     assert path == f"{root}/run/ckpt-12" and report.global_step == 12
     assert fileio.read_json(f"{root}/run/config.json")["model"]["hidden_size"] == 32
     assert convert.main(["export-tf1", f"{root}/run", f"{root}/tf1/model.ckpt"]) == 0
@@ -246,9 +248,9 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     assert convert.main(["export-hf", f"{root}/run", f"{root}/hf2"]) == 0
     assert fileio.read_bytes(f"{root}/hf2/generator/model.safetensors") == \
         fileio.read_bytes(f"{root}/hf/generator/model.safetensors")
-    with pytest.raises(convert.ConvertError, match=f"cannot read Hugging Face directory "
+    with pytest.raises(formats.ConvertError, match=f"cannot read Hugging Face directory "
                        f"{root}/run: model.safetensors: No such file or directory"):
-        convert.import_hf(f"{root}/run")
+        formats.import_hf(f"{root}/run")
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
 
 
@@ -256,7 +258,7 @@ def test_transformers_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = convert.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "d"))
+    out = formats.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "d"))
     hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
     ids = np.array([[2, 5, 7, 9, 1, 3]], np.int32)
     seg = np.array([[0, 0, 0, 1, 1, 1]], np.int32)
@@ -289,7 +291,7 @@ def test_transformers_generator_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = convert.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
+    out = formats.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
     hf = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
     ids, seg, mask, inputs = _torch_inputs(torch)
     positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
@@ -312,7 +314,7 @@ def test_transformers_model_imports_with_the_same_logits(tmp_path):
                                     type_vocab_size=2)
     hf = transformers.ElectraForPreTraining(hc).eval()
     hf.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
-    config, arrays, unmapped = convert.import_hf(str(tmp_path / "hf"))
+    config, arrays, unmapped = formats.import_hf(str(tmp_path / "hf"))
     assert (config.hidden_size, config.embedding_size, config.num_hidden_layers) == (64, 32, 2)
     model = ElectraPretrainingModel(config)
     checkpoints.assign_arrays(model, arrays, allow_missing=True)  # no generator in this dir
@@ -336,7 +338,7 @@ def test_transformers_bert_as_our_encoder(tmp_path):
                                  max_position_embeddings=16, type_vocab_size=2)
     bert = transformers.BertModel(hc).eval()
     bert.save_pretrained(str(tmp_path / "bert"), safe_serialization=True)
-    config = convert.read_hf_config(str(tmp_path / "bert"))
+    config = formats.read_hf_config(str(tmp_path / "bert"))
     encoder = build_discriminator_encoder(config)
     ignored = init_encoder_from_hf(encoder, str(tmp_path / "bert"))
     assert any("pooler" in n for n in ignored)
@@ -427,14 +429,14 @@ def test_tf1_export_loads_in_transformers_tf_loader(tmp_path, legacy_transformer
     ElectraForPreTraining / ElectraForMaskedLM found, the same tensors as our safetensors
     export, and the same discriminator and MLM logits as our model."""
     model, prefix, arrays = _ckpt(tmp_path / "src", WIDE)
-    convert.tf1_to_model_dir(prefix, str(tmp_path / "run"))
+    model_dir.tf1_to_model_dir(prefix, str(tmp_path / "run"))
     ckpt = str(tmp_path / "tf1" / "model.ckpt")
     assert convert.main(["export-tf1", str(tmp_path / "run"), ckpt, "--include_optimizer"]) == 0
     in_ckpt = set(tf.train.load_checkpoint(ckpt).get_variable_to_shape_map())
     assert any(n.endswith("/adam_m") for n in in_ckpt) and "global_step" in in_ckpt
 
     ids, seg, mask = _inputs()
-    parts = [(part, convert.export_hf(arrays, WIDE, str(tmp_path / part), part),
+    parts = [(part, formats.export_hf(arrays, WIDE, str(tmp_path / part), part),
               str(tmp_path / f"legacy_{part}")) for part in ("discriminator", "generator")]
     job = {"checkpoint": ckpt, "parts": parts, "input_ids": ids.tolist(),
            "attention_mask": mask.tolist(), "token_type_ids": seg.tolist()}
@@ -453,7 +455,7 @@ def test_tf1_export_loads_in_transformers_tf_loader(tmp_path, legacy_transformer
         with open(out + ".json") as f:
             got = json.load(f)
         # every weight of this network loaded, once; all else skipped by the loader
-        needed = set(convert.hf_name_map(WIDE, part))
+        needed = set(formats.hf_name_map(WIDE, part))
         assert sorted(got["loaded"]) == sorted(needed), part
         assert set(got["skipped"]) == in_ckpt - needed - {"global_step"}, part
         # the same tensors as our safetensors export (whose keys are the model's own)
@@ -489,7 +491,7 @@ def test_gdes_exports_fold_the_deltas_into_the_released_layout(tmp_path):
     assert config.released() == dataclasses.replace(config, tie_embeddings=False,
                                                     disentangled_embeddings=False)
     arrays = checkpoints.model_arrays(model)
-    assert set(arrays) == set(convert.expected_shapes(config.released()))
+    assert set(arrays) == set(formats.expected_shapes(config.released()))
     assert not any(n.endswith("_delta") for n in arrays)
     gen_table = model.generator.embeddings.word_embeddings.numpy()
     np.testing.assert_array_equal(arrays["generator/embeddings/word_embeddings"], gen_table)
@@ -509,7 +511,7 @@ def test_gdes_exports_fold_the_deltas_into_the_released_layout(tmp_path):
     checkpoints.assign_arrays(untied, arrays)
     np.testing.assert_allclose(untied.discriminator(ids, mask, seg).numpy(), ours, atol=1e-5)
     # Hugging Face.
-    out = convert.export_hf(arrays, config.released(), str(tmp_path / "hf"))
+    out = formats.export_hf(arrays, config.released(), str(tmp_path / "hf"))
     hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
     with torch.no_grad():
         theirs = hf(**_torch_inputs(torch)[3]).logits.numpy()

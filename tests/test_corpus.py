@@ -11,7 +11,7 @@ import pytest
 from tfrecord_builder import BuildError
 from tfrecord_builder.build import BuildConfig, build
 from tfrecord_builder.corpus import Chunk, LineStats, clean_lines, expand_inputs, iter_file_chunks
-from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+from electra_tf.text import Tokenizer, vocab_info
 
 from conftest import REPO, VOCAB, WIKI, read_examples
 

@@ -43,7 +43,7 @@ ALLOWED = {
     ("tfrecord_builder/corpus.py", "absolute", "os.path.abspath"): "local only, after ://",
     ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
     ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
-    ("electra_tf/finetune/text.py", "__init__", "os.path.abspath"): "local only",
+    ("electra_tf/text.py", "__init__", "os.path.abspath"): "local only",
     # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio) and the
     # installed TensorFlow and libtpu (site-packages).
     ("electra_tf/compat.py", "tpu_chips", "glob.glob"): "/dev",

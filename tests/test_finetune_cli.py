@@ -23,13 +23,13 @@ TINY = finetune_tiny_model()
 def pretrained(tmp_path_factory):
     """A TINY pre-training run's outputs: config.json, an object-based ckpt-1 and the
     TF1-named discriminator/model.ckpt."""
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import formats
     from electra_tf.model.modeling import ElectraPretrainingModel, discriminator_variables
     from electra_tf.training.checkpoints import save_tf1_checkpoint
     d = tmp_path_factory.mktemp("pre")
     tf.keras.utils.set_random_seed(5)
     model = ElectraPretrainingModel(TINY)
-    write(str(d / "config.json"), json.dumps(convert.pretraining_config(TINY).to_json()))
+    write(str(d / "config.json"), json.dumps(formats.pretraining_config(TINY).to_json()))
     obj = tf.train.Checkpoint(model=model).write(str(d / "ckpt-1"))
     tf1 = save_tf1_checkpoint(model, str(d / "discriminator" / "model.ckpt"),
                               discriminator_variables(model))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from electra_tf.conversion import convert
+from electra_tf.conversion import formats
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune.cli import find_config
@@ -69,7 +69,7 @@ def write_hf(d, tensors, config=BERT_CONFIG):
 
 
 def tf1_to_bert(name: str, prefix="bert.") -> str:
-    """Independent of convert.py: the expected BERT name of one of our TF1 names."""
+    """Independent of formats.py: the expected BERT name of one of our TF1 names."""
     rest = name.split("/", 1)[1]
     rest = rest.replace("/gamma", "/weight").replace("/beta", "/bias").replace(
         "/kernel", "/weight")
@@ -113,7 +113,7 @@ def test_bert_dir_initialises_every_encoder_weight(tmp_path, prefix, old_ln, cap
 
 def test_bert_dir_errors_are_one_line(tmp_path):
     tensors = bert_tensors()
-    config = convert.hf_model_config(BERT_CONFIG)
+    config = formats.hf_model_config(BERT_CONFIG)
     ft = FinetuningModel(config, make_head("classification", config, 2))
     bad_act = write_hf(tmp_path / "relu", tensors, {**BERT_CONFIG, "hidden_act": "relu"})
     for call in (lambda: find_config(bad_act, None), lambda: init_encoder(ft.electra, bad_act)):
@@ -154,12 +154,12 @@ def test_exported_electra_dir_initialises_the_finetuning_encoder(tmp_path):
                          generator_hidden_size=0.5)
     model = ElectraPretrainingModel(config)
     arrays = checkpoints.model_arrays(model)
-    d = convert.export_hf(arrays, config, str(tmp_path / "electra"))
+    d = formats.export_hf(arrays, config, str(tmp_path / "electra"))
     found = find_config(d, None)
     assert found == config.__class__(**{**config.__dict__, "generator_hidden_size": 0.25})
     ft = FinetuningModel(found, make_head("classification", found, 2))
     ignored = init_encoder_from_hf(ft.electra, d)
-    assert ignored == sorted(k for k in convert.hf_name_map(config, "discriminator").values()
+    assert ignored == sorted(k for k in formats.hf_name_map(config, "discriminator").values()
                              for k in [k[0]] if k.startswith("discriminator_predictions."))
     got = encoder_arrays(ft)
     assert "electra/embeddings_project/kernel" in got and len(got) == 7 + 16 * 2

@@ -137,7 +137,7 @@ def test_init_and_config_from_ram_checkpoints(pretrained, tmp_path, monkeypatch)
     import uuid
 
     from electra_tf import fileio
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import formats
     from electra_tf.finetune.cli import find_config
     model, obj, tf1 = pretrained
     monkeypatch.chdir(tmp_path)
@@ -150,7 +150,7 @@ def test_init_and_config_from_ram_checkpoints(pretrained, tmp_path, monkeypatch)
                                        max_to_keep=1).save(checkpoint_number=3)
     assert saved == f"{root}/run/ckpt-3"
     fileio.write_json_atomic(f"{root}/run/config.json",
-                             convert.pretraining_config(CFG).to_json())
+                             formats.pretraining_config(CFG).to_json())
     source = {v.path: v.numpy() for v in model.electra.trainable_variables}
     for path, used in [(f"{root}/pre/discriminator/model.ckpt",) * 2,
                        (f"{root}/pre/ckpt-7",) * 2, (f"{root}/run", saved)]:

@@ -10,7 +10,7 @@ import tensorflow as tf
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig, run
 

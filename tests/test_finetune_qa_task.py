@@ -14,12 +14,12 @@ from electra_tf import fileio
 from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import DataError, squad
-from electra_tf.conversion.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
+from electra_tf.finetune.export import IDS_SIGNATURE, TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.metrics import squad_em, squad_f1
 from electra_tf.finetune.model import FinetuningModel, answer_mask, make_head
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
 
 from conftest import VOCAB

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig
 from electra_tf.training.preemption import PREEMPTED_EXIT_CODE
 

@@ -13,14 +13,14 @@ import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.configs import ModelConfig
-from electra_tf.conversion import export
+from electra_tf.finetune import export
 from electra_tf.finetune import DataError
-from electra_tf.conversion.export import TEXT_SIGNATURE, TaskServer
+from electra_tf.finetune.export import TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.model import FinetuningModel, make_head
 from electra_tf.finetune.tagging import LabelMap, predictions_to_tags, read_conll
 from electra_tf.finetune.tagging_task import TaggingTask, unlabelled
 from electra_tf.finetune.tasks import TaskData, get_task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner,
                                          num_train_steps, run, train_trial)

@@ -18,7 +18,7 @@ from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError
 from electra_tf.finetune.squad import read_squad
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import FinetuneConfig, run
 

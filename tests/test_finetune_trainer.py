@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.conversion import export as export_lib
+from electra_tf.finetune import export as export_lib
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import FinetuneConfig, median_trial, pad_rows, run
 from ram_paths import forget
@@ -283,7 +283,7 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
     results.json and checkpoints there, nothing written locally. (No XLA: it is the
     files under test, and compiling would double the time.)"""
     from electra_tf import fileio
-    from electra_tf.conversion import convert
+    from electra_tf.conversion import formats
     from electra_tf.finetune.cli import find_config
     from electra_tf.training.checkpoints import save_tf1_checkpoint
     from electra_tf.model.modeling import build_discriminator_encoder
@@ -307,7 +307,7 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
             fileio.copy(os.path.join(REPO, VOCAB), fileio.join(base, "vocab.txt"))
             fileio.makedirs(fileio.join(base, "pre"))
             fileio.write_json_atomic(fileio.join(base, "pre", "config.json"),
-                                     convert.pretraining_config(TINY).to_json())
+                                     formats.pretraining_config(TINY).to_json())
             init = save_tf1_checkpoint(pretrained, fileio.join(base, "pre", "discriminator",
                                                                "model.ckpt"))
             assert find_config(init, None) == TINY  # the config.json two levels up

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from electra_tf.data import input_pipeline as ip
 from tfrecord_builder.build import BuildConfig, build
-from tfrecord_builder.manifest import ManifestError
+from electra_tf.data.manifest import ManifestError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
@@ -466,7 +466,7 @@ def test_resume_at_step_one_million_reads_only_the_current_shards(tmp_path):
     shard is garbage and on_bad_shard=stop, so reading any of them fails the test."""
     num_shards, per_shard, seq, batch, cycle, window, seed = 1000, 300, 8, 128, 4, 256, 9
     names = [f"pretrain_data.tfrecord-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
-    from tfrecord_builder import manifest as manifest_lib
+    from electra_tf.data import manifest as manifest_lib
     manifest_lib.write_manifest(str(tmp_path), {
         "format": manifest_lib.FORMAT, "format_version": manifest_lib.FORMAT_VERSION,
         "max_seq_length": seq, "examples": num_shards * per_shard,

@@ -13,7 +13,7 @@ import tensorflow as tf
 from electra_tf.training.options import RunOptions
 from electra_tf.training.loop import RunError
 from electra_tf.data import input_pipeline as ip
-from tfrecord_builder import manifest as manifest_lib
+from electra_tf.data import manifest as manifest_lib
 
 SEQ = 8
 RECORDS = 10  # per shard, unless a test says otherwise

@@ -1,4 +1,4 @@
-"""tfrecord_builder.manifest: writing, reading and checking a build's manifest.json."""
+"""electra_tf.data.manifest: writing, reading and checking a build's manifest.json."""
 
 import json
 import uuid
@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from electra_tf import fileio
-from tfrecord_builder import manifest as manifest_lib
-from tfrecord_builder.manifest import ManifestError, read_manifest, validate_manifest
+from electra_tf.data import manifest as manifest_lib
+from electra_tf.data.manifest import ManifestError, read_manifest, validate_manifest
 
 MANIFEST = {"format": manifest_lib.FORMAT, "format_version": 1, "max_seq_length": 128,
             "examples": 7, "tokenizer": {"vocab_size": 30522, "vocab_file": "vocab.txt"},

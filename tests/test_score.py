@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.configs import load_config
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.pretraining import pretrain, score
 from electra_tf.training.options import RunOptions
-from tfrecord_builder import DEFAULT_VOCAB
+from electra_tf import DEFAULT_VOCAB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["The cat sat on the mat.", "", "Mat the on sat cat the.",

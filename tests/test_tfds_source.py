@@ -102,7 +102,7 @@ def _split_docs(chunks):
 
 def test_build_counts_every_token(prepared, tmp_path):
     from tfrecord_builder import build
-    from tfrecord_builder.tokenizers import Tokenizer, vocab_info
+    from electra_tf.text import Tokenizer, vocab_info
     name, data_dir = prepared
     manifest = build.build(_cfg(name, data_dir, tmp_path))
     lines = [line for doc in _documents()[:NUM_TRAIN] for line in doc]

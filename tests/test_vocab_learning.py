@@ -13,7 +13,7 @@ import pytest
 
 from tfrecord_builder import BuildError
 from tfrecord_builder import vocab_learning
-from tfrecord_builder.tokenizers import SPECIAL_TOKENS, Tokenizer, read_wordpiece_vocab, vocab_info
+from electra_tf.text import SPECIAL_TOKENS, Tokenizer, read_wordpiece_vocab, vocab_info
 
 from conftest import REPO, WIKI
 

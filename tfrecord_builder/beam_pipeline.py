@@ -47,7 +47,7 @@ from tfrecord_builder.build import (BuildConfig, build_fingerprint, discard, fin
                                     publish, require_examples, shard_name, warn_empty_shards)
 from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
-from tfrecord_builder.tokenizers import Tokenizer, VocabInfo
+from electra_tf.text import Tokenizer, VocabInfo
 
 DEFAULT_RUNNER = "DirectRunner"
 STAGING_DIR = ".building-beam"

@@ -39,10 +39,11 @@ from absl import logging
 
 from electra_tf import fileio
 from tfrecord_builder import BuildError, __version__
-from tfrecord_builder import corpus, manifest as manifest_lib, tfds_source
+from electra_tf.data import manifest as manifest_lib
+from tfrecord_builder import corpus, tfds_source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
 from tfrecord_builder.progress import Progress
-from tfrecord_builder.tokenizers import Tokenizer, VocabInfo, read_vocab_data, vocab_info
+from electra_tf.text import Tokenizer, VocabInfo, read_vocab_data, vocab_info
 
 STATE_DIR = ".building"
 SHARD_PREFIX = "pretrain_data.tfrecord"

@@ -9,7 +9,8 @@ import sys
 
 from absl import app, flags, logging
 
-from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB, BuildError
+from electra_tf import DEFAULT_CORPUS, DEFAULT_VOCAB
+from tfrecord_builder import BuildError
 
 DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
 
@@ -103,7 +104,7 @@ def summary(manifest: dict, output_dir: str) -> str:
     were read, so lines dropped before tokenization (binary junk) and inputs without text
     are reported beside it: they are otherwise only in manifest.json."""
     from electra_tf import fileio  # imports TensorFlow: not before the flags are parsed
-    from tfrecord_builder.manifest import MANIFEST_NAME
+    from electra_tf.data.manifest import MANIFEST_NAME
     shards = manifest["shards"]
     empty = sum(1 for s in shards if not s["examples"])
     lines = [f"{manifest['examples']} examples, {manifest['example_tokens']} of "
@@ -149,10 +150,11 @@ def main(argv):
     # Here rather than before app.run: imported once absl has parsed the flags,
     # TensorFlow probes for GPUs during the import (a CUDA error line where none is).
     _import_tensorflow_quietly()
+    from electra_tf.text import VocabError
     logging.set_verbosity(logging.INFO)
     try:
         _build() if command == "build" else _learn_vocab()
-    except BuildError as e:
+    except (BuildError, VocabError) as e:
         print(f"tfrecord_builder: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -7,7 +7,8 @@ from typing import Optional, Tuple
 
 from absl import logging
 
-from tfrecord_builder import DEFAULT_CORPUS, DEFAULT_VOCAB, BuildError
+from electra_tf import DEFAULT_CORPUS, DEFAULT_VOCAB
+from tfrecord_builder import BuildError
 from tfrecord_builder.build import BuildConfig, build
 
 SAMPLE_CACHE = os.path.join("cache", "tfrecords")  # relative to the working directory

@@ -36,7 +36,7 @@ from absl import logging
 from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
-from tfrecord_builder.tokenizers import SPECIAL_TOKENS, bert_normalize, vocab_info
+from electra_tf.text import SPECIAL_TOKENS, bert_normalize, vocab_info
 
 VOCAB_TYPES = ("wordpiece", "sentencepiece")
 RESERVED_TOKENS = list(SPECIAL_TOKENS)  # [PAD] [UNK] [CLS] [SEP] [MASK] -> ids 0..4

@@ -1,1 +1,3 @@
-"""Checkpoints and models out of and into other layouts: TF1 and Hugging Face (`convert.py`), SavedModels (`export.py`, `saved_model_cli.py`)."""
+"""Checkpoints and models out of and into other layouts: TF1 and Hugging Face names and
+arrays (`formats.py`; the command line `convert.py`), SavedModels (`saved_model_cli.py`
+runs them; `finetune/export.py` writes them)."""

@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 from google.protobuf.message import DecodeError
 
-from tfrecord_builder import manifest as manifest_lib
+from electra_tf.data import manifest as manifest_lib
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 

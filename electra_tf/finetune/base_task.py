@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from electra_tf.finetune import DataError
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ from typing import Optional
 from absl import logging
 
 from electra_tf import configs, fileio
-from electra_tf.conversion import convert
+from electra_tf.conversion import formats
 from electra_tf.training.distribute import StrategyError
 from electra_tf.training.loop import RunError
 from electra_tf.training.checkpoints import CheckpointError
@@ -19,9 +19,9 @@ from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.tfds_data import from_tfds
 from electra_tf.finetune.trainer import ModelMismatchError, run
 from electra_tf.training.options import options_from_flags
-from tfrecord_builder import BuildError
+from electra_tf.text import VocabError
 
-USER_ERRORS = (configs.ConfigError, DataError, InitError, BuildError, StrategyError,
+USER_ERRORS = (configs.ConfigError, DataError, InitError, VocabError, StrategyError,
                RunError, CheckpointError, LeaseError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
@@ -37,10 +37,10 @@ def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> config
                         f"directory nor a checkpoint prefix with {init_checkpoint}.index)")
     if config:
         return configs.load_config(config).model
-    if init_checkpoint and convert.is_hf_dir(init_checkpoint):
+    if init_checkpoint and formats.is_hf_dir(init_checkpoint):
         try:  # a transformers ELECTRA / BERT directory: its config.json gives the sizes
-            return convert.read_hf_config(init_checkpoint)
-        except convert.ConvertError as e:
+            return formats.read_hf_config(init_checkpoint)
+        except formats.ConvertError as e:
             raise InitError(f"--init_checkpoint: {e}") from None
     if init_checkpoint:
         # A prefix (asked first: on ram:// isdir is true of a prefix too) or a directory.

@@ -15,7 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import rng
-from electra_tf.conversion import convert
+from electra_tf.conversion import formats
 from electra_tf.configs import ModelConfig
 from electra_tf.training.checkpoints import (CheckpointError, assign_arrays,
                                              checkpoint_reader, load_tf1_checkpoint,
@@ -210,9 +210,9 @@ def init_encoder_from_hf(encoder: Encoder, path: str):
     (config.json + model.safetensors). Returns the ignored transformers names (pooler,
     pre-training heads, buffers)."""
     try:
-        _, arrays, ignored = convert.import_hf_encoder(path)
+        _, arrays, ignored = formats.import_hf_encoder(path)
         assign_arrays(encoder, arrays)
-    except ValueError as e:  # convert.ConvertError, checkpoints.assign_arrays
+    except ValueError as e:  # formats.ConvertError, checkpoints.assign_arrays
         raise InitError(f"--init_checkpoint {path}: {str(e).splitlines()[0]}") from None
     if ignored:
         logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
@@ -225,7 +225,7 @@ def init_encoder(encoder: Encoder, path: str) -> str:
     checkpoint (`electra/...`), an object-based pre-training checkpoint (`ckpt-N`,
     model/electra/...), or a Hugging Face ELECTRA / BERT directory. The generator, the
     pooler and the pre-training heads are ignored. Returns the checkpoint used."""
-    if convert.is_hf_dir(path):
+    if formats.is_hf_dir(path):
         init_encoder_from_hf(encoder, path)
         return path
     prefix = resolve_checkpoint(path)

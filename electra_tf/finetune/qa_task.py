@@ -17,7 +17,7 @@ from electra_tf.finetune.metrics import squad_scores
 from electra_tf.finetune.squad import (WORD_SEPARATORS, SquadExample, SquadFeatures,
                                        convert_examples_to_features, postprocess, read_squad,
                                        to_dataset_answers)
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 
 # Serving must cut the context into the very words the training features were made from.
 _DELIMITERS = f"[{WORD_SEPARATORS}]+"

@@ -15,7 +15,7 @@ from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
                                          TaggingFeatures, convert_labels, convert_sentences,
                                          predictions_to_tags, read_conll)
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 
 # What a raw request is split on besides ASCII whitespace (tf.strings.split's set): BERT
 # also treats the Unicode space separators as blanks, and tf_text.WhitespaceTokenizer

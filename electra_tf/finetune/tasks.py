@@ -18,7 +18,7 @@ from electra_tf.finetune import DataError, metrics, where
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tagging_task import TaggingTask
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 
 Column = Union[str, int]  # a header name, or an index for header-less files
 

@@ -24,9 +24,9 @@ from electra_tf.training import distribute, lease
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
                                        layerwise_lr_multipliers, make_head)
-from electra_tf.conversion import export as export_lib
+from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 from electra_tf.training.optimization import AdamW, WarmupPolynomialDecay
 from electra_tf.training import loop
 from electra_tf.training.options import RunOptions

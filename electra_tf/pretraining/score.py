@@ -23,15 +23,14 @@ from absl import app, flags, logging  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from electra_tf import fileio  # noqa: E402
+from electra_tf import DEFAULT_VOCAB, fileio  # noqa: E402
 from electra_tf.configs import PretrainingConfig, load_config  # noqa: E402
-from electra_tf.finetune.text import TextEncoder  # noqa: E402
+from electra_tf.text import TextEncoder, VocabError  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
 from electra_tf.pretraining.losses import pseudo_log_likelihood  # noqa: E402
 from electra_tf.pretraining.objectives import OBJECTIVES  # noqa: E402
 from electra_tf.training.checkpoints import (CheckpointError, checkpoint_problem,  # noqa: E402
                                              newest_complete)
-from tfrecord_builder import DEFAULT_VOCAB, BuildError  # noqa: E402
 
 
 class ScoreError(ValueError):
@@ -176,7 +175,7 @@ def main(argv):
         if not 3 <= length <= cfg.model.max_position_embeddings:
             raise ScoreError(f"--max_seq_length={length} must be in 3.."
                              f"{cfg.model.max_position_embeddings}")
-    except (ScoreError, BuildError) as e:
+    except (ScoreError, VocabError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     logging.info("Scoring %d texts of %s with %s", len(lines), f.input, path)

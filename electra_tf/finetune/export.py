@@ -15,7 +15,7 @@ import tensorflow as tf
 from electra_tf import fileio
 from electra_tf.finetune.model import FinetuningModel
 from electra_tf.finetune.base_task import Task
-from electra_tf.finetune.text import TextEncoder
+from electra_tf.text import TextEncoder
 
 TEXT_SIGNATURE = "serving_default"
 IDS_SIGNATURE = "serve_token_ids"

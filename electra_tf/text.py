@@ -1,9 +1,11 @@
-"""Vocabularies, BERT's text normalisation and the builder's tokenizers (WordPiece through
-tf-text FastBertTokenizer, SentencePiece); fine-tuning's in-graph TextEncoder
-(electra_tf/finetune/text.py) builds on the same functions, so both give the same ids.
+"""Tokenization, the one owner: vocabularies, BERT's text normalisation, the builder's
+batch `Tokenizer` and the in-graph `TextEncoder` (tokenize and pack BERT inputs) that
+fine-tuning, the exported SavedModels and scoring use. All normalise with `normalize` and
+look up with the same tf-text tokenizers (WordPiece through FastBertTokenizer,
+SentencePiece), so the builder and fine-tuning give the same ids for the same text.
 
-Both tokenize whole batches of lines in C++ and hand back flat ids plus row splits; the
-vocabulary is checked for the special tokens ELECTRA needs before any work starts.
+A leaf module: it imports only `electra_tf.fileio`. Tokenization runs whole batches in
+C++; a vocabulary is checked for the special tokens ELECTRA needs before any work starts.
 Vocabulary files and SentencePiece models are read through TensorFlow's filesystem layer,
 so they may be local or on any filesystem TensorFlow knows (gs://...).
 """
@@ -11,7 +13,7 @@ so they may be local or on any filesystem TensorFlow knows (gs://...).
 import dataclasses
 import hashlib
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import sentencepiece as spm
@@ -19,9 +21,13 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from electra_tf import fileio
-from tfrecord_builder import BuildError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class VocabError(ValueError):
+    """A vocabulary or SentencePiece model that cannot be read or lacks a special token;
+    the message is one line naming the flag and the file."""
 
 
 def file_sha256(path: str) -> str:
@@ -33,12 +39,12 @@ def file_sha256(path: str) -> str:
 
 
 def read_vocab_bytes(path: str, flag: str) -> bytes:
-    """The bytes of a vocabulary file or SentencePiece model on any filesystem; BuildError
+    """The bytes of a vocabulary file or SentencePiece model on any filesystem; VocabError
     names `flag` and the path."""
     try:
         return fileio.read_bytes(path)
     except (OSError, tf.errors.OpError) as e:
-        raise BuildError(f"{flag}: cannot read {path}: {fileio.error_reason(e)}") from None
+        raise VocabError(f"{flag}: cannot read {path}: {fileio.error_reason(e)}") from None
 
 
 def read_wordpiece_vocab(path: str, data: Optional[bytes] = None) -> List[str]:
@@ -48,13 +54,13 @@ def read_wordpiece_vocab(path: str, data: Optional[bytes] = None) -> List[str]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BuildError(f"--vocab_file: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise VocabError(f"--vocab_file: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     tokens = text.split("\n")
     if tokens and tokens[-1] == "":
         tokens.pop()
     tokens = [t.rstrip("\r") for t in tokens]
     if not tokens:
-        raise BuildError(f"--vocab_file: {path} is empty")
+        raise VocabError(f"--vocab_file: {path} is empty")
     return tokens
 
 
@@ -68,7 +74,7 @@ def wordpiece_tokenizer(vocab: List[str]) -> tf_text.FastBertTokenizer:
 def _special_ids(lookup: Dict[str, int], path: str, flag: str) -> Dict[str, int]:
     missing = [t for t in SPECIAL_TOKENS if t not in lookup]
     if missing:
-        raise BuildError(f"{flag}: {path} lacks the special token(s) {', '.join(missing)}")
+        raise VocabError(f"{flag}: {path} lacks the special token(s) {', '.join(missing)}")
     return {t: lookup[t] for t in SPECIAL_TOKENS}
 
 
@@ -94,7 +100,7 @@ def read_spm_model(path: str, data: Optional[bytes] = None):
     try:
         return model, spm.SentencePieceProcessor(model_proto=model)
     except RuntimeError as e:
-        raise BuildError(f"--spm_model: {path} is not a SentencePiece model "
+        raise VocabError(f"--spm_model: {path} is not a SentencePiece model "
                          f"({str(e).splitlines()[0]})") from None
 
 
@@ -109,7 +115,7 @@ def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None
                          hashlib.sha256(model).hexdigest(),
                          _special_ids(lookup, spm_model, "--spm_model"), do_lower_case)
     if not vocab_file:
-        raise BuildError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
+        raise VocabError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
     raw = read_vocab_bytes(vocab_file, "--vocab_file")
     tokens = read_wordpiece_vocab(vocab_file, raw)
     lookup = {}
@@ -126,7 +132,7 @@ def read_vocab_data(info: VocabInfo) -> bytes:
     flag = "--spm_model" if info.kind == "sentencepiece" else "--vocab_file"
     data = read_vocab_bytes(info.path, flag)
     if hashlib.sha256(data).hexdigest() != info.sha256:
-        raise BuildError(f"{flag}: {info.path} changed while it was read; run again")
+        raise VocabError(f"{flag}: {info.path} changed while it was read; run again")
     return data
 
 
@@ -203,3 +209,112 @@ class Tokenizer:
 
     def ids_to_tokens(self, ids) -> List[str]:
         return [self.vocab[i] for i in ids]
+
+
+class TextEncoder(tf.Module):
+    """WordPiece (a BERT vocab.txt) or SentencePiece tokenization and BERT packing.
+
+    `tokenize(strings [N]) -> ragged ids [N, (tokens)]`; `pack(first, second=None,
+    max_seq_length)` -> dict of input_ids / input_mask / segment_ids [N, max_seq_length]
+    laid out as `[CLS] first [SEP] (second [SEP])` with BERT's truncation rule.
+    """
+
+    def __init__(self, vocab_file: Optional[str] = None, do_lower_case: bool = True,
+                 spm_model: Optional[str] = None, name: str = "text_encoder"):
+        super().__init__(name=name)
+        if (vocab_file is None) == (spm_model is None):
+            raise VocabError("give exactly one of --vocab_file and --spm_model")
+        self.do_lower_case = bool(do_lower_case)
+        if spm_model is not None:
+            proto, proc = read_spm_model(spm_model)
+            self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+            self.kind = "sentencepiece"
+            self.asset = tf.saved_model.Asset(spm_model)
+            self._tokenizer = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
+        else:
+            self.vocab = read_wordpiece_vocab(vocab_file)
+            self.kind = "wordpiece"
+            self.asset = tf.saved_model.Asset(vocab_file)
+            self._tokenizer = wordpiece_tokenizer(self.vocab)
+        lookup = {}
+        for i, token in enumerate(self.vocab):
+            lookup.setdefault(token, i)
+        self.special_ids: Dict[str, int] = _special_ids(
+            lookup, vocab_file or spm_model, "--vocab_file" if spm_model is None else "--spm_model")
+        self.vocab_size = len(self.vocab)
+        path = vocab_file or spm_model
+        self.vocab_path = path if fileio.is_remote(path) else \
+            os.path.abspath(path)  # local paths only: abspath would mangle gs://b/x
+        self._tokenize_fn = tf.function(self.tokenize, reduce_retracing=True)
+
+    # ------------------------------------------------------------------ graph ops
+
+    def tokenize(self, strings) -> tf.RaggedTensor:
+        """[N] strings -> [N, (tokens)] int32 ids."""
+        # SentencePiece keeps its accents: only WordPiece (BERT) strips them.
+        strings = normalize(strings, self.do_lower_case,
+                            strip_accents=self.kind == "wordpiece")
+        return self._tokenizer.tokenize(strings)
+
+    def pack(self, first: tf.RaggedTensor, second: Optional[tf.RaggedTensor] = None,
+             max_seq_length: int = 128) -> Dict[str, tf.Tensor]:
+        """Token ids of one or two segments -> padded BERT inputs [N, max_seq_length]."""
+        segments = [tf.cast(first, tf.int32)]
+        if second is not None:
+            segments.append(tf.cast(second, tf.int32))
+        # BERT's pair truncation (drop the last token of the longer segment, of the second
+        # on ties) keeps what a round robin allots; tests/test_finetune_text.py checks
+        # every pair of lengths. WaterfallTrimmer would empty the second segment first.
+        budget = max_seq_length - 1 - len(segments)  # [CLS], and a [SEP] per segment
+        segments = tf_text.RoundRobinTrimmer(budget).trim(segments)
+        ids, segment_ids = tf_text.combine_segments(
+            segments, self.special_ids["[CLS]"], self.special_ids["[SEP]"])
+        input_ids, input_mask = tf_text.pad_model_inputs(ids, max_seq_length,
+                                                         self.special_ids["[PAD]"])
+        segment_ids, _ = tf_text.pad_model_inputs(segment_ids, max_seq_length, 0)
+        return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+
+    def encode(self, first, second=None, max_seq_length: int = 128) -> Dict[str, tf.Tensor]:
+        """Raw strings [N] (and an optional second segment [N]) -> packed inputs."""
+        second_ids = None if second is None else self.tokenize(second)
+        return self.pack(self.tokenize(first), second_ids, max_seq_length)
+
+    # ------------------------------------------------------------------ host helpers
+
+    def tokenize_lists(self, strings: Sequence[str], batch_size: int = 4096) -> List[List[int]]:
+        """Python strings -> lists of ids, through the same graph ops (batched)."""
+        out: List[List[int]] = []
+        for start in range(0, len(strings), batch_size):
+            chunk = list(strings[start:start + batch_size])
+            ragged = self._tokenize_fn(tf.constant(chunk, tf.string))
+            flat = ragged.flat_values.numpy()
+            splits = ragged.row_splits.numpy()
+            out.extend(flat[splits[i]:splits[i + 1]].tolist() for i in range(len(chunk)))
+        return out
+
+    def encode_numpy(self, first: Sequence[str], second: Optional[Sequence[str]] = None,
+                     max_seq_length: int = 128, batch_size: int = 4096) -> Dict[str, np.ndarray]:
+        """Python strings -> numpy int32 inputs [N, max_seq_length] (the training path)."""
+        fn = self._encode_fn(max_seq_length, second is not None)
+        parts: Dict[str, List[np.ndarray]] = {}
+        for start in range(0, len(first), batch_size):
+            args = [tf.constant(list(first[start:start + batch_size]), tf.string)]
+            if second is not None:
+                args.append(tf.constant(list(second[start:start + batch_size]), tf.string))
+            for k, v in fn(*args).items():
+                parts.setdefault(k, []).append(v.numpy())
+        if not parts:
+            return {k: np.zeros([0, max_seq_length], np.int32)
+                    for k in ("input_ids", "input_mask", "segment_ids")}
+        return {k: np.concatenate(v) for k, v in parts.items()}
+
+    def _encode_fn(self, max_seq_length: int, pair: bool):
+        key = (max_seq_length, pair)
+        cache = self.__dict__.setdefault("_encode_cache", {})
+        if key not in cache:
+            if pair:
+                fn = lambda a, b: self.encode(a, b, max_seq_length)
+            else:
+                fn = lambda a: self.encode(a, None, max_seq_length)
+            cache[key] = tf.function(fn, reduce_retracing=True)
+        return cache[key]

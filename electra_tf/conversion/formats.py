@@ -1,0 +1,492 @@
+"""Checkpoint formats as a library: released TF1 checkpoints and Hugging Face `transformers`
+directories (safetensors, no torch) <-> one flat dict {TF1 name: numpy array}.
+
+Our Keras variable paths are the TF1 names (modeling.py), so each conversion is a name map
+plus kernel transposes. Here: the expected names and shapes of a model, config inference
+and inspection of a TF1 checkpoint, and the Hugging Face maps, readers and writers.
+Pre-training model_dir <-> TF1: `electra_tf.pretraining.model_dir`; the command line:
+`python -m electra_tf.conversion.convert`.
+"""
+
+import dataclasses
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from electra_tf import fileio  # noqa: E402
+from electra_tf.training import checkpoints  # noqa: E402
+from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
+                                apply_overrides, load_config, parse_overrides)
+
+SLOT_SUFFIXES = ("/adam_m", "/adam_v")
+_LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
+
+
+class ConvertError(ValueError):
+    """A checkpoint that cannot be converted; the message is one line."""
+
+
+# --- expected names and shapes --------------------------------------------------------
+
+def _embedding_shapes(scope: str, c: ModelConfig) -> Dict[str, tuple]:
+    e = c.embedding_size
+    return {f"{scope}/embeddings/word_embeddings": (c.vocab_size, e),
+            f"{scope}/embeddings/position_embeddings": (c.max_position_embeddings, e),
+            f"{scope}/embeddings/token_type_embeddings": (c.type_vocab_size, e),
+            f"{scope}/embeddings/LayerNorm/gamma": (e,),
+            f"{scope}/embeddings/LayerNorm/beta": (e,)}
+
+
+def _encoder_shapes(scope: str, c: ModelConfig, hidden: int, layers: int,
+                    intermediate: int) -> Dict[str, tuple]:
+    out = {}
+    if c.embedding_size != hidden:
+        out[f"{scope}/embeddings_project/kernel"] = (c.embedding_size, hidden)
+        out[f"{scope}/embeddings_project/bias"] = (hidden,)
+    for i in range(layers):
+        p = f"{scope}/encoder/layer_{i}"
+        for d in ("attention/self/query", "attention/self/key", "attention/self/value",
+                  "attention/output/dense"):
+            out[f"{p}/{d}/kernel"] = (hidden, hidden)
+            out[f"{p}/{d}/bias"] = (hidden,)
+        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
+            out[f"{p}/{ln}/gamma"] = (hidden,)
+            out[f"{p}/{ln}/beta"] = (hidden,)
+        out[f"{p}/intermediate/dense/kernel"] = (hidden, intermediate)
+        out[f"{p}/intermediate/dense/bias"] = (intermediate,)
+        out[f"{p}/output/dense/kernel"] = (intermediate, hidden)
+        out[f"{p}/output/dense/bias"] = (hidden,)
+    return out
+
+
+def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
+    """{TF1 name: shape} of every trainable variable of `ElectraPretrainingModel(c)`
+    (without the generator and its head when `generator` is False)."""
+    h = c.hidden_size
+    out = _embedding_shapes("electra", c)
+    out.update(_encoder_shapes("electra", c, h, c.num_hidden_layers, c.intermediate_size))
+    out.update({"discriminator_predictions/dense/kernel": (h, h),
+                "discriminator_predictions/dense/bias": (h,),
+                "discriminator_predictions/dense_1/kernel": (h, 1),
+                "discriminator_predictions/dense_1/bias": (1,)})
+    if not generator:
+        return out
+    gh = h if c.tie_all_weights else c.generator_hidden
+    if not c.tie_all_weights:
+        if not c.tie_embeddings:
+            out.update(_embedding_shapes("generator", c))
+        out.update(_encoder_shapes("generator", c, gh, c.generator_num_layers,
+                                   c.generator_intermediate))
+    e = c.embedding_size
+    out.update({"generator_predictions/dense/kernel": (gh, e),
+                "generator_predictions/dense/bias": (e,),
+                "generator_predictions/LayerNorm/gamma": (e,),
+                "generator_predictions/LayerNorm/beta": (e,),
+                "generator_predictions/output_bias": (c.vocab_size,)})
+    return out
+
+
+# --- inspecting a TF1 checkpoint ------------------------------------------------------
+
+def _num_layers(shapes, scope: str) -> int:
+    ids = [int(m.group(2)) for m in map(_LAYER_RE.match, shapes) if m and m.group(1) == scope]
+    return max(ids) + 1 if ids else 0
+
+
+def _need(shapes, name: str) -> List[int]:
+    if name not in shapes:
+        raise ConvertError(f"cannot infer the model: {name} is not in the checkpoint")
+    return list(shapes[name])
+
+
+def infer_model_config(shapes: Dict[str, List[int]],
+                       num_heads: Optional[int] = None) -> Tuple[ModelConfig, bool]:
+    """(ModelConfig, has_generator) from {TF1 name: shape}. Heads are hidden // 64 as in
+    the official code unless `num_heads` is given (the generator's always follow
+    ModelConfig.generator_heads)."""
+    vocab, emb = _need(shapes, "electra/embeddings/word_embeddings")
+    layers = _num_layers(shapes, "electra")
+    if not layers:
+        raise ConvertError("cannot infer the model: no electra/encoder/layer_N variables")
+    hidden = _need(shapes, "electra/encoder/layer_0/attention/self/query/kernel")[1]
+    fields = dict(
+        vocab_size=vocab, embedding_size=emb, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=num_heads or max(1, hidden // 64),
+        intermediate_size=_need(shapes, "electra/encoder/layer_0/intermediate/dense/kernel")[1],
+        max_position_embeddings=_need(shapes, "electra/embeddings/position_embeddings")[0],
+        type_vocab_size=_need(shapes, "electra/embeddings/token_type_embeddings")[0])
+    has_encoder = any(n.startswith("generator/") for n in shapes)
+    has_head = any(n.startswith("generator_predictions/") for n in shapes)
+    if has_encoder:
+        gl = _num_layers(shapes, "generator")
+        gh = _need(shapes, "generator/encoder/layer_0/attention/self/query/kernel")[1]
+        gi = _need(shapes, "generator/encoder/layer_0/intermediate/dense/kernel")[1]
+        mult = gh / hidden
+        if int(round(fields["intermediate_size"] * mult)) != gi:
+            raise ConvertError(f"generator FFN size {gi} is not {gh}/{hidden} of the "
+                               f"discriminator's {fields['intermediate_size']}")
+        fields.update(generator_hidden_size=mult, generator_layers=gl / layers,
+                      tie_embeddings="generator/embeddings/word_embeddings" not in shapes)
+    elif has_head:  # one encoder for both (tie_all_weights)
+        fields.update(generator_hidden_size=1.0, generator_layers=1.0, tie_all_weights=True)
+    config = ModelConfig(**fields)
+    try:
+        config.check()
+    except ConfigError as e:
+        raise ConvertError(f"inferred config is invalid: {e}") from None
+    return config, has_encoder or has_head
+
+
+@dataclasses.dataclass
+class Report:
+    """What a TF1 checkpoint holds relative to the model its shapes describe."""
+    config: ModelConfig
+    has_generator: bool
+    mapped: List[str]
+    missing: List[str]
+    unmapped: List[str]
+    slots: List[str]
+    global_step: Optional[int]
+
+    def lines(self) -> List[str]:
+        out = ["model config (inferred):"]
+        out += [f"  {k}: {v}" for k, v in dataclasses.asdict(self.config).items()]
+        out.append(f"generator: {'present' if self.has_generator else 'absent'}")
+        out.append(f"mapped variables: {len(self.mapped)}")
+        out.append(f"optimizer slots (ignored unless imported): {len(self.slots)}")
+        out.append(f"global_step: {self.global_step if self.global_step is not None else 'absent'}")
+        out.append(f"missing ({len(self.missing)}): {', '.join(self.missing) or '-'}")
+        out.append(f"unmapped ({len(self.unmapped)}): {', '.join(self.unmapped) or '-'}")
+        return out
+
+
+def classify(shapes: Dict[str, List[int]], config: ModelConfig,
+             generator: bool = True) -> Tuple[List[str], List[str], List[str], List[str]]:
+    """-> (mapped, missing, unmapped, slots); raises on a shape mismatch."""
+    expected = expected_shapes(config, generator)
+    mapped, unmapped, slots = [], [], []
+    for name in sorted(shapes):
+        if name == "global_step":
+            continue
+        if name.endswith(SLOT_SUFFIXES):
+            slots.append(name)
+        elif name in expected:
+            if tuple(shapes[name]) != tuple(expected[name]):
+                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != expected "
+                                   f"{list(expected[name])}")
+            mapped.append(name)
+        else:
+            unmapped.append(name)
+    missing = sorted(set(expected) - set(mapped))
+    return mapped, missing, unmapped, slots
+
+
+def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> Report:
+    """Reads a TF1 (name-based) checkpoint prefix or directory; raises ConvertError."""
+    reader = tf1_reader(ckpt_path)
+    shapes = reader.get_variable_to_shape_map()
+    config, has_generator = infer_model_config(shapes, num_heads)
+    mapped, missing, unmapped, slots = classify(shapes, config, has_generator)
+    step = int(reader.get_tensor("global_step")) if "global_step" in shapes else None
+    return Report(config, has_generator, mapped, missing, unmapped, slots, step)
+
+
+def _resolve(path: str) -> str:
+    if tf.io.gfile.exists(path + ".index"):  # a prefix: asked first, as checkpoint_reader does
+        return path
+    if tf.io.gfile.isdir(path):
+        try:
+            latest = checkpoints.newest_complete(path)
+        except checkpoints.CheckpointError as e:
+            raise ConvertError(str(e)) from None
+        if latest is None:
+            raise ConvertError(f"no checkpoint in directory {path}")
+        return latest
+    return path
+
+
+def tf1_reader(path: str):
+    """A reader of the TF1 checkpoint at `path` (a prefix, or a directory's newest
+    complete one); a ConvertError naming it when unreadable."""
+    path = _resolve(path)
+    try:
+        return checkpoints.checkpoint_reader(path)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConvertError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+
+
+# --- a pre-training config around an inferred model --------------------------------
+
+def pretraining_config(model: ModelConfig, base: Optional[str] = None,
+                       overrides: Optional[str] = None) -> PretrainingConfig:
+    """`model` with the other sections from preset/JSON `base` (default: the defaults);
+    max_seq_length is capped at the model's positions."""
+    cfg = load_config(base, None) if base else PretrainingConfig()
+    cfg = dataclasses.replace(cfg, model=model)
+    if cfg.train.max_seq_length > model.max_position_embeddings:
+        cfg = apply_overrides(cfg, {"train.max_seq_length": model.max_position_embeddings})
+    if overrides:
+        cfg = apply_overrides(cfg, parse_overrides(overrides))
+    try:
+        return cfg.check()
+    except ConfigError as e:
+        raise ConvertError(str(e)) from None
+
+
+# --- Hugging Face transformers (safetensors) ------------------------------------------
+
+_LEAF = {"kernel": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}
+
+
+def _hf_key(rest: str) -> Tuple[str, bool]:
+    """'encoder/layer_3/attention/self/query/kernel' -> ('encoder.layer.3.attention.self.
+    query.weight', transpose?)."""
+    parts = rest.split("/")
+    leaf = parts.pop()
+    parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", p) for p in parts]
+    if leaf.endswith("_embeddings"):
+        return ".".join(parts + [leaf, "weight"]), False
+    return ".".join(parts + [_LEAF[leaf]]), leaf == "kernel"
+
+
+def hf_name_map(config: ModelConfig, part: str) -> Dict[str, Tuple[str, bool]]:
+    """{TF1 name: (transformers parameter name, transpose)} for `part` 'discriminator'
+    (ElectraForPreTraining) or 'generator' (ElectraForMaskedLM; `generator_lm_head.weight`,
+    tied to the word embeddings, is added by the writer)."""
+    out = {}
+    if part == "discriminator":
+        for name in expected_shapes(config, generator=False):
+            scope, rest = name.split("/", 1)
+            if scope == "electra":
+                key, t = _hf_key(rest)
+                out[name] = ("electra." + key, t)
+            else:
+                key, t = _hf_key(rest.replace("dense_1/", "dense_prediction/"))
+                out[name] = ("discriminator_predictions." + key, t)
+        return out
+    enc = "electra" if config.tie_all_weights else "generator"
+    emb = "electra" if config.tie_embeddings or config.tie_all_weights else "generator"
+    for name in expected_shapes(config, generator=True):
+        scope, rest = name.split("/", 1)
+        if name == "generator_predictions/output_bias":
+            out[name] = ("generator_lm_head.bias", False)
+        elif scope == "generator_predictions":
+            key, t = _hf_key(rest)
+            out[name] = ("generator_predictions." + key, t)
+        elif scope == emb and rest.startswith("embeddings/"):
+            key, t = _hf_key(rest)
+            out[name] = ("electra." + key, t)
+        elif scope == enc and not rest.startswith("embeddings/"):
+            key, t = _hf_key(rest)
+            out[name] = ("electra." + key, t)
+    return out
+
+
+def hf_config(config: ModelConfig, part: str) -> Dict:
+    gen = part == "generator"
+    gh = config.hidden_size if config.tie_all_weights else config.generator_hidden
+    return {
+        "architectures": ["ElectraForMaskedLM" if gen else "ElectraForPreTraining"],
+        "model_type": "electra",
+        "vocab_size": config.vocab_size,
+        "embedding_size": config.embedding_size,
+        "hidden_size": gh if gen else config.hidden_size,
+        "num_hidden_layers": (config.num_hidden_layers if config.tie_all_weights
+                              else config.generator_num_layers) if gen
+        else config.num_hidden_layers,
+        "num_attention_heads": (max(1, gh // 64) if config.tie_all_weights else
+                                config.generator_heads) if gen else config.num_attention_heads,
+        "intermediate_size": (config.intermediate_size if config.tie_all_weights else
+                              config.generator_intermediate) if gen else config.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.hidden_dropout_prob,
+        "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+    }
+
+
+def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
+              part: str = "discriminator") -> str:
+    """Writes `out_dir/model.safetensors` and `out_dir/config.json` for `part` (any
+    filesystem; config.json, by which `is_hf_dir` recognises the directory, last)."""
+    from safetensors.numpy import save
+    tensors = {}
+    for name, (key, transpose) in hf_name_map(config, part).items():
+        if name not in arrays:
+            raise ConvertError(f"{name} is needed for the {part} export but missing")
+        a = np.asarray(arrays[name], np.float32)
+        tensors[key] = np.ascontiguousarray(a.T if transpose else a)
+    if part == "generator":
+        tensors["generator_lm_head.weight"] = tensors[
+            "electra.embeddings.word_embeddings.weight"].copy()
+    fileio.makedirs(out_dir)
+    fileio.write_atomic(fileio.join(out_dir, "model.safetensors"),
+                        save(tensors, metadata={"format": "pt"}))
+    fileio.write_json_atomic(fileio.join(out_dir, "config.json"), hf_config(config, part))
+    return out_dir
+
+
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face `transformers` model directory: a config.json naming a model_type."""
+    cfg = fileio.join(path, "config.json")
+    try:
+        if not (fileio.isdir(path) and fileio.isfile(cfg)):
+            return False
+        return "model_type" in fileio.read_json(cfg)
+    except (OSError, ValueError, TypeError, tf.errors.OpError):
+        return False
+
+
+def _read_hf(path: str, model_types=("electra",)) -> Tuple[Dict, Dict[str, np.ndarray]]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+    weights = fileio.join(path, "model.safetensors")
+    if not fileio.exists(weights) and fileio.exists(fileio.join(path, "pytorch_model.bin")):
+        raise ConvertError(f"{path} holds pytorch_model.bin, which needs torch to read: convert "
+                           "it to model.safetensors (e.g. save_pretrained(..., "
+                           "safe_serialization=True))")
+    what = "config.json"
+    try:
+        cfg = fileio.read_json(fileio.join(path, what))
+        what = "model.safetensors"  # read as bytes: any filesystem
+        tensors = load(fileio.read_bytes(weights))
+    except (OSError, ValueError, TypeError, SafetensorError, tf.errors.OpError) as e:
+        msg = f"{what}: {fileio.error_reason(e)}"
+        raise ConvertError(f"cannot read Hugging Face directory {path}: {msg}") from None
+    if cfg.get("model_type") not in model_types:
+        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not "
+                           f"{' or '.join(model_types)}")
+    return cfg, tensors
+
+
+def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
+    """The ModelConfig of a transformers ELECTRA or BERT config.json (BERT: embedding
+    size = hidden size, so no embeddings_project)."""
+    act = cfg.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ConvertError(f"{path}: hidden_act {act!r} is not supported (the encoder uses "
+                           "exact gelu)")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ConvertError(f"{path}: position_embedding_type "
+                           f"{cfg['position_embedding_type']!r} is not absolute")
+    try:
+        h = cfg["hidden_size"]
+        return ModelConfig(
+            vocab_size=cfg["vocab_size"], embedding_size=cfg.get("embedding_size", h),
+            hidden_size=h, num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"],
+            hidden_dropout_prob=cfg.get("hidden_dropout_prob", 0.1),
+            attention_probs_dropout_prob=cfg.get("attention_probs_dropout_prob", 0.1),
+            max_position_embeddings=cfg["max_position_embeddings"],
+            type_vocab_size=cfg.get("type_vocab_size", 2),
+            initializer_range=cfg.get("initializer_range", 0.02),
+            layer_norm_eps=cfg.get("layer_norm_eps", 1e-12))
+    except KeyError as e:
+        raise ConvertError(f"{path}: config.json has no {e.args[0]}") from None
+
+
+def read_hf_config(path: str) -> ModelConfig:
+    """hf_model_config of the config.json in a transformers ELECTRA / BERT directory."""
+    try:
+        cfg = fileio.read_json(fileio.join(path, "config.json"))
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        raise ConvertError(f"cannot read {fileio.join(path, 'config.json')}: "
+                           f"{fileio.error_reason(e)}") from None
+    if cfg.get("model_type") not in ("electra", "bert"):
+        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra "
+                           "or bert")
+    return hf_model_config(cfg, path)
+
+
+def hf_encoder_map(config: ModelConfig, prefix: str) -> Dict[str, Tuple[str, bool]]:
+    """{TF1 name: (transformers name, transpose)} of the discriminator encoder
+    (`electra/embeddings...`, `electra/encoder/layer_N/...`); `prefix` is the transformers
+    module ('electra.', 'bert.' or '' for a bare ElectraModel / BertModel)."""
+    out = {}
+    h = config.hidden_size
+    names = dict(_embedding_shapes("electra", config))
+    names.update(_encoder_shapes("electra", config, h, config.num_hidden_layers,
+                                 config.intermediate_size))
+    for name in names:
+        key, t = _hf_key(name.split("/", 1)[1])
+        out[name] = (prefix + key, t)
+    return out
+
+
+def import_hf_encoder(path: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], List[str]]:
+    """A transformers ELECTRA (ElectraForPreTraining / ElectraModel / ...) or BERT (BertModel,
+    BertForPreTraining, ...) directory -> (ModelConfig, {TF1 encoder name: array}, ignored
+    transformers names: pooler, heads, buffers)."""
+    cfg, tensors = _read_hf(path, ("electra", "bert"))
+    config = hf_model_config(cfg, path)
+    # Older BERT files name LayerNorm parameters gamma / beta.
+    tensors = {re.sub(r"(LayerNorm)\.gamma$", r"\1.weight",
+                      re.sub(r"(LayerNorm)\.beta$", r"\1.bias", k)): v
+               for k, v in tensors.items()}
+    module = cfg["model_type"] + "."
+    prefix = module if f"{module}embeddings.word_embeddings.weight" in tensors else ""
+    want = dict(_embedding_shapes("electra", config))
+    want.update(_encoder_shapes("electra", config, config.hidden_size,
+                                config.num_hidden_layers, config.intermediate_size))
+    arrays, used = {}, set()
+    for name, (key, transpose) in hf_encoder_map(config, prefix).items():
+        if key not in tensors:
+            raise ConvertError(f"{path}: {key} (for {name}) is not in model.safetensors")
+        a = tensors[key].T if transpose else tensors[key]
+        if tuple(a.shape) != tuple(want[name]):
+            raise ConvertError(f"{path}: {key} has shape {list(tensors[key].shape)}, config.json "
+                               f"implies {list(want[name][::-1] if transpose else want[name])}")
+        arrays[name] = np.ascontiguousarray(a, dtype=np.float32)
+        used.add(key)
+    return config, arrays, sorted(k for k in tensors if k not in used)
+
+
+def import_hf(disc_dir: str, gen_dir: Optional[str] = None
+              ) -> Tuple[ModelConfig, Dict[str, np.ndarray], List[str]]:
+    """Hugging Face ElectraForPreTraining (+ optional ElectraForMaskedLM) directories ->
+    (ModelConfig, {TF1 name: array}, unmapped transformers names)."""
+    d, dt = _read_hf(disc_dir)
+    fields = dataclasses.asdict(hf_model_config(d, disc_dir))
+    parts = [("discriminator", dt)]
+    if gen_dir:
+        g, gt = _read_hf(gen_dir)
+        mult = g["hidden_size"] / d["hidden_size"]
+        tied = all(np.array_equal(gt.get(f"electra.embeddings.{k}"),
+                                  dt.get(f"electra.embeddings.{k}"))
+                   for k in ("word_embeddings.weight", "position_embeddings.weight",
+                             "token_type_embeddings.weight", "LayerNorm.weight",
+                             "LayerNorm.bias"))
+        fields.update(generator_hidden_size=mult,
+                      generator_layers=g["num_hidden_layers"] / d["num_hidden_layers"],
+                      tie_embeddings=tied)
+        parts.append(("generator", gt))
+    config = ModelConfig(**fields)
+    arrays, used = {}, {part: set() for part, _ in parts}
+    for part, tensors in parts:
+        for name, (key, transpose) in hf_name_map(config, part).items():
+            if key not in tensors:
+                raise ConvertError(f"{part}: {key} (for {name}) is not in model.safetensors")
+            a = tensors[key].T if transpose else tensors[key]
+            used[part].add(key)
+            if name in arrays:  # tied embeddings come with both parts
+                continue
+            want = expected_shapes(config, generator=bool(gen_dir))[name]
+            if tuple(a.shape) != tuple(want):
+                raise ConvertError(f"{key}: shape {list(a.shape)} != expected {list(want)}")
+            arrays[name] = np.ascontiguousarray(a)
+    unmapped = sorted(f"{part}:{k}" for part, tensors in parts for k in tensors
+                      if k not in used[part] and k != "generator_lm_head.weight")
+    return config, arrays, unmapped

@@ -1,0 +1,96 @@
+"""A pre-training model_dir <-> a released (TF1, name-based) checkpoint: import a TF1
+checkpoint as a model_dir that `run_pretraining.py` continues (weights, Adam slots,
+global_step), restore a model_dir, export it with the released names.
+
+The names, shapes and config inference are `electra_tf.conversion.formats`; the command
+line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1,export-hf}`.
+"""
+
+import os
+from typing import Dict, Optional, Tuple
+
+import tensorflow as tf
+
+from electra_tf import fileio
+from electra_tf.configs import PretrainingConfig, load_config
+from electra_tf.conversion.formats import (SLOT_SUFFIXES, ConvertError, Report, tf1_reader,
+                                           inspect_tf1, pretraining_config)
+from electra_tf.model.modeling import tf1_name, tf1_variables
+from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.training import checkpoints
+
+
+def _trainer(cfg: PretrainingConfig):
+    return Pretrainer(cfg, tf.distribute.get_strategy())
+
+
+def _named_variables(trainer) -> Dict[str, object]:
+    """{TF1 name: variable} for the weights, their Adam slots and global_step."""
+    out = dict(tf1_variables(trainer.model))
+    for key, slot in trainer.optimizer.slot_variables().items():
+        base, suffix = key.rsplit("/", 1)
+        out[f"{tf1_name(base)}/{suffix}"] = slot
+    out["global_step"] = trainer.global_step
+    return out
+
+
+def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
+                     overrides: Optional[str] = None, num_heads: Optional[int] = None,
+                     allow_missing: bool = False) -> Tuple[Report, str]:
+    """Writes `model_dir/config.json` and a training checkpoint (`ckpt-<step>`) from which
+    `run_pretraining.py --model_dir=model_dir --config=model_dir/config.json` continues:
+    weights, Adam slots when the checkpoint has them (else zeros), global_step when present
+    (else 0). Returns (report, checkpoint path)."""
+    if fileio.isdir(model_dir) and checkpoints.find_checkpoints(model_dir):
+        raise ConvertError(f"{model_dir} already holds a checkpoint; refusing to overwrite")
+    report = inspect_tf1(ckpt_path, num_heads)
+    if report.missing and not allow_missing:
+        raise ConvertError(f"{len(report.missing)} model variables are not in the checkpoint "
+                           f"(first: {report.missing[0]}); pass --allow_missing to keep their "
+                           "random init")
+    cfg = pretraining_config(report.config, base, overrides)
+    trainer = _trainer(cfg)
+    reader = tf1_reader(ckpt_path)
+    shapes = reader.get_variable_to_shape_map()
+    for name, var in _named_variables(trainer).items():
+        if name in shapes:
+            if tuple(shapes[name]) != tuple(var.shape):
+                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != "
+                                   f"expected {list(var.shape)}")
+            var.assign(tf.cast(reader.get_tensor(name), var.dtype))
+    fileio.makedirs(model_dir)
+    fileio.write_json_atomic(os.path.join(model_dir, "config.json"), cfg.to_json())
+    # The checkpoint state file the manager writes after the checkpoint marks completion.
+    manager = tf.train.CheckpointManager(trainer.checkpoint(), model_dir,
+                                         max_to_keep=1, step_counter=trainer.global_step)
+    return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
+
+
+def load_model_dir(model_dir: str):
+    """-> a Pretrainer with the newest checkpoint of our `model_dir` restored."""
+    cfg = load_config(os.path.join(model_dir, "config.json"))
+    try:
+        latest = checkpoints.newest_complete(model_dir)
+    except checkpoints.CheckpointError as e:
+        raise ConvertError(str(e)) from None
+    if latest is None:
+        raise ConvertError(f"no checkpoint in {model_dir}")
+    trainer = _trainer(cfg)
+    trainer.checkpoint().restore(latest).expect_partial()
+    return trainer
+
+
+def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = False) -> str:
+    """Our training checkpoint -> a name-based checkpoint with the released names
+    (weights and global_step; the `<var>/adam_m|v` slots too with `include_optimizer`).
+    A GDES run exports the released untied layout (the discriminator's tables folded)."""
+    trainer = load_model_dir(model_dir)
+    if include_optimizer and trainer.cfg.model.disentangled_embeddings:
+        raise ConvertError("--include_optimizer: the optimizer state of a GDES run's "
+                           "embedding deltas has no released layout; export the weights alone")
+    arrays = checkpoints.model_arrays(trainer.model)  # GDES deltas folded
+    if include_optimizer:
+        arrays.update({n: v.numpy() for n, v in _named_variables(trainer).items()
+                       if n.endswith(SLOT_SUFFIXES)})
+    arrays["global_step"] = trainer.global_step.numpy()
+    return checkpoints.write_tf1(arrays, prefix)
