@@ -57,6 +57,13 @@ DONE = "DONE.json"
 LR = "optimizer.learning_rate"
 BERT = {"objective.objective": "mlm", "objective.mask_token_prob": "0.8",
         "objective.random_token_prob": "0.1"}
+# Encoder shapes at about the train FLOPs of the tiny preset (128 wide, 2 layers): at length
+# 64 the 30,522-word output layers dominate a step, so twice the width costs 1.33x per step
+# (1,500 steps match 2,000) and a narrow deep encoder (64 wide, 8 layers) 1.01x (2,000).
+WIDE = {"model.hidden_size": "256", "model.num_attention_heads": "4",
+        "model.intermediate_size": "1024"}
+NARROW = {"model.hidden_size": "64", "model.num_hidden_layers": "8",
+          "model.num_attention_heads": "2", "model.intermediate_size": "256"}
 
 # name -> corpus (movies: the task's training text, 8,568 sentences, labels unused; wiki:
 # the bundled Wikipedia sample; both), config overrides, steps, the steps fine-tuned.
@@ -93,6 +100,16 @@ SETTINGS = collections.OrderedDict([
     ("electra_lr1e-4", Setting("movies", {LR: "1e-4"}, 2000, [2000], "ELECTRA, lr 1e-4")),
     ("electra_lr3e-4_both", Setting("both", {LR: "3e-4"}, 2000, [2000],
                                     "ELECTRA, lr 3e-4, task text + Wikipedia sample")),
+    ("none_wide", Setting(None, dict(WIDE), 0, [0],
+                          "no pre-training, encoder 256 wide (4 heads, FFN 1,024), 2 layers")),
+    ("electra_wide_lr3e-4", Setting("movies", dict(WIDE, **{LR: "3e-4"}), 1500, [1500],
+                                    "ELECTRA, lr 3e-4, encoder 256 wide, 2 layers: the "
+                                    "FLOPs of 2,000 tiny steps")),
+    ("none_narrow", Setting(None, dict(NARROW), 0, [0],
+                            "no pre-training, encoder 64 wide (2 heads, FFN 256), 8 layers")),
+    ("electra_narrow_lr3e-4", Setting("movies", dict(NARROW, **{LR: "3e-4"}), 2000, [2000],
+                                      "ELECTRA, lr 3e-4, encoder 64 wide, 8 layers: the "
+                                      "FLOPs of 2,000 tiny steps")),
 ])
 
 
@@ -102,6 +119,9 @@ def check_setting(name: str, s: Setting):
     if s.steps == 0:
         if s.points != [0] or s.corpus is not None:
             raise ExperimentError(f"{name}: a setting without pre-training has points [0]")
+        if any(not k.startswith("model.") for k in s.overrides):
+            raise ExperimentError(f"{name}: a setting without pre-training overrides only "
+                                  "model.* keys (the shape it initialises)")
         return
     if any(p % min(s.points) or p > s.steps for p in s.points):
         raise ExperimentError(f"{name}: points {s.points} must be multiples of "
@@ -245,13 +265,26 @@ def pretrain(args, name: str, s: Setting) -> Optional[dict]:
     return marker
 
 
+def random_init_config(args, name: str) -> str:
+    """--config for a randomly initialised start: the preset, or with a setting's model.*
+    overrides a JSON of that shape under WORK/configs."""
+    overrides = SETTINGS[name].overrides
+    if not overrides:
+        return PRESET
+    fileio.makedirs(os.path.join(args.work_dir, "configs"))
+    path = os.path.join(args.work_dir, "configs", f"{name}.json")
+    fileio.write_json_atomic(path, configs.load_config(PRESET, dict(overrides)).to_json())
+    return path
+
+
 def finetune(args, name: str, step: int) -> Optional[dict]:
     out = os.path.join(args.work_dir, "finetune", name, f"step{step}")
     marker = read_json(os.path.join(out, DONE))
     if marker:
         return marker
-    init = ["--init_checkpoint=none", f"--config={PRESET}"] if step == 0 else [
-        "--init_checkpoint=" + os.path.join(args.work_dir, "pretrain", name, f"ckpt-{step}")]
+    init = ["--init_checkpoint=none", f"--config={random_init_config(args, name)}"] \
+        if step == 0 else [
+            "--init_checkpoint=" + os.path.join(args.work_dir, "pretrain", name, f"ckpt-{step}")]
     cmd = [sys.executable, os.path.join(REPO, "run_finetuning.py"), "--task=polarity",
            f"--data_dir={few_label_task(args)}", f"--model_dir={out}",
            f"--num_trials={args.seeds}", f"--num_train_epochs={args.epochs}",
@@ -271,6 +304,14 @@ def finetune(args, name: str, step: int) -> Optional[dict]:
     return marker
 
 
+def baseline_of(name: str) -> str:
+    """The no-pre-training setting a row is judged against: the one of the same encoder
+    shape (the same model.* overrides), else `none`."""
+    shape = {k: v for k, v in SETTINGS[name].overrides.items() if k.startswith("model.")}
+    return next((n for n, s in SETTINGS.items() if s.steps == 0 and s.overrides == shape),
+                "none")
+
+
 def collect(args) -> Dict:
     rows = []
     for name, s in SETTINGS.items():
@@ -283,6 +324,7 @@ def collect(args) -> Dict:
             log = os.path.join(args.work_dir, "logs", f"pretrain_{name}.log")
             at_point = last_metrics(log, step) if step else {}
             rows.append({"setting": name, "what": s.what, "corpus": s.corpus, "step": step,
+                         "baseline": baseline_of(name),
                          "pretrain_steps": s.steps, "pretrain_seconds": pm.get("seconds"),
                          "flops": per_step * step, "final_metrics": at_point,
                          "scores": fm["scores"], "train_losses": fm.get("train_losses", [])})
@@ -292,7 +334,7 @@ def collect(args) -> Dict:
 
 def render(results: Dict, command: str) -> str:
     rows = results["rows"]
-    base = next((r["scores"] for r in rows if r["setting"] == "none"), None)
+    scores = {r["setting"]: r["scores"] for r in rows if r["step"] == 0}
     out = ["# Few-label transfer: does pre-training help at this compute?", "",
            f"Command: `{command}`", "", f"Machine: {machine()}", "",
            f"Task: {results['num_labels']} labelled movie snippets, 2,000-sentence dev set "
@@ -301,13 +343,16 @@ def render(results: Dict, command: str) -> str:
            "Pre-training wall times are left out: the 2-core machine ran several jobs at once "
            "and some were paused.", "",
            "| setting | corpus | step | train FLOPs | pre-training at that step: disc AUC / MLM acc "
-           "| fine-tuning train loss | dev accuracy: mean (min-max) | vs none |",
+           "| fine-tuning train loss | dev accuracy: mean (min-max) | vs no pre-training "
+           "of its shape |",
            "|---|---|---:|---:|---|---|---|---|"]
     for r in rows:
         m = r["final_metrics"]
         sc = r["scores"]
         mean = statistics.fmean(sc)
-        vs = _cm.separation(sc, base) if base and r["setting"] != "none" else "—"
+        base = r.get("baseline", "none")
+        vs = "—" if r["step"] == 0 or base not in scores else \
+            f"{_cm.separation(sc, scores[base])} ({base})"
         auc = f"{m['disc_auc']:.3f}" if "disc_auc" in m else "—"
         acc = m.get("mlm_acc", m.get("main_lm_acc"))
         intr = "—" if not m else f"{auc} / " + ("—" if acc is None else f"{acc:.3f}")

@@ -37,6 +37,7 @@ def test_every_setting_is_valid_and_none_comes_first():
     (ts.Setting("movies", {}, 1000, [500, 1500], "x"), "at most 1000"),
     (ts.Setting("movies", {"optimizer.no_such_knob": "1"}, 1000, [1000], "x"), "no_such_knob"),
     (ts.Setting(None, {}, 0, [100], "x"), r"points \[0\]"),
+    (ts.Setting(None, {"optimizer.learning_rate": "1e-4"}, 0, [0], "x"), r"only model\.\*"),
 ])
 def test_a_bad_setting_is_refused_by_name(setting, message):
     with pytest.raises(ts.ExperimentError, match="bad: .*" + message):
@@ -114,12 +115,42 @@ def test_the_table_marks_rows_against_the_no_pretraining_seeds():
     table = ts.render(results, "cmd")
     lines = {line.split(":")[0].strip("| "): line for line in table.splitlines()
              if line.startswith("| ") and ":" in line}
-    assert lines["low"].endswith("| 0.5100 (0.5000-0.5200) | below |")
-    assert lines["high"].endswith("| 0.6700 (0.6500-0.7000) | above |")
-    assert lines["mixed"].endswith("| within spread |")
+    assert lines["low"].endswith("| 0.5100 (0.5000-0.5200) | below (none) |")
+    assert lines["high"].endswith("| 0.6700 (0.6500-0.7000) | above (none) |")
+    assert lines["mixed"].endswith("| within spread (none) |")
     assert "| 0.550 / 0.170 | 0.500 |" in lines["low"]
     assert "| 8.00e+13 | 0.550 / 0.170 |" in lines["low"]
     bert = dict(row, setting="bert", final_metrics={"main_lm_acc": 0.11}, scores=[0.5] * 3)
     table = ts.render(dict(results, rows=results["rows"] + [bert]), "cmd")
     assert "| — / 0.110 |" in [l for l in table.splitlines() if l.startswith("| bert")][0]
     assert lines["none"].endswith("| 0.6200 (0.6000-0.6400) | — |")
+
+
+def test_a_row_is_judged_against_no_pretraining_of_its_own_shape():
+    assert ts.baseline_of("electra_preset") == "none"
+    assert ts.baseline_of("electra_wide_lr3e-4") == "none_wide"
+    assert ts.baseline_of("electra_narrow_lr3e-4") == "none_narrow"
+    row = dict(what="w", corpus="movies", step=1500, pretrain_steps=1500, flops=8e13,
+               pretrain_seconds=1.0, final_metrics={}, train_losses=[])
+    rows = [dict(row, setting="none", baseline="none", step=0, scores=[0.60, 0.62]),
+            dict(row, setting="none_wide", baseline="none_wide", step=0, scores=[0.40, 0.42]),
+            dict(row, setting="wide", baseline="none_wide", scores=[0.50, 0.51]),
+            dict(row, setting="orphan", baseline="none_narrow", scores=[0.50, 0.51])]
+    table = ts.render({"num_labels": 500, "seeds": 2, "epochs": 10, "rows": rows}, "cmd")
+    lines = {l.split(":")[0].strip("| "): l for l in table.splitlines() if l.startswith("| ")}
+    assert lines["wide"].endswith("| 0.5050 (0.5000-0.5100) | above (none_wide) |")
+    assert lines["orphan"].endswith("| 0.5050 (0.5000-0.5100) | — |")
+    assert lines["none_wide"].endswith("| — |")
+
+
+def test_a_random_start_of_another_shape_gets_a_config_of_that_shape(tmp_path):
+    from electra_tf import configs
+    args = _args(tmp_path, tmp_path)
+    assert ts.random_init_config(args, "none") == "tiny"
+    path = ts.random_init_config(args, "none_wide")
+    cfg = configs.load_config(path)
+    tiny = configs.load_config("tiny")
+    assert (cfg.model.hidden_size, cfg.model.num_attention_heads,
+            cfg.model.intermediate_size, cfg.model.num_hidden_layers) == (256, 4, 1024, 2)
+    assert cfg.model.embedding_size == tiny.model.embedding_size == 64
+    assert cfg.train == tiny.train
