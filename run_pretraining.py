@@ -17,7 +17,9 @@ from absl import app, flags, logging  # noqa: E402
 
 from electra_tf.training.options import define_run_flags, options_from_flags  # noqa: E402
 
-from electra_tf.configs import GENERATORS, OBJECTIVE_NAMES  # noqa: E402  (no TensorFlow import)
+# No TensorFlow import in these two:
+from electra_tf.configs import GENERATORS, ObjectiveConfig  # noqa: E402
+from electra_tf.objective_specs import SPECS  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "tiny", "A preset (tiny, small, small_plus, base, large) or a "
@@ -36,10 +38,10 @@ flags.DEFINE_integer("save_checkpoints_steps", None, "Overrides the config.")
 flags.DEFINE_integer("steps_per_loop", None, "Compiled steps per host visit.")
 flags.DEFINE_integer("grad_accum_steps", None, "Micro-batches per update.")
 flags.DEFINE_float("learning_rate", None, "Overrides optimizer.learning_rate.")
-flags.DEFINE_enum("objective", None, list(OBJECTIVE_NAMES),
-                  "Overrides objective.objective: electra (default), electra_15, mlm, "
-                  "replace_mlm, all_tokens_mlm, two_stage, adversarial, hp_loss, hp_dist, electric "
-                  "(README: Objective variants).")
+flags.DEFINE_enum("objective", None, list(SPECS),
+                  f"Overrides objective.objective (default {ObjectiveConfig.objective}; "
+                  "README: Objective variants): " +
+                  "; ".join(f"{s.name}: {s.description}" for s in SPECS.values()) + ".")
 flags.DEFINE_enum("generator", None, list(GENERATORS),
                   "Overrides objective.generator: the sized masked-LM generator, uniform / "
                   "unigram proposals (unigram reads the builder's token counts), or fixed: "

@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from absl import logging
 
+from electra_tf.objective_specs import SPECS
+
 # Repo-internal presets (local, next to this package); user config files go through
 # TensorFlow's filesystem layer (`load_config`).
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
@@ -112,16 +114,11 @@ class ModelConfig:
                               "share all weights (use --generator_tying=embeddings or none)")
 
 
-# Pre-training objectives (`electra_tf.pretraining.objectives.OBJECTIVES`): ELECTRA and the ELECTRA
-# paper's comparisons (3.2, 3.5, Appendix F), and the sampling heads of "Learning to Sample
-# Replacements for ELECTRA" (hp_loss, hp_dist).
-OBJECTIVE_NAMES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm",
-                   "two_stage", "adversarial", "hp_loss", "hp_dist", "electric")
+# Pre-training objectives: one spec each (`objective_specs.SPECS`), one class each
+# (`electra_tf.pretraining.objectives.OBJECTIVES`).
+OBJECTIVE_NAMES = tuple(SPECS)
 GENERATORS = ("masked_lm", "uniform", "unigram", "fixed")
 TEMPERATURE_SHAPES = ("linear", "cosine", "exponential")
-# Objectives whose generator network is trained (it cannot be uniform / unigram / fixed).
-GENERATOR_TRAINING_OBJECTIVES = ("two_stage", "adversarial", "hp_loss", "hp_dist",
-                                 "electric")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +154,7 @@ class ObjectiveConfig:
     # "piecewise" (gamma 3 where p_G > 0.2, else 5).
     gen_focal_gamma: str = "0"
     # hp_loss / hp_dist: weight of the sampling head's loss (lambda_1); -1 takes the
-    # paper's value (5 for hp_loss, 1 for hp_dist).
+    # paper's value (the objective's `ObjectiveSpec.hp_weight`).
     hp_weight: float = -1.0
     # two_stage: the step at which the generator freezes and the discriminator starts
     # (initialised from it); 0 = half of train.num_train_steps.
@@ -177,11 +174,12 @@ class ObjectiveConfig:
         if self.temperature <= 0:
             raise ConfigError(f"objective.temperature={self.temperature} must be > 0")
         self.schedule()
-        if self.mask_with_replacement and (self.objective != "electra" or
+        official = [s.name for s in SPECS.values() if s.official_masking]
+        if self.mask_with_replacement and (self.objective not in official or
                                            self.random_token_prob > 0):
             raise ConfigError("objective.mask_with_replacement reproduces the official "
-                              "ELECTRA masking: it needs objective=electra and "
-                              "random_token_prob=0")
+                              f"ELECTRA masking: it needs objective={' or '.join(official)} "
+                              "and random_token_prob=0")
         if (self.generator == "fixed") != bool(self.generator_checkpoint):
             raise ConfigError("objective.generator=fixed and objective.generator_checkpoint "
                               "(--generator_checkpoint) go together: give both or neither")
@@ -192,7 +190,7 @@ class ObjectiveConfig:
         if self.two_stage_switch_step < 0:
             raise ConfigError(f"objective.two_stage_switch_step={self.two_stage_switch_step} "
                               "must be >= 0")
-        if self.generator != "masked_lm" and self.objective in GENERATOR_TRAINING_OBJECTIVES:
+        if self.generator != "masked_lm" and SPECS[self.objective].trains_generator:
             raise ConfigError(f"objective.objective={self.objective} trains the generator "
                               f"network; objective.generator={self.generator} has none")
 
@@ -231,9 +229,7 @@ class ObjectiveConfig:
 
     def sampling_weight(self) -> float:
         """lambda_1 of the hardness-prediction head (the paper's value unless set)."""
-        if self.hp_weight >= 0:
-            return self.hp_weight
-        return 5.0 if self.objective == "hp_loss" else 1.0
+        return self.hp_weight if self.hp_weight >= 0 else SPECS[self.objective].hp_weight
 
     def switch_step(self, num_train_steps: int) -> int:
         """two_stage: the first step of the discriminator stage."""
@@ -328,25 +324,26 @@ class PretrainingConfig:
         self.optimizer.check()
         self.train.check(self.model)
         m, o = self.model, self.objective
-        if o.objective == "two_stage":
+        if SPECS[o.objective].phases:  # two_stage
             if (m.generator_hidden, m.generator_num_layers, m.generator_heads,
                     m.generator_intermediate) != (m.hidden_size, m.num_hidden_layers,
                                                   m.num_attention_heads, m.intermediate_size):
                 raise ConfigError(
-                    "objective.objective=two_stage initialises the discriminator from the "
+                    f"objective.objective={o.objective} initialises the discriminator from the "
                     "generator: set model.generator_hidden_size=1.0 and generator_layers=1.0 "
                     f"(and num_attention_heads={max(1, m.hidden_size // 64)}, the "
                     "generator's head count)")
             if m.tie_embeddings or m.tie_all_weights:
-                raise ConfigError("objective.objective=two_stage freezes the generator while "
+                raise ConfigError(f"objective.objective={o.objective} freezes the generator while "
                                   "the discriminator trains: set model.tie_embeddings=false")
             if not 0 < o.switch_step(self.train.num_train_steps) < self.train.num_train_steps:
                 raise ConfigError(f"objective.two_stage_switch_step="
                                   f"{o.two_stage_switch_step} must fall inside the run's "
                                   f"{self.train.num_train_steps} steps")
-        if m.two_tower_generator and o.objective != "electric":
+        towers = [s.name for s in SPECS.values() if s.generator_towers == 2]
+        if m.two_tower_generator and o.objective not in towers:
             raise ConfigError("model.two_tower_generator is ELECTRIC's noise model: use it "
-                              f"with --objective=electric, not {o.objective}")
+                              f"with --objective={' or '.join(towers)}, not {o.objective}")
         return self
 
     def to_json(self) -> Dict[str, Any]:
@@ -566,22 +563,12 @@ def _with_overrides(cfg, overrides: Optional[Union[str, Dict[str, Any]]]):
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 
-# What an objective (or a generator kind) needs of the model, set for it unless the user
-# set otherwise, keyed by (config key, value): two_stage initialises the discriminator from
-# the generator (equal sizes) and freezes the generator while the discriminator trains
-# (nothing shared); electric's noise model is the two-tower cloze generator; a fixed
-# generator must not share embeddings the discriminator trains. (key, value, the flag)
+# What an objective (its spec's `requirements`) or a generator kind needs of the model, set
+# for it unless the user set otherwise, keyed by (config key, value): a fixed generator
+# must not share embeddings the discriminator trains. (key, value, the flag)
 REQUIREMENTS = {
-    ("objective.objective", "two_stage"): (
-        ("model.generator_hidden_size", 1.0,
-         "--params_override=model.generator_hidden_size=1.0"),
-        ("model.generator_layers", 1.0, "--params_override=model.generator_layers=1.0"),
-        ("model.tie_embeddings", False, "--generator_tying=none"),
-        ("model.tie_all_weights", False, "--generator_tying=none")),
-    ("objective.objective", "electric"): (
-        ("model.two_tower_generator", True,
-         "--params_override=model.two_tower_generator=true"),
-        ("model.tie_all_weights", False, "--generator_tying=embeddings")),
+    **{("objective.objective", s.name): s.requirements for s in SPECS.values()
+       if s.requirements},
     ("objective.generator", "fixed"): (
         ("model.tie_embeddings", False, "--generator_tying=none"),
         ("model.tie_all_weights", False, "--generator_tying=none"),

@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Lowest first. A module may import its own package (the same entry) and any lower layer;
 # two packages of one layer never import each other. "electra_tf" is what no longer entry
-# claims: the package root and its leaf modules (compat, fileio, rng).
+# claims: the package root and its leaf modules (compat, fileio, rng, objective_specs).
 LAYERS = [
     ["electra_tf"],
     ["electra_tf.configs"],

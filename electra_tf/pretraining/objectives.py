@@ -5,7 +5,8 @@ of the pure loss functions in `losses.py`; the train step (`trainer.py` over the
 `training/trainer.py`) adds the gradients, all-reduce, clipping and the update. One small
 class per variant, registered by name with `@register`: the ELECTRA family shares
 `ReplacedTokenDetection`'s step and overrides its hooks, the masked-LM family
-`MaskedLM`'s.
+`MaskedLM`'s. What an objective is beyond its loss (its heads, requirements, FLOP
+components, log line) is its spec, `objective_specs.SPECS[name]` (docs/objectives.md).
 """
 
 import abc
@@ -17,6 +18,7 @@ import tensorflow as tf
 from electra_tf.pretraining import losses as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
+from electra_tf.objective_specs import SPECS
 from electra_tf.model.modeling import gather_positions
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
@@ -28,11 +30,14 @@ OBJECTIVES: Dict[str, Type["Objective"]] = {}
 
 
 def register(name: str):
-    """Class decorator: makes `name` (--objective=NAME) build this class."""
+    """Class decorator: makes `name` (--objective=NAME) build this class, with the heads
+    of its spec."""
     def add(cls):
         if name in OBJECTIVES:
             raise ValueError(f"objective {name!r} registered twice")
-        cls.name = name
+        if name not in SPECS:
+            raise ValueError(f"objective {name!r} has no spec in objective_specs.SPECS")
+        cls.name, cls.heads = name, SPECS[name].heads
         OBJECTIVES[name] = cls
         return cls
     return add
@@ -50,7 +55,7 @@ class Objective(abc.ABC):
     An objective may run in phases (`phases`: the first step of each); the trainer
     compiles one step function per phase, calls `on_phase_start` when a phase begins, and
     passes the phase to `loss_terms`. `heads` are the optional model heads it needs
-    (`modeling.HEADS`).
+    (`modeling.HEADS`; set from its spec by `register`).
     """
     heads: Tuple[str, ...] = ()
 
@@ -237,7 +242,6 @@ class HpLoss(ReplacedTokenDetection):
     """Replacements drawn from a sampling head that predicts the discriminator's loss
     (HP paper 4.1.2, hardness prediction by the loss); the head's loss (weight
     `sampling_weight()`) is the term "sampling"."""
-    heads = ("sampling",)
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -257,7 +261,6 @@ class HpDist(ReplacedTokenDetection):
     """Replacements drawn from a sampling head trained towards the distribution
     proportional to p_G x the discriminator's loss (HP paper 4.1.2, hardness prediction
     by the distribution); its loss is the term "sampling"."""
-    heads = ("sampling",)
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -277,7 +280,6 @@ class Adversarial(ReplacedTokenDetection):
     """Adversarial ELECTRA (ELECTRA paper, Appendix F): no MLE; the generator maximises
     the discriminator's loss at the slots by REINFORCE with a learned baseline (terms
     "generator" and "baseline")."""
-    heads = ("baseline",)
     trains_generator_by_mle = False
 
     def generator_policy_terms(self, terms, model, gen_logits, gen_slots, sampled, slot_loss,
@@ -378,7 +380,6 @@ class MaskedLM(Objective):
     (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm". The
     generator (when present) trains with its MLM loss as in ELECTRA. Variants override
     what the encoder reads (`encoder_inputs`) and what it predicts (`main_loss`)."""
-    heads = ("mlm",)
 
     def encoder_inputs(self, model, batch, masked, seeds, denominators, training, terms):
         """-> (the ids the encoder reads, the samples or None, generator logits or None):
