@@ -31,20 +31,23 @@ Conventions (what a count includes; `Convention` below):
   paper's per-element constants (the output bias instead of the loss's softmax, which is
   not part of the forward graphs).
 
-`count_config` counts what a config's objective (`configs.OBJECTIVE_NAMES`) runs and
-trains, per component: BERT's MLM has no generator; replace_mlm and all_tokens_mlm put an
-MLM head on the discriminator-sized encoder (at every position for all_tokens_mlm);
-hp_loss / hp_dist add a generator-width sampling head, adversarial a baseline; electric
-runs two generator-sized towers (left-to-right, right-to-left; attention counted in full,
-as computed) with a cloze head at every position; a fixed generator (Fast-ELECTRA) is
-one `Phase` in which the generator side runs forward only; two_stage runs in two
-`Phase`s (generator only, then the generator forward only while the discriminator
-trains).
+`count_config` counts what a config's objective runs and trains, per component, from its
+spec (`objective_specs.ObjectiveSpec`: the generator's towers and where their LM head
+predicts, the optional heads, the discriminator's binary head, the stages): e.g. BERT's
+MLM has no generator; replace_mlm and all_tokens_mlm put an MLM head on the
+discriminator-sized encoder (at every position for all_tokens_mlm); hp_loss / hp_dist add
+a generator-width sampling head, adversarial a baseline; electric runs two
+generator-sized towers (left-to-right, right-to-left; attention counted in full, as
+computed) with a cloze head at every position; a fixed generator (Fast-ELECTRA) is one
+`Phase` in which the generator side runs forward only; two_stage runs in two `Phase`s
+(generator only, then the generator forward only while the discriminator trains).
 """
 
 import collections
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from electra_tf.objective_specs import SPECS
 
 # Per-element op counts of the paper's convention.
 DROPOUT_FLOPS = 4  # random number, >=, mask multiply, 1/(1-p) multiply
@@ -223,7 +226,7 @@ def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
     disc = transformer(m.hidden_size, m.num_hidden_layers, m.num_attention_heads,
                        m.intermediate_size)
     if cfg.objective.generator not in ("masked_lm", "fixed") or \
-            cfg.objective.objective == "mlm":
+            not SPECS[cfg.objective.objective].generator_towers:
         return None, disc
     if m.tie_all_weights:
         return disc, disc
@@ -234,79 +237,65 @@ def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
 def _config_plan(cfg, convention: Convention
                  ) -> Tuple[Dict[str, float], Optional[Tuple[Phase, ...]]]:
     """(forward FLOPs per sequence of each component the objective runs, in execution
-    order; its phases, or None: one phase that trains every component).
+    order; its phases, or None: one phase that trains every component), from its spec.
 
     ELECTRA's components are embeddings (both networks' passes), generator_encoder,
     generator_mlm_head, discriminator_encoder and discriminator_head. Beyond them: the
-    MLM head of the discriminator-sized encoder (mlm, replace_mlm, all_tokens_mlm),
-    hp_loss / hp_dist's sampling head on the generator, the adversarial generator's
-    baseline; two_stage counts each network's embedding pass on its own, since only one
-    of them trains in each stage."""
+    spec's heads (generator_sampling_head, generator_baseline_head on the generator,
+    discriminator_mlm_head on the discriminator-sized encoder); a run in stages
+    (two_stage) or with a fixed generator counts each network's embedding pass on its
+    own, since only one of them trains."""
     gen, disc = config_networks(cfg)
-    name = cfg.objective.objective
+    spec = SPECS[cfg.objective.objective]
     fixed = gen is not None and cfg.objective.generator == "fixed"
     s = cfg.train.max_seq_length
     # Generator / MLM output positions: the slots our code computes, or the paper's share.
     slots = (float(cfg.objective.predictions_per_seq(s)) if convention.actual_output_positions
              else OFFICIAL_OUTPUT_FRAC * s)
+    positions = {"slots": slots, "all": s}
     out = collections.OrderedDict()
 
     def add(key, terms):
         out[key] = total(terms, convention)
 
-    if name == "mlm":  # BERT: the discriminator-sized encoder and its MLM head
+    if gen is None and spec.trains_generator:
+        raise ValueError(f"objective.objective={spec.name} needs the generator network "
+                         "(objective.generator=masked_lm)")
+    if gen is None:  # no generator network: BERT, or uniform / unigram proposals
         add("embeddings", embedding_terms(disc))
-        add("discriminator_encoder", encoder_terms(disc))
-        add("discriminator_mlm_head", lm_head_terms(disc, slots))
-        return out, None
-    if name == "two_stage":
-        if gen is None:
-            raise ValueError("objective.objective=two_stage needs the generator network "
-                             "(objective.generator=masked_lm)")
-        add("generator_embeddings", embedding_terms(gen))
-        add("generator_encoder", encoder_terms(gen))
-        add("generator_mlm_head", lm_head_terms(gen, slots))
-        add("discriminator_embeddings", embedding_terms(disc))
-        add("discriminator_encoder", encoder_terms(disc))
-        add("discriminator_head", binary_head_terms(disc))
-        steps = cfg.train.num_train_steps
-        switch = min(max(cfg.objective.switch_step(steps), 0), steps)
-        return out, (Phase("generator", switch, _GENERATOR_SIDE),
-                     Phase("discriminator", steps - switch, _DISCRIMINATOR_SIDE,
-                           forward_only=_GENERATOR_SIDE))
-    # A generator (or uniform / unigram proposals: no network) and the discriminator.
-    if gen is None:
-        add("embeddings", embedding_terms(disc))
-        out["generator_encoder"] = out["generator_mlm_head"] = 0.0
-    elif name == "electric":
-        # Two generator-sized towers each embed the unmasked input; the cloze head reads
-        # both ([2h]) and predicts every position (the loss covers them all).
-        add("embeddings", 2 * embedding_terms(gen) + embedding_terms(disc))
-        add("generator_encoder", 2 * encoder_terms(gen))
-        add("generator_mlm_head", lm_head_terms(dataclasses.replace(gen, hidden=2 * gen.hidden),
-                                                s))
+        if spec.generator_towers:
+            out["generator_encoder"] = out["generator_mlm_head"] = 0.0
     else:
-        # Generator and discriminator each embed their own input (a fixed generator's
-        # pass apart: it runs forward only).
-        if fixed:
-            add("generator_embeddings", embedding_terms(gen))
+        towers = spec.generator_towers  # each embeds the input; the LM head reads them all
+        if spec.phases:  # each stage's network with its own embedding pass
+            add("generator_embeddings", towers * embedding_terms(gen))
+        elif fixed:  # the fixed generator's pass apart: it runs forward only
+            add("generator_embeddings", towers * embedding_terms(gen))
             add("discriminator_embeddings", embedding_terms(disc))
         else:
-            add("embeddings", embedding_terms(gen) + embedding_terms(disc))
-        add("generator_encoder", encoder_terms(gen))
-        add("generator_mlm_head", lm_head_terms(gen, slots))
-        if name in ("hp_loss", "hp_dist"):
+            add("embeddings", towers * embedding_terms(gen) + embedding_terms(disc))
+        add("generator_encoder", towers * encoder_terms(gen))
+        add("generator_mlm_head", lm_head_terms(
+            dataclasses.replace(gen, hidden=towers * gen.hidden),
+            positions[spec.generator_positions]))
+        if "sampling" in spec.heads:
             add("generator_sampling_head", lm_head_terms(gen, slots))
-        elif name == "adversarial":
+        if "baseline" in spec.heads:
             add("generator_baseline_head", baseline_head_terms(gen, slots))
+        if spec.phases:
+            add("discriminator_embeddings", embedding_terms(disc))
     add("discriminator_encoder", encoder_terms(disc))
-    if name == "replace_mlm":
-        add("discriminator_mlm_head", lm_head_terms(disc, slots))
-    elif name == "all_tokens_mlm":  # MLM output at every position + the copy probability
-        add("discriminator_mlm_head", lm_head_terms(disc, disc.seq_len))
+    if "mlm" in spec.heads:
+        add("discriminator_mlm_head", lm_head_terms(disc, positions[spec.mlm_positions]))
+    if spec.discriminator_head:
         add("discriminator_head", binary_head_terms(disc))
-    else:  # electra, electra_15, hp_loss, hp_dist, adversarial, electric
-        add("discriminator_head", binary_head_terms(disc))
+    if spec.phases:  # the generator alone, then the discriminator with it forward only
+        steps = cfg.train.num_train_steps
+        switch = min(max(cfg.objective.switch_step(steps), 0), steps)
+        first, second = spec.phases
+        return out, (Phase(first, switch, _GENERATOR_SIDE),
+                     Phase(second, steps - switch, _DISCRIMINATOR_SIDE,
+                           forward_only=_GENERATOR_SIDE))
     if fixed:  # Fast-ELECTRA: the generator forward only, every step
         trained = tuple(k for k in out if k not in _GENERATOR_SIDE)
         return out, (Phase("fixed_generator", cfg.train.num_train_steps, trained,
