@@ -3,13 +3,14 @@ configured objective (`objectives.py`); the step tail and host loops are the cor
 (`training/trainer.py`).
 """
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
 from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
 from electra_tf.model.modeling import ElectraPretrainingModel
+from electra_tf.objective_specs import LOG_GROUPS, SPECS
 from electra_tf.pretraining.objectives import build_objective
 from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import trainer as trainer_lib
@@ -46,6 +47,12 @@ class Pretrainer(Trainer):
 
     def on_phase_start(self, phase: int):
         self.objective.on_phase_start(self.model, phase)
+
+    def log_fields(self, metrics: Dict[str, float]) -> List[str]:
+        """The spec's log groups whose metrics this run reports (a uniform generator has
+        no generator MLM; two_stage's first stage no discriminator)."""
+        groups = (LOG_GROUPS[g] for g in SPECS[self.cfg.objective.objective].log_groups)
+        return [text.format(**metrics) for key, text in groups if key in metrics]
 
     def step_context(self, batch):
         """The loss denominators of the whole global batch (summed over replicas)."""

@@ -11,7 +11,7 @@ newest checkpoint of a directory (any filesystem).
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -73,19 +73,10 @@ def format_time(seconds: float) -> str:
 
 def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
                     eta_s: float, flops_per_s: Optional[float] = None,
-                    mfu: Optional[float] = None) -> str:
-    m = out.metrics
-    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}"]
-    if "masked_lm_loss" in m:
-        parts.append(f"mlm_loss {m['masked_lm_loss']:.4f} mlm_acc {m['masked_lm_accuracy']:.4f}")
-    if "main_lm_loss" in m:
-        parts.append(f"main_lm_loss {m['main_lm_loss']:.4f} "
-                     f"main_lm_acc {m['main_lm_accuracy']:.4f}")
-    if "disc_loss" in m:
-        parts.append(f"disc_loss {m['disc_loss']:.4f} disc_acc {m['disc_accuracy']:.4f} "
-                     f"disc_auc {m['disc_auc']:.4f} replaced {m['replaced_fraction']:.3f}")
-    if "hp_loss_corr" in m:
-        parts.append(f"hp_corr {m['hp_loss_corr']:.3f}")
+                    mfu: Optional[float] = None, fields: Sequence[str] = ()) -> str:
+    """One log line: step and loss, the job's `fields` (`Trainer.log_fields`), then the
+    learning rate, throughput, FLOP/s and MFU, ETA and skipped steps."""
+    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}", *fields]
     parts.append(f"lr {lr:.3g}")
     parts.append(f"{seqs_per_s:.1f} seq/s")
     if flops_per_s is not None:
@@ -315,7 +306,8 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
                 rates = perf.rates(seqs_per_s, s.batch_size) if perf else {}
                 logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
                                              rates.get("perf/flops_per_second"),
-                                             rates.get("perf/mfu")))
+                                             rates.get("perf/mfu"),
+                                             trainer.log_fields(out.metrics)))
                 write_scalars(writer, step, out, {"learning_rate": lr,
                                                   "grad_norm": out.grad_norm,
                                                   "sequences_per_second": seqs_per_s,

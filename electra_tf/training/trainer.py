@@ -139,6 +139,11 @@ class Trainer(abc.ABC):
     def on_phase_start(self, phase: int):
         """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
 
+    def log_fields(self, metrics: Dict[str, float]) -> List[str]:
+        """The job's groups of the log line, between the loss and the learning rate, from
+        a host loop's metrics (`LoopOutput.metrics`). Default: none."""
+        return []
+
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint(self) -> tf.train.Checkpoint:
