@@ -201,14 +201,20 @@ def _resolve(path: str) -> str:
     if tf.io.gfile.exists(path + ".index"):  # a prefix: asked first, as checkpoint_reader does
         return path
     if tf.io.gfile.isdir(path):
-        try:
-            latest = checkpoints.newest_complete(path)
-        except checkpoints.CheckpointError as e:
-            raise ConvertError(str(e)) from None
-        if latest is None:
-            raise ConvertError(f"no checkpoint in directory {path}")
-        return latest
+        return newest_checkpoint(path, f"no checkpoint in directory {path}")
     return path
+
+
+def newest_checkpoint(directory: str, none_message: str) -> str:
+    """The newest complete checkpoint of `directory`; a ConvertError with the damaged
+    ones named, or `none_message` when there is none."""
+    try:
+        latest = checkpoints.newest_complete(directory)
+    except checkpoints.CheckpointError as e:
+        raise ConvertError(str(e)) from None
+    if latest is None:
+        raise ConvertError(none_message)
+    return latest
 
 
 def tf1_reader(path: str):

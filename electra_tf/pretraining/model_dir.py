@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.configs import PretrainingConfig, load_config
-from electra_tf.conversion.formats import (SLOT_SUFFIXES, ConvertError, Report, tf1_reader,
-                                           inspect_tf1, pretraining_config)
+from electra_tf.conversion.formats import (SLOT_SUFFIXES, ConvertError, Report, inspect_tf1,
+                                           newest_checkpoint, pretraining_config, tf1_reader)
 from electra_tf.model.modeling import tf1_name, tf1_variables
 from electra_tf.pretraining.trainer import Pretrainer
 from electra_tf.training import checkpoints
@@ -69,12 +69,7 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
 def load_model_dir(model_dir: str):
     """-> a Pretrainer with the newest checkpoint of our `model_dir` restored."""
     cfg = load_config(os.path.join(model_dir, "config.json"))
-    try:
-        latest = checkpoints.newest_complete(model_dir)
-    except checkpoints.CheckpointError as e:
-        raise ConvertError(str(e)) from None
-    if latest is None:
-        raise ConvertError(f"no checkpoint in {model_dir}")
+    latest = newest_checkpoint(model_dir, f"no checkpoint in {model_dir}")
     trainer = _trainer(cfg)
     trainer.checkpoint().restore(latest).expect_partial()
     return trainer
