@@ -90,3 +90,24 @@ def sigterm_after(proc, needle: str, timeout: float = 120):
         if proc.poll() is None:
             proc.kill()
     return "".join(seen), rest
+
+
+class EagerEncoder:
+    """A Python `tokenize(list of str) -> id lists` (a hand-made test tokenizer) behind the
+    TextEncoder methods the in-graph preprocessors call; eager execution only."""
+
+    def __init__(self, tokenize, special_ids):
+        from electra_tf.text import TextEncoder
+        self.tokenize_lists, self.special_ids = tokenize, special_ids
+        self._pack = TextEncoder.pack
+
+    def tokenize(self, strings):
+        import tensorflow as tf
+        rows = self.tokenize_lists([s.decode("utf-8") for s in
+                                    tf.convert_to_tensor(strings).numpy().tolist()])
+        return tf.RaggedTensor.from_row_lengths(
+            tf.constant([i for r in rows for i in r], tf.int32, shape=[sum(map(len, rows))]),
+            tf.constant([len(r) for r in rows], tf.int64, shape=[len(rows)]))
+
+    def pack(self, first, second=None, max_seq_length=128):
+        return self._pack(self, first, second, max_seq_length)

@@ -157,9 +157,11 @@ def squad_digest(f) -> dict:
     return digest({"input_ids": f.input_ids, "input_mask": f.input_mask,
                    "segment_ids": f.segment_ids, "start_positions": f.start_positions,
                    "end_positions": f.end_positions, "is_impossible": f.is_impossible,
-                   "example_index": f.example_index, "token_to_orig_map": f.token_to_orig_map,
-                   "token_is_max_context": f.token_is_max_context,
-                   "token_piece": f.token_piece, "num_examples": np.array([f.num_examples])})
+                   "example_index": f.example_index,
+                   # Rows, as the Python preprocessor kept them when this was recorded.
+                   "token_to_orig_map": list(f.token_to_orig_map),
+                   "token_is_max_context": list(f.token_is_max_context),
+                   "token_piece": list(f.token_piece), "num_examples": np.array([f.num_examples])})
 
 
 def tagging_digest(f) -> dict:

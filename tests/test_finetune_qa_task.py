@@ -3,6 +3,7 @@ Finetuner, and the in-graph serving path checked against the Python postprocessi
 
 import json
 import math
+import os
 import re
 import uuid
 
@@ -23,6 +24,9 @@ from electra_tf.text import TextEncoder
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
 
 from conftest import VOCAB
+from preprocessing_cases import squad_cases, squad_digest
+
+RECORDED = os.path.join(os.path.dirname(__file__), "preprocessing_recorded.json")
 
 CFG = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,
                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
@@ -284,26 +288,45 @@ def words_of(context: bytes):
     return [w for w in re.split(rb"[ \t\r\n]+|\xe2\x80\xaf", context) if w]
 
 
-def test_windows_equal_the_training_features(encoder):
+def test_features_equal_the_recorded_python_preprocessor(encoder):
+    # Training and dev features now come from the serving windows; ids, positions, maps
+    # and windows must be those the Python preprocessor made (recorded before it went).
+    with open(RECORDED) as f:
+        recorded = json.load(f)["squad"]
+    names = []
+    for name, examples, L_, stride, query, is_training in squad_cases():
+        task = SquadTask(doc_stride=stride, max_query_length=query)
+        assert squad_digest(task.features(examples, encoder, L_, is_training)) \
+            == recorded[name], name
+        names.append(name)
+    assert sorted(names) == sorted(recorded) and len(names) == 25
+
+
+def test_windows_of_awkward_contexts(encoder):
     task = SquadTask(v2=True, **OPTIONS)
     rng = np.random.default_rng(0)
-    questions = ["who was the curator?", "", "what " * 30, "why"]
-    contexts = [LONG, "The quick, brown fox.", plain_text(rng, 70), "a\u202fb  c\td\u00a0e"]
+    questions = ["who was the curator?", "", "what " * 30, "why", "empty"]
+    contexts = [LONG, "The quick, brown fox.", plain_text(rng, 70), "a\u202fb  c\td\u00a0e",
+                " \x07 "]
     win = task.windows(encoder, L, questions, contexts)
-    word = re.compile(f"[^{squad.WORD_SEPARATORS}]+")  # the reader's words of a context
-    examples = [squad.SquadExample(str(i), q, tuple(word.findall(c)), ())
-                for i, (q, c) in enumerate(zip(questions, contexts))]
-    feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
-                                               encoder.special_ids, L, 16, 16)
     # LONG (96 tokens) under a 5-token question: 4 windows of 56 tokens, 16 apart; 70 plain
-    # words (108 tokens) under 30 "what"s (cut to 16 tokens): 5 of 45; the short ones 1.
-    np.testing.assert_array_equal(np.bincount(feats.example_index), [4, 1, 5, 1])
-    for k in ("input_ids", "input_mask", "segment_ids"):
-        np.testing.assert_array_equal(win["batch"][k].numpy(), feats.arrays()[k], err_msg=k)
-    np.testing.assert_array_equal(win["request"].numpy(), feats.example_index)
-    np.testing.assert_array_equal(win["token_word"].numpy(), np.stack(feats.token_to_orig_map))
-    np.testing.assert_array_equal(win["max_context"].numpy(),
-                                  np.stack(feats.token_is_max_context))
+    # words (108 tokens) under 30 "what"s (cut to 16 tokens): 5 of 45; the short ones 1,
+    # and a context without tokens one context-less window (training drops it).
+    np.testing.assert_array_equal(win["request"].numpy(), [0] * 4 + [1] + [2] * 5 + [3, 4])
+    np.testing.assert_array_equal(win["num_tokens"].numpy(), [96, 6, 108, 5, 0])
+    assert win["words"][3].numpy().tolist() == [b"a", b"b", b"c", b"d\xc2\xa0e"]
+    index, word = win["token_index"].numpy(), win["token_word"].numpy()
+    np.testing.assert_array_equal(index[:4, 7], [0, 16, 32, 48])  # 5-token question
+    for w in range(12):
+        inside = index[w] >= 0
+        e = win["request"].numpy()[w]
+        np.testing.assert_array_equal(word[w][inside],
+                                      win["doc_word"][e].numpy()[index[w][inside]])
+        np.testing.assert_array_equal(win["batch"]["input_ids"].numpy()[w][inside],
+                                      win["doc_ids"][e].numpy()[index[w][inside]])
+    empty = encoder.tokenize(["empty"]).numpy()[0].tolist()
+    assert win["batch"]["input_ids"].numpy()[11, :4].tolist() == [101] + empty + [102, 102]
+    assert win["batch"]["segment_ids"].numpy()[11, :4].tolist() == [0, 0, 0, 1]
 
 
 def test_served_span_equals_postprocess(encoder):
@@ -319,8 +342,7 @@ def test_served_span_equals_postprocess(encoder):
                             "context": tf.constant(contexts)}).items()}
     examples = [squad.SquadExample(str(i), q, tuple(c.split()), ())
                 for i, (q, c) in enumerate(zip(questions, contexts))]
-    feats = squad.convert_examples_to_features(examples, encoder.tokenize_lists,
-                                               encoder.special_ids, L, 16, 16)
+    feats = task.features(examples, encoder, L, is_training=False)
     assert len(feats) == 47  # several windows per long context: 16 model calls of <= 3
     fetched = task.fetches(model(tensors(feats.arrays(), ("input_ids", "input_mask",
                                                           "segment_ids")), training=False))

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from electra_tf.finetune import DataError
-from electra_tf.finetune import squad
 from electra_tf.finetune.squad import (SquadExample, get_final_text, postprocess,
                                        read_squad, to_dataset_answers)
 
-from bert_reference import ReferenceBertTokenizer
-from conftest import REPO, VOCAB
+from electra_tf.finetune.qa_task import SquadTask
 
-SPECIAL = {"[PAD]": 0, "[CLS]": 1, "[SEP]": 2}
+from bert_reference import ReferenceBertTokenizer
+from conftest import REPO, VOCAB, EagerEncoder
+
+SPECIAL = {"[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[UNK]": 3, "[MASK]": 4}
 CLS, SEP, PAD = 1, 2, 0
 
 
@@ -49,10 +50,13 @@ class FakeTokenizer:
         return [[self.id(p) for p in self.pieces(s)] for s in strings]
 
 
-def convert_examples_to_features(*args, **kwargs):
-    # Short queries here; the official check wants max_query_length + 3 < max_seq_length.
-    kwargs.setdefault("max_query_length", 4)
-    return squad.convert_examples_to_features(*args, **kwargs)
+def features(examples, tokenize, special, max_seq_length, doc_stride=128,
+             max_query_length=4, is_training=False):
+    """SquadTask.features (the serving windows) with a hand-made tokenizer. Short queries
+    here; the official check wants max_query_length + 3 < max_seq_length."""
+    task = SquadTask(doc_stride=doc_stride, max_query_length=max_query_length)
+    return task.features(examples, EagerEncoder(tokenize, special), max_seq_length,
+                         is_training)
 
 
 def _squad(paragraphs, version="1.1"):
@@ -215,7 +219,7 @@ def _examples(tmp_path, paragraphs, is_training, v2=False):
 def test_windows_layout_and_max_context(tmp_path):
     ex = _examples(tmp_path, [{"context": TEN, "qas": [_qa("q", "Qq", [])]}], False)
     tok = FakeTokenizer()
-    f = convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=10, doc_stride=3)
+    f = features(ex, tok, SPECIAL, max_seq_length=10, doc_stride=3)
     # 10 doc tokens, 10 - 1 - 3 = 6 per window, stride 3: tokens 0-5, 3-8, 6-9.
     w = [tok.ids[f"w{i}"] for i in range(10)]
     q = tok.ids["qq"]
@@ -248,7 +252,7 @@ def test_multi_token_words_query_truncation_and_silent_words(tmp_path):
                    "qas": [_qa("q", "what is it here", [])]}]
     ex = _examples(tmp_path, paragraphs, False)
     tok = FakeTokenizer(silent={"zz"})
-    f = convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=16, doc_stride=8,
+    f = features(ex, tok, SPECIAL, max_seq_length=16, doc_stride=8,
                                      max_query_length=3)
     # Query "wha t is it here" cut to 3 tokens; "zz" (word 2) has no sub-tokens.
     ids = tok.ids
@@ -267,13 +271,13 @@ def test_tokenize_is_batched(tmp_path):
                   {"context": "x y z", "qas": [_qa("b", "Q0", [("y", 2)])]}]
     ex = _examples(tmp_path, paragraphs, True)
     tok = FakeTokenizer()
-    convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
-    # Once for the distinct questions, once for the distinct words, once for the answers.
-    assert [sorted(c) for c in tok.calls] == [
-        ["Q0", "Q1", "Q2", "Q3"], sorted(TEN.split() + ["x", "y", "z"]),
-        ["W0", "W1", "W2", "W3", "y"]]
+    features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
+    # Once for the questions, once for the words of the contexts, once for the distinct
+    # answers (no word has punctuation to split into basic pieces).
+    assert tok.calls == [["Q0", "Q1", "Q2", "Q3", "Q0"], TEN.split() * 4 + ["x", "y", "z"],
+                         ["W0", "W1", "W2", "W3", "y"]]
     tok = FakeTokenizer()
-    convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=32)
+    features(ex, tok, SPECIAL, max_seq_length=32)
     assert len(tok.calls) == 2
 
 
@@ -281,7 +285,7 @@ def test_training_positions_across_windows(tmp_path):
     paragraphs = [{"context": TEN, "qas": [_qa("one", "Qq", [("W4", 12)]),
                                            _qa("three", "Qq", [("W5 W6 W7", 15)])]}]
     ex = _examples(tmp_path, paragraphs, True)
-    f = convert_examples_to_features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
+    f = features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
                                      doc_stride=3, is_training=True)
     # Windows hold doc tokens 0-5, 3-8, 6-9 at positions 3...; W4 is in the first two.
     assert f.example_index.tolist() == [0, 0, 0, 1, 1, 1]
@@ -296,14 +300,14 @@ def test_improve_answer_span_tightens_to_answer_tokens(tmp_path):
     ex = _examples(tmp_path, paragraphs, True)
     assert (ex[0].start_word, ex[0].end_word) == (3, 3)  # the word "(1895)"
     tok = FakeTokenizer(punct=True)
-    f = convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
+    f = features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
     # [CLS] whe n [SEP] bor n in par is ( 189 5 ) ...: "(1895)" is tokens 9-12, the
     # answer "1895" only 10-11.
     assert f.input_ids[0, 9:13].tolist() == [tok.ids[p] for p in ["(", "189", "5", ")"]]
     assert (f.start_positions[0], f.end_positions[0], f.is_impossible[0]) == (10, 11, 0)
     # Without punctuation splitting no tighter span exists: the whole word stays.
     tok = FakeTokenizer()
-    f = convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
+    f = features(ex, tok, SPECIAL, max_seq_length=32, is_training=True)
     assert f.input_ids[0, 9:11].tolist() == [tok.ids["(18"], tok.ids["95)"]]
     assert (f.start_positions[0], f.end_positions[0]) == (9, 10)
 
@@ -313,7 +317,7 @@ def test_v2_unanswerable_points_at_cls(tmp_path):
                                            _qa("yes", "Qq", [("W8", 24)],
                                                is_impossible=False)]}]
     ex = _examples(tmp_path, paragraphs, True, v2=True)
-    f = convert_examples_to_features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
+    f = features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
                                      doc_stride=3, is_training=True)
     assert f.start_positions.tolist() == [0, 0, 0, 0, 8, 5]
     assert f.end_positions.tolist() == [0, 0, 0, 0, 8, 5]
@@ -323,7 +327,7 @@ def test_v2_unanswerable_points_at_cls(tmp_path):
 def test_bad_lengths_rejected(tmp_path):
     ex = _examples(tmp_path, [{"context": TEN, "qas": [_qa("q", "Qq", [])]}], False)
     with pytest.raises(ValueError, match="leaves no room"):
-        convert_examples_to_features(ex, FakeTokenizer(), SPECIAL, max_seq_length=67,
+        features(ex, FakeTokenizer(), SPECIAL, max_seq_length=67,
                                      max_query_length=64)
 
 
@@ -343,7 +347,7 @@ def _outputs(start_index, start_lp, end_index, end_lp, null=None):
 
 def _ten_windows(tmp_path, v2=False):
     ex = _examples(tmp_path, [{"context": TEN, "qas": [_qa("q", "Qq", [])]}], False, v2)
-    f = convert_examples_to_features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
+    f = features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
                                      doc_stride=3)
     return ex, f
 
@@ -397,7 +401,7 @@ def test_na_probs_two_windows_two_questions(tmp_path):
     paragraphs = [{"context": "a b c d e f", "qas": [_qa("x", "Qq", []),
                                                      _qa("y", "Qq", [("b", 2)])]}]
     ex = _examples(tmp_path, paragraphs, False, v2=True)
-    f = convert_examples_to_features(ex, FakeTokenizer(), SPECIAL, max_seq_length=8,
+    f = features(ex, FakeTokenizer(), SPECIAL, max_seq_length=8,
                                      doc_stride=2)
     assert f.example_index.tolist() == [0, 0, 1, 1]  # 6 tokens, windows 0-3 and 2-5
     # Start 4, end 5: "b c" in the first window, "d e" (less likely) in the second.
@@ -416,7 +420,7 @@ def test_postprocess_refines_within_words_keeping_case(tmp_path):
     paragraphs = [{"context": context, "qas": [_qa("q", "Quand", [])]}]
     ex = _examples(tmp_path, paragraphs, False)
     tok = FakeTokenizer(punct=True)
-    f = convert_examples_to_features(ex, tok, SPECIAL, max_seq_length=24)
+    f = features(ex, tok, SPECIAL, max_seq_length=24)
     # [CLS] qua nd [SEP] le caf é ( 189 5 ) ouv rit . [SEP]
     assert f.input_ids[0, 7:11].tolist() == [tok.ids[p] for p in ["(", "189", "5", ")"]]
     out = _outputs([[8, 4]], [[-0.1, -0.2]], [[[9, 8], [5, 4]]],
@@ -441,13 +445,13 @@ def test_real_wordpiece_end_to_end(tmp_path):
                                                    [("1986", 29)])]}]
     path = _write(tmp_path, _squad(paragraphs))
     train = read_squad(path, is_training=True, v2=False)
-    f = convert_examples_to_features(train, tokenize, SPECIAL, max_seq_length=48,
+    f = features(train, tokenize, SPECIAL, max_seq_length=48,
                                      max_query_length=16, is_training=True)
     s, e = int(f.start_positions[0]), int(f.end_positions[0])
     off = len(ref.tokenize("When did it open?")) + 2
     assert ref.tokenize(context)[s - off:e - off + 1] == ["1986"]  # not "(", ")" or ","
     ev = read_squad(path, is_training=False, v2=False)
-    f = convert_examples_to_features(ev, tokenize, SPECIAL, max_seq_length=48,
+    f = features(ev, tokenize, SPECIAL, max_seq_length=48,
                                      max_query_length=16)
     # Doc tokens: the musee d ' or ##say opened in ( 1986 ) , ...
     musee = ref.tokenize(context).index("musee") + off

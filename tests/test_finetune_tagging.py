@@ -1,12 +1,16 @@
-"""Tests of electra_tf.finetune.tagging: CoNLL reading, BIOES conversion, the label map,
-sub-token features and word-level predictions, on tiny hand-made files."""
+"""Tests of electra_tf.finetune.tagging: CoNLL reading, BIOES conversion, the label map and
+word-level predictions, and of the sub-token features they read (tagging_task's
+pack_words, shared with serving), on tiny hand-made files."""
 
 import numpy as np
 import pytest
 
 from electra_tf.finetune import DataError
-from electra_tf.finetune.tagging import (LabelMap, Sentence, convert_sentences,
-                                         predictions_to_tags, read_conll, to_bioes)
+from electra_tf.finetune.tagging import (LabelMap, Sentence, predictions_to_tags,
+                                         read_conll, to_bioes)
+from electra_tf.finetune.tagging_task import TaggingTask
+
+from conftest import EagerEncoder
 
 SPECIAL = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3}
 
@@ -62,6 +66,13 @@ class FakeTokenizer:
             pieces = [word[i:i + 2] for i in range(0, len(word), 2)]
             out.append([self.vocab.setdefault(p, 10 + len(self.vocab)) for p in pieces])
         return out
+
+
+def features(sentences, tokenize, special, label_map, max_seq_length,
+                      scheme="bioes"):
+    """TaggingTask.features (serving's pack_words) with a hand-made tokenizer."""
+    task = TaggingTask(scheme=scheme, label_map=label_map)
+    return task.features(sentences, EagerEncoder(tokenize, special), max_seq_length)
 
 
 def write(tmp_path, name, text):
@@ -155,7 +166,7 @@ def test_features_exact_rows():
     label_map = LabelMap.from_sentences([sentence])
     assert label_map.ids(["S-NP", "S-PP", "B-NP", "E-NP"]) == [7, 8, 1, 3]
     tokenize = FakeTokenizer()
-    f = convert_sentences([sentence], tokenize, SPECIAL, label_map, max_seq_length=16)
+    f = features([sentence], tokenize, SPECIAL, label_map, max_seq_length=16)
     assert tokenize.calls == 1
     # co nf id en ce | in | th e | po un d
     np.testing.assert_array_equal(
@@ -180,14 +191,14 @@ def test_features_exact_rows():
 def test_features_truncation():
     sentence = hand_made()
     label_map = LabelMap.from_sentences([sentence])
-    f = convert_sentences([sentence], FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
+    f = features([sentence], FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
     np.testing.assert_array_equal(f.input_ids, [[1, 10, 11, 12, 13, 14, 15, 2]])
     np.testing.assert_array_equal(f.label_ids, [[0, 7, 0, 0, 0, 0, 8, 0]])
     assert f.word_positions[0].tolist() == [1, 6, -1, -1]
     assert f.num_truncated_words == 2
     assert predictions_to_tags(f, f.label_ids, label_map) == [["S-NP", "S-PP", "O", "O"]]
     # A word cut after its first piece keeps its label; the rest are gone.
-    f = convert_sentences([sentence], FakeTokenizer(), SPECIAL, label_map, max_seq_length=5)
+    f = features([sentence], FakeTokenizer(), SPECIAL, label_map, max_seq_length=5)
     np.testing.assert_array_equal(f.input_ids, [[1, 10, 11, 12, 2]])
     assert f.word_positions[0].tolist() == [1, -1, -1, -1]
     assert f.num_truncated_words == 3
@@ -199,7 +210,7 @@ def test_features_word_without_tokens():
                  Sentence(("\x07\x07",), ("B-NP",), 5, "ctl.txt")]
     label_map = LabelMap.from_sentences(sentences)
     tokenize = FakeTokenizer()
-    f = convert_sentences(sentences, tokenize, SPECIAL, label_map, max_seq_length=6)
+    f = features(sentences, tokenize, SPECIAL, label_map, max_seq_length=6)
     assert tokenize.calls == 1
     np.testing.assert_array_equal(f.input_ids, [[1, 10, 11, 12, 2, 0], [1, 2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(f.label_weights, [[0, 1, 1, 0, 0, 0], [0] * 6])
@@ -213,7 +224,7 @@ def test_features_word_without_tokens():
 def test_predictions_round_trip_on_ner(tmp_path):
     sentences = read_conll(write(tmp_path, "ner.txt", NER))
     label_map = LabelMap.from_sentences(sentences)
-    f = convert_sentences(sentences, FakeTokenizer(), SPECIAL, label_map, max_seq_length=32)
+    f = features(sentences, FakeTokenizer(), SPECIAL, label_map, max_seq_length=32)
     assert f.input_ids.shape == (3, 32) and f.num_truncated_words == 0
     tags = predictions_to_tags(f, f.label_ids, label_map)
     assert tags == [["S-ORG", "O", "S-MISC", "O"], ["B-PER", "E-PER"], ["S-LOC", "O"]]
@@ -252,11 +263,11 @@ def test_unknown_dev_label(tmp_path):
     # ADJP (line 4) is a chunk type training never saw.
     dev = read_conll(write(tmp_path, "dev.txt", "x IN B-PP\n\ny VB B-VP\nz JJ B-ADJP\n"))
     with pytest.raises(DataError, match="dev.txt:4") as e:
-        convert_sentences(dev, FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
+        features(dev, FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
     assert "B-ADJP" in str(e.value)
     # Training only has one-token PP chunks, yet B-PP/E-PP of a known type still map.
     dev = read_conll(write(tmp_path, "dev2.txt", "x IN I-PP\ny IN I-PP\n\nz VB I-VP\n"))
-    f = convert_sentences(dev, FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
+    f = features(dev, FakeTokenizer(), SPECIAL, label_map, max_seq_length=8)
     assert predictions_to_tags(f, f.label_ids, label_map) == [["B-PP", "E-PP"], ["S-VP"]]
 
 
@@ -266,5 +277,5 @@ def test_bad_tag_for_scheme_names_line(tmp_path):
         LabelMap.from_sentences(pos)
     raw = LabelMap.from_sentences(pos, scheme="raw")
     assert raw.labels[:3] == ("O", "DT", "IN")
-    f = convert_sentences(pos, FakeTokenizer(), SPECIAL, raw, max_seq_length=24, scheme="raw")
+    f = features(pos, FakeTokenizer(), SPECIAL, raw, max_seq_length=24, scheme="raw")
     assert predictions_to_tags(f, f.label_ids, raw) == [list(s.labels) for s in pos]

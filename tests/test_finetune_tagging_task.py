@@ -1,6 +1,7 @@
 """Tests of electra_tf.finetune.tagging_task: the CoNLL splits, the per-sentence loss, a
 tiny model learning a synthetic chunking set, and raw-text serving equal to the Python path."""
 
+import json
 import math
 import os
 import random
@@ -25,6 +26,9 @@ from electra_tf.training.options import RunOptions
 from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner,
                                          num_train_steps, run, train_trial)
 from conftest import VOCAB
+from preprocessing_cases import tagging_cases, tagging_digest
+
+RECORDED = os.path.join(os.path.dirname(__file__), "preprocessing_recorded.json")
 
 TINY = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=1,
                    num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
@@ -96,6 +100,20 @@ def trained(encoder, data_dir, tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- data
+
+def test_features_equal_the_recorded_python_preprocessor(encoder):
+    # The features now come from serving's pack_words; ids, labels, word positions and
+    # counts must be those the Python preprocessor made (recorded before it went).
+    with open(RECORDED) as f:
+        recorded = json.load(f)["tagging"]
+    names = []
+    for name, sentences, label_map, max_len, scheme in tagging_cases():
+        task = TaggingTask(scheme=scheme, label_map=label_map)
+        assert tagging_digest(task.features(sentences, encoder, max_len)) == recorded[name], \
+            name
+        names.append(name)
+    assert sorted(names) == sorted(recorded) and len(names) == 24
+
 
 def test_task_splits_and_label_map(encoder, data_dir):
     task = get_task("chunk")

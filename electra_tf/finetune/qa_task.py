@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 import tensorflow_text as tf_text
 
 from electra_tf import fileio
@@ -15,8 +16,8 @@ from electra_tf.finetune import DataError
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.metrics import squad_scores
 from electra_tf.finetune.squad import (WORD_SEPARATORS, SquadExample, SquadFeatures,
-                                       convert_examples_to_features, postprocess, read_squad,
-                                       to_dataset_answers)
+                                       improve_answer_span, postprocess, read_squad,
+                                       to_dataset_answers, word_pieces)
 from electra_tf.text import TextEncoder
 
 # Serving must cut the context into the very words the training features were made from.
@@ -98,12 +99,95 @@ class SquadTask(Task):
         raise DataError(f"{self.name}: no {split} file in {folder} (looked for "
                         f"{' and '.join(names)})")
 
-    def _features(self, examples, encoder: TextEncoder, max_seq_length: int,
-                  is_training: bool) -> SquadFeatures:
+    def features(self, examples: List[SquadExample], encoder: TextEncoder,
+                 max_seq_length: int, is_training: bool,
+                 chunk: int = 2048) -> SquadFeatures:
+        """The serving windows (`windows`) of `examples`, `chunk` at a time, less the one
+        of a context without tokens, with the answer positions when training.
+
+        Training: a window holding the whole (official `improve_answer_span`) answer points
+        at it, any other at the CLS with is_impossible 1; a question whose answer words
+        have no sub-tokens is dropped with a warning.
+        """
         self._check(max_seq_length)
-        return convert_examples_to_features(
-            examples, encoder.tokenize_lists, encoder.special_ids, max_seq_length,
-            self.doc_stride, self.max_query_length, is_training=is_training)
+        L = max_seq_length
+        keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
+                "token_index", "request")
+        parts = {k: [] for k in keys + ("doc_ids", "doc_word")}
+        for first in range(0, len(examples), chunk):
+            rows = examples[first:first + chunk]
+            win = self.windows(encoder, L, [ex.question for ex in rows],
+                               [" ".join(ex.doc_words) for ex in rows])
+            win.update(win.pop("batch"))
+            keep = tf.gather(win["num_tokens"], win["request"]) > 0
+            win["request"] += first
+            for k in keys:
+                parts[k].append(tf.boolean_mask(win[k], keep).numpy())
+            for k in ("doc_ids", "doc_word"):
+                parts[k].extend(np.split(win[k].flat_values.numpy(),
+                                         win[k].row_splits.numpy()[1:-1]))
+        if not examples:
+            parts = {k: [np.zeros([0, L] if k not in ("request",) else [0], np.int64)]
+                     for k in keys}
+        f = {k: np.concatenate(parts[k]) for k in keys}
+        request, index = f["request"], f["token_index"]
+        n = len(request)
+        start = np.zeros([n], np.int32)
+        end = np.zeros([n], np.int32)
+        impossible = np.zeros([n], np.int32)
+        if is_training:
+            answers = list(dict.fromkeys(ex.answer_text for ex in examples
+                                         if not ex.is_impossible))
+            answer_ids = dict(zip(answers, encoder.tokenize_lists(answers)))
+            span = np.full([len(examples), 2], -1, np.int64)
+            for e, ex in enumerate(examples):
+                if ex.is_impossible:
+                    continue
+                word = parts["doc_word"][e]
+                first_tok = int(np.searchsorted(word, ex.start_word, "left"))
+                last_tok = int(np.searchsorted(word, ex.end_word, "right")) - 1
+                if last_tok < first_tok:
+                    logging.warning("SQuAD: skipping training question %s: its answer "
+                                    "words have no sub-tokens", ex.qid)
+                    span[e] = -2
+                    continue
+                span[e] = improve_answer_span(parts["doc_ids"][e], first_tok, last_tok,
+                                              np.asarray(answer_ids[ex.answer_text]))
+            kept = span[request, 0] != -2
+            f = {k: v[kept] for k, v in f.items()}
+            request, index = f["request"], f["token_index"]
+            at_start = index == span[request, 0][:, None]
+            at_end = index == span[request, 1][:, None]
+            found = (span[request, 0] >= 0) & at_start.any(axis=1) & at_end.any(axis=1)
+            start = np.where(found, at_start.argmax(axis=1), 0).astype(np.int32)
+            end = np.where(found, at_end.argmax(axis=1), 0).astype(np.int32)
+            impossible = (~found).astype(np.int32)
+        # Which basic piece of its word each token is, for postprocessing dev answers.
+        pieces = word_pieces([w for ex in examples for w in ex.doc_words],
+                             encoder.tokenize_lists)
+        piece = np.full(index.shape, -1, np.int16)
+        docs = {}
+        bounds = np.searchsorted(request, np.arange(len(examples) + 1))  # windows of each
+        for e, ex in enumerate(examples):
+            rows = slice(bounds[e], bounds[e + 1])
+            if rows.start == rows.stop:
+                continue
+            doc = docs.get(id(ex.doc_words))
+            if doc is None:
+                word = parts["doc_word"][e]
+                doc = np.zeros([len(word)], np.int16)
+                for w, text in enumerate(ex.doc_words):
+                    if text in pieces:
+                        doc[np.searchsorted(word, w):np.searchsorted(word, w, "right")] = \
+                            pieces[text]
+                docs[id(ex.doc_words)] = doc
+            inside = index[rows] >= 0
+            piece[rows] = np.where(inside, doc[np.where(inside, index[rows], 0)], -1)
+        return SquadFeatures(
+            f["input_ids"].astype(np.int32), f["input_mask"].astype(np.int32),
+            f["segment_ids"].astype(np.int32), start, end, impossible,
+            request.astype(np.int32), f["token_word"].astype(np.int32),
+            f["max_context"].astype(bool), piece, len(examples))
 
     def read_examples(self, data_dir: str, split: str, is_training: bool):
         """(questions of `split` ("train" or "dev"), their source for messages, a short
@@ -114,7 +198,7 @@ class SquadTask(Task):
 
     def train_split(self, data_dir, encoder, max_seq_length):
         examples, source, name = self.read_examples(data_dir, "train", is_training=True)
-        features = self._features(examples, encoder, max_seq_length, True)
+        features = self.features(examples, encoder, max_seq_length, True)
         if not len(features):
             raise DataError(f"{source}: no usable training questions")
         arrays = features.arrays()
@@ -125,7 +209,7 @@ class SquadTask(Task):
         examples, source, name = self.read_examples(data_dir, "dev", is_training=False)
         if not examples:
             raise DataError(f"{source}: no questions")
-        features = self._features(examples, encoder, max_seq_length, False)
+        features = self.features(examples, encoder, max_seq_length, False)
         # No gold positions: dev questions have several answers and unanswerable windows
         # are not labelled, so the trainer computes no (meaningless) dev loss.
         arrays = {k: features.arrays()[k] for k in ("input_ids", "input_mask", "segment_ids")}
@@ -176,13 +260,19 @@ class SquadTask(Task):
         return self.fetches(outputs)
 
     def windows(self, encoder: TextEncoder, max_seq_length: int, question, context):
-        """The training windows of every (question, context) row, in-graph.
+        """The windows of every (question, context) row, in-graph: the one SQuAD
+        preprocessor, of the serving signature and (through `features`) of training data.
 
-        Returns a dict: `batch` (input_ids / input_mask / segment_ids [W, L]),
-        `request` [W] (the row each window belongs to), `token_word` [W, L] (context word of
-        each token, -1 outside the context), `max_context` [W, L], `window_splits` [N + 1],
-        the context `words` with their byte `begins` / `ends` ([N, (words)]) and
-        `num_tokens` [N]. A context without tokens still gets one (context-less) window.
+        `[CLS] query [SEP] doc-window [SEP]` (official BERT layout); the context is cut
+        into words at WORD_SEPARATORS and each word WordPiece'd on its own; windows of
+        `room` tokens slide by doc_stride (the official rule). Returns a dict: `batch`
+        (input_ids / input_mask / segment_ids [W, L]), `request` [W] (the row each window
+        belongs to), `token_word` [W, L] (context word of each token, -1 outside the
+        context), `token_index` [W, L] (the token's index in its context, -1 outside),
+        `max_context` [W, L], `window_splits` [N + 1], the context `words` with their byte
+        `begins` / `ends` ([N, (words)]), `doc_ids` / `doc_word` ([N, (tokens)]: each
+        context's sub-tokens and their words) and `num_tokens` [N]. A context without
+        tokens still gets one (context-less) window.
         """
         self._check(max_seq_length)
         L = max_seq_length
@@ -203,8 +293,8 @@ class SquadTask(Task):
         word_of_token -= tf.gather(words.row_splits,
                                    tf.gather(words.value_rowids(), word_of_token))
 
-        # squad._doc_windows: full windows of `room` tokens, `step` apart, the last one
-        # ending at the context's end.
+        # Full windows of `room` tokens, `step` apart, the last one ending at the
+        # context's end.
         room = L - 3 - query.row_lengths()
         step = tf.minimum(room, self.doc_stride)
         count = tf.where(num_tokens <= room, tf.ones_like(room),
@@ -221,7 +311,7 @@ class SquadTask(Task):
         word = index.with_flat_values(
             tf.gather(word_of_token, index.flat_values)).with_row_splits_dtype(tf.int64)
 
-        # squad._max_context_owner: a token belongs to the first window where
+        # A token belongs to the first window where
         # min(left, right) context + 0.01 * length is largest (float64 as numpy).
         k = tf.ragged.range(length).flat_values
         span = tf.repeat(length, length)
@@ -252,12 +342,17 @@ class SquadTask(Task):
             "input_mask": row(1, ones_q, 1, ones_d, 1, 0, tf.int32),
             "segment_ids": row(0, 0 * ones_q, 0, ones_d, 1, 0, tf.int32),
         }
-        token_word = row(-1, -1 * tf.cast(ones_q, tf.int64), -1, word, -1, -1, tf.int64)
+        minus_q = -1 * tf.cast(ones_q, tf.int64)
+        token_word = row(-1, minus_q, -1, word, -1, -1, tf.int64)
+        token_index = row(-1, minus_q, -1, tf.ragged.range(start, start + length), -1, -1,
+                          tf.int64)
         flags = row(0, 0 * ones_q, 0, tf.cast(max_context, tf.int32), 0, 0, tf.int32)
         return {"batch": batch, "request": request, "token_word": token_word,
-                "max_context": flags > 0, "window_splits": window_splits,
-                "words": words, "begins": begins, "ends": ends, "num_tokens": num_tokens,
-                "query_length": query.row_lengths()}
+                "token_index": token_index, "max_context": flags > 0,
+                "window_splits": window_splits, "words": words, "begins": begins,
+                "ends": ends, "num_tokens": num_tokens,
+                "doc_ids": tf.RaggedTensor.from_row_splits(pieces.flat_values, doc_splits),
+                "doc_word": tf.RaggedTensor.from_row_splits(word_of_token, doc_splits)}
 
     def _run(self, model, batch, specials, L: int) -> Dict[str, tf.Tensor]:
         """The head's top-k outputs for every window, `serve_windows_per_call` at a time

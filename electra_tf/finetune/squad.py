@@ -1,5 +1,6 @@
-"""SQuAD 1.1 / 2.0 for fine-tuning: reading the official JSON, sliding-window features
-and turning the joint start/end head's top-k outputs back into answer texts (no TensorFlow)."""
+"""SQuAD 1.1 / 2.0 for fine-tuning: reading the official JSON, the features' container
+and turning the joint start/end head's top-k outputs back into answer texts (no TensorFlow;
+the windows themselves are qa_task's in-graph ones, shared with serving)."""
 
 import bisect
 import collections
@@ -334,11 +335,12 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
 
 @dataclasses.dataclass
 class SquadFeatures:
-    """Windows of all examples, in example order.
+    """Windows of all examples, in example order (made by qa_task.SquadTask.features, from
+    the serving signature's windows).
 
-    Per feature f and token position t: `token_to_orig_map[f][t]` is the context word of
-    the token or -1 (CLS, query, SEP, padding); `token_is_max_context[f][t]` whether this
-    window gives the token its most context; `token_piece[f][t]` which basic-tokenizer
+    Per feature f and token position t: `token_to_orig_map[f, t]` is the context word of
+    the token or -1 (CLS, query, SEP, padding); `token_is_max_context[f, t]` whether this
+    window gives the token its most context; `token_piece[f, t]` which basic-tokenizer
     piece of its word the token belongs to, or -1 when unknown (postprocessing then uses
     the whole word).
     """
@@ -349,9 +351,9 @@ class SquadFeatures:
     end_positions: np.ndarray  # int32 [N]
     is_impossible: np.ndarray  # int32 [N]; 1 when no answer in the window (training)
     example_index: np.ndarray  # int32 [N], index into the examples list
-    token_to_orig_map: List[np.ndarray]  # int32 [L] each
-    token_is_max_context: List[np.ndarray]  # bool [L] each
-    token_piece: List[np.ndarray]  # int16 [L] each
+    token_to_orig_map: np.ndarray  # int32 [N, L]
+    token_is_max_context: np.ndarray  # bool [N, L]
+    token_piece: np.ndarray  # int16 [N, L]
     num_examples: int
 
     def __len__(self) -> int:
@@ -363,97 +365,30 @@ class SquadFeatures:
                 "end_positions": self.end_positions, "is_impossible": self.is_impossible}
 
 
-@dataclasses.dataclass
-class _Doc:
-    """A paragraph's sub-tokens, shared by its questions."""
-    ids: np.ndarray  # int32 [T]
-    tok_to_orig: np.ndarray  # int32 [T]
-    orig_to_tok: np.ndarray  # int64 [W + 1]: first sub-token of each word, then T
-    piece: np.ndarray  # int16 [T]
-
-
-def _as_ids(rows, n: int, what: str) -> List[np.ndarray]:
-    rows = list(rows)
-    if len(rows) != n:
-        raise ValueError(f"tokenize returned {len(rows)} rows for {n} {what}")
-    return [np.asarray(r, dtype=np.int32).reshape(-1) for r in rows]
-
-
-def _tokenize_docs(examples, tokenize: Tokenize) -> Dict[int, _Doc]:
-    docs = {}
-    for ex in examples:
-        docs.setdefault(id(ex.doc_words), ex.doc_words)
-    vocab: Dict[str, int] = {}
-    doc_word_index = {key: np.array([vocab.setdefault(w, len(vocab)) for w in words],
-                                    np.int64)
-                      for key, words in docs.items()}
-    words = list(vocab)
-    # Words that split into several basic pieces (punctuation) are tokenized piece by
-    # piece too, in the same batch, to learn which sub-tokens belong to which piece.
-    pieces = {}
-    for i, w in enumerate(words):
-        if not (w.isascii() and w.isalnum()):
-            split = _split_cased(w)
-            if len(split) > 1:
-                pieces[i] = [vocab.setdefault(p, len(vocab)) for p in split]
-    strings = list(vocab)
-    ids = _as_ids(tokenize(strings), len(strings), "doc words") if strings else []
-    # Sub-tokens of all distinct words laid end to end, with each one's piece index.
-    lengths = np.array([len(ids[i]) for i in range(len(words))], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat_ids = (np.concatenate(ids[:len(words)]) if words and offsets[-1]
-                else np.zeros([0], np.int32))
-    flat_piece = np.zeros([len(flat_ids)], np.int16)
-    for i, parts in pieces.items():
-        rows = [ids[p] for p in parts]
-        if len(rows) < 32768 and np.array_equal(np.concatenate(rows), ids[i]):
-            value = np.repeat(np.arange(len(rows), dtype=np.int16), [len(r) for r in rows])
-        else:
-            value = -1
-        flat_piece[offsets[i]:offsets[i + 1]] = value
+def word_pieces(words: Sequence[str], tokenize: Tokenize) -> Dict[str, np.ndarray]:
+    """{word: int16 basic-tokenizer piece of each of its sub-tokens} for the distinct
+    `words` that split into several basic pieces (punctuation); -1 throughout when the
+    pieces' sub-tokens, tokenized alone, differ from the word's. `tokenize` is called
+    once, with the words and their pieces."""
+    split = {w: _split_cased(w) for w in dict.fromkeys(words)
+             if not (w.isascii() and w.isalnum())}
+    split = {w: p for w, p in split.items() if len(p) > 1}
+    strings = list(dict.fromkeys([*split, *(p for parts in split.values() for p in parts)]))
+    if not strings:
+        return {}
+    ids = dict(zip(strings, (np.asarray(r, np.int32).reshape(-1) for r in tokenize(strings))))
     out = {}
-    for key, index in doc_word_index.items():
-        word_len = lengths[index]
-        orig_to_tok = np.concatenate([[0], np.cumsum(word_len)]).astype(np.int64)
-        # Position k of the paragraph's tokens comes from flat slot
-        # offsets[word] + (k - first token of that word).
-        gather = (np.repeat(offsets[index] - orig_to_tok[:-1], word_len)
-                  + np.arange(orig_to_tok[-1]))
-        out[key] = _Doc(ids=flat_ids[gather],
-                        tok_to_orig=np.repeat(np.arange(len(index), dtype=np.int32),
-                                              word_len),
-                        orig_to_tok=orig_to_tok, piece=flat_piece[gather])
+    for w, parts in split.items():
+        rows = [ids[p] for p in parts]
+        if len(rows) < 32768 and np.array_equal(np.concatenate(rows), ids[w]):
+            out[w] = np.repeat(np.arange(len(rows), dtype=np.int16), [len(r) for r in rows])
+        else:
+            out[w] = np.full([len(ids[w])], -1, np.int16)
     return out
 
 
-def _doc_windows(n_tokens: int, max_tokens: int, stride: int) -> List[Tuple[int, int]]:
-    """(start, length) windows by the official sliding rule."""
-    spans, start = [], 0
-    while start < n_tokens:
-        length = min(n_tokens - start, max_tokens)
-        spans.append((start, length))
-        if start + length == n_tokens:
-            break
-        start += min(length, stride)
-    return spans
-
-
-def _max_context_owner(windows, n_tokens: int) -> np.ndarray:
-    """For each doc token, the window where min(left, right) context + 0.01 * length is
-    largest (the first such window on ties)."""
-    best = np.full([n_tokens], -np.inf)
-    owner = np.full([n_tokens], -1, np.int64)
-    for w, (start, length) in enumerate(windows):
-        pos = np.arange(start, start + length)
-        score = np.minimum(pos - start, start + length - 1 - pos) + 0.01 * length
-        better = score > best[pos]
-        best[pos[better]] = score[better]
-        owner[pos[better]] = w
-    return owner
-
-
-def _improve_answer_span(doc_ids: np.ndarray, start: int, end: int,
-                         answer_ids: np.ndarray) -> Tuple[int, int]:
+def improve_answer_span(doc_ids: np.ndarray, start: int, end: int,
+                        answer_ids: np.ndarray) -> Tuple[int, int]:
     """Official rule: the first (leftmost start, then longest) sub-span of [start, end]
     whose tokens are exactly the tokenized answer text; else the span unchanged."""
     n = len(answer_ids)
@@ -463,97 +398,6 @@ def _improve_answer_span(doc_ids: np.ndarray, start: int, end: int,
         if np.array_equal(doc_ids[new_start:new_start + n], answer_ids):
             return new_start, new_start + n - 1
     return start, end
-
-
-def convert_examples_to_features(examples: Sequence[SquadExample], tokenize: Tokenize,
-                                 special_ids: Mapping[str, int], max_seq_length: int = 512,
-                                 doc_stride: int = 128, max_query_length: int = 64,
-                                 is_training: bool = False) -> SquadFeatures:
-    """Sliding windows `[CLS] query [SEP] doc-window [SEP]` (official BERT layout).
-
-    `tokenize` maps a batch of strings to their WordPiece ids; it is called once for the
-    questions, once for all distinct context words and, when training, once for the
-    answer texts. A training example whose answer words have no sub-tokens is dropped
-    with a warning.
-    """
-    if max_query_length + 3 >= max_seq_length:
-        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context "
-                         f"after a query of up to {max_query_length} tokens")
-    if doc_stride < 1:
-        raise ValueError(f"doc_stride must be positive, got {doc_stride}")
-    cls_id, sep_id, pad_id = (int(special_ids[k]) for k in ("[CLS]", "[SEP]", "[PAD]"))
-    questions = list(dict.fromkeys(ex.question for ex in examples))
-    q_ids = dict(zip(questions, _as_ids(tokenize(questions), len(questions), "questions")
-                     if questions else []))
-    docs = _tokenize_docs(examples, tokenize)
-    answer_ids = {}
-    if is_training:
-        texts = list(dict.fromkeys(ex.answer_text for ex in examples
-                                   if not ex.is_impossible))
-        if texts:
-            answer_ids = dict(zip(texts, _as_ids(tokenize(texts), len(texts), "answers")))
-
-    plans = []  # (example index, query ids, doc, windows, token start, token end)
-    for e, ex in enumerate(examples):
-        query = q_ids[ex.question][:max_query_length]
-        doc = docs[id(ex.doc_words)]
-        tok_start = tok_end = -1
-        if is_training and not ex.is_impossible:
-            tok_start = int(doc.orig_to_tok[ex.start_word])
-            tok_end = int(doc.orig_to_tok[ex.end_word + 1]) - 1
-            if tok_end < tok_start:
-                logging.warning("SQuAD: skipping training question %s: its answer words "
-                                "have no sub-tokens", ex.qid)
-                continue
-            tok_start, tok_end = _improve_answer_span(doc.ids, tok_start, tok_end,
-                                                      answer_ids[ex.answer_text])
-        windows = _doc_windows(len(doc.ids), max_seq_length - len(query) - 3, doc_stride)
-        plans.append((e, query, doc, windows, tok_start, tok_end))
-
-    n = sum(len(p[3]) for p in plans)
-    L = max_seq_length
-    input_ids = np.full([n, L], pad_id, np.int32)
-    input_mask = np.zeros([n, L], np.int32)
-    segment_ids = np.zeros([n, L], np.int32)
-    start_positions = np.zeros([n], np.int32)
-    end_positions = np.zeros([n], np.int32)
-    is_impossible = np.zeros([n], np.int32)
-    example_index = np.zeros([n], np.int32)
-    to_orig, max_context, piece = [], [], []
-    f = 0
-    for e, query, doc, windows, tok_start, tok_end in plans:
-        owner = _max_context_owner(windows, len(doc.ids))
-        offset = len(query) + 2
-        for w, (start, length) in enumerate(windows):
-            stop = start + length
-            used = offset + length + 1
-            input_ids[f, 0] = cls_id
-            input_ids[f, 1:offset - 1] = query
-            input_ids[f, offset - 1] = sep_id
-            input_ids[f, offset:used - 1] = doc.ids[start:stop]
-            input_ids[f, used - 1] = sep_id
-            input_mask[f, :used] = 1
-            segment_ids[f, offset:used] = 1
-            row = np.full([L], -1, np.int32)
-            row[offset:used - 1] = doc.tok_to_orig[start:stop]
-            to_orig.append(row)
-            row = np.zeros([L], bool)
-            row[offset:used - 1] = owner[start:stop] == w
-            max_context.append(row)
-            row = np.full([L], -1, np.int16)
-            row[offset:used - 1] = doc.piece[start:stop]
-            piece.append(row)
-            example_index[f] = e
-            if is_training:
-                if examples[e].is_impossible or not start <= tok_start <= tok_end < stop:
-                    is_impossible[f] = 1
-                else:
-                    start_positions[f] = tok_start - start + offset
-                    end_positions[f] = tok_end - start + offset
-            f += 1
-    return SquadFeatures(input_ids, input_mask, segment_ids, start_positions,
-                         end_positions, is_impossible, example_index, to_orig, max_context,
-                         piece, len(examples))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Token-tagging data: CoNLL-format reading, IOB1/BIO -> BIOES conversion, the label map,
-word -> sub-token features for the tagging head and sub-token predictions -> word tags."""
+the features' container and sub-token predictions -> word tags (the features themselves
+are tagging_task.pack_words', shared with serving)."""
 
 import dataclasses
 import json
 import os
 import re
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -161,7 +162,8 @@ def convert_labels(labels: Sequence[str], scheme: str = "bioes") -> List[str]:
     raise ValueError(f"unknown tagging scheme {scheme!r}; expected one of {SCHEMES}")
 
 
-def _sentence_labels(sentence: Sentence, scheme: str) -> List[str]:
+def sentence_labels(sentence: Sentence, scheme: str) -> List[str]:
+    """`sentence`'s labels in `scheme`; DataError naming the path:line of a bad tag."""
     try:
         return convert_labels(sentence.labels, scheme)
     except _BadTag as e:
@@ -191,7 +193,7 @@ class LabelMap:
         """
         seen = set()
         for sentence in sentences:
-            seen.update(_sentence_labels(sentence, scheme))
+            seen.update(sentence_labels(sentence, scheme))
         if scheme in _PREFIXES:
             kinds = {t[2:] for t in seen if t != OUTSIDE}
             seen = {f"{p}-{k}" for k in kinds for p in _PREFIXES[scheme]}
@@ -247,7 +249,8 @@ class LabelMap:
 
 @dataclasses.dataclass
 class TaggingFeatures:
-    """Model inputs for N sentences padded to L tokens, plus the word -> token alignment.
+    """Model inputs for N sentences padded to L tokens, plus the word -> token alignment
+    (made by tagging_task.TaggingTask.features).
 
     word_positions[n][w]: token index of word w's first sub-token in row n, -1 when the
     word has no tokens (untokenizable) or was truncated away; such words read as 'O'.
@@ -268,69 +271,6 @@ class TaggingFeatures:
         return {"input_ids": self.input_ids, "input_mask": self.input_mask,
                 "segment_ids": self.segment_ids, "label_ids": self.label_ids,
                 "label_weights": self.label_weights}
-
-
-def convert_sentences(sentences: Sequence[Sentence],
-                      tokenize: Callable[[List[str]], Sequence[Sequence[int]]],
-                      special_ids: Mapping[str, int], label_map: LabelMap,
-                      max_seq_length: int, scheme: str = "bioes") -> TaggingFeatures:
-    """[CLS] sub-tokens [SEP] [PAD]... rows; each word's label on its first sub-token.
-
-    `tokenize` is called once with every word of every sentence and must return one
-    id list per word. Sentences over max_seq_length - 2 sub-tokens are cut: a word whose
-    first sub-token does not fit is dropped (counted in num_truncated_words), a word
-    cut after its first sub-token keeps its label. DataError (path:line of the token)
-    for a label the map cannot hold.
-    """
-    if scheme != label_map.scheme:
-        raise ValueError(f"scheme {scheme!r} differs from the label map's {label_map.scheme!r}")
-    if max_seq_length < 2:
-        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and [SEP]")
-    cls_id, sep_id, pad_id = (int(special_ids[k]) for k in ("[CLS]", "[SEP]", "[PAD]"))
-    all_words = [w for s in sentences for w in s.words]
-    pieces = tokenize(all_words)
-    if len(pieces) != len(all_words):
-        raise ValueError(f"tokenize returned {len(pieces)} token lists for {len(all_words)} words")
-
-    n, length = len(sentences), max_seq_length
-    input_ids = np.full((n, length), pad_id, np.int32)
-    input_mask = np.zeros((n, length), np.int32)
-    label_ids = np.zeros((n, length), np.int32)
-    label_weights = np.zeros((n, length), np.float32)
-    word_positions = []
-    truncated = untokenized = 0
-    budget = length - 2
-    offset = 0
-    for row, sentence in enumerate(sentences):
-        tags = _sentence_labels(sentence, scheme)
-        tokens = [cls_id]
-        positions = np.full(len(sentence.words), -1, np.int32)
-        for w, tag in enumerate(tags):
-            word_pieces = pieces[offset + w]
-            # Checked for every word, kept or not: a bad label must not hide behind truncation.
-            tag_id = label_map.get(tag)
-            if tag_id is None:
-                raw = sentence.labels[w]
-                shown = repr(raw) if tag == raw else f"{raw!r} ({tag!r} in {scheme})"
-                raise DataError(f"{sentence.where(w)}: label {shown} is not in the label map "
-                                f"built from the training data")
-            if len(word_pieces) == 0:
-                untokenized += 1
-                continue
-            if len(tokens) - 1 >= budget:
-                truncated += 1
-                continue
-            positions[w] = len(tokens)
-            label_ids[row, len(tokens)] = tag_id
-            label_weights[row, len(tokens)] = 1.0
-            tokens.extend(int(t) for t in word_pieces[:budget - (len(tokens) - 1)])
-        offset += len(sentence.words)
-        tokens.append(sep_id)
-        input_ids[row, :len(tokens)] = tokens
-        input_mask[row, :len(tokens)] = 1
-        word_positions.append(positions)
-    return TaggingFeatures(input_ids, input_mask, np.zeros((n, length), np.int32), label_ids,
-                           label_weights, word_positions, truncated, untokenized)
 
 
 def predictions_to_tags(features: TaggingFeatures, predicted_ids,

@@ -1,5 +1,6 @@
 """The token-tagging fine-tuning task (CoNLL-2000 chunking, CoNLL NER): data splits, the
-per-sentence loss, entity-F1 metrics and the raw-sentence serving signature."""
+per-sentence loss, entity-F1 metrics and the raw-sentence serving signature, whose word
+packing (`pack_words`) also makes the training features."""
 
 import dataclasses
 import os
@@ -13,8 +14,8 @@ from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
-                                         TaggingFeatures, convert_labels, convert_sentences,
-                                         predictions_to_tags, read_conll)
+                                         TaggingFeatures, convert_labels, predictions_to_tags,
+                                         read_conll, sentence_labels)
 from electra_tf.text import TextEncoder
 
 # What a raw request is split on besides ASCII whitespace (tf.strings.split's set): BERT
@@ -89,10 +90,42 @@ class TaggingTask(Task):
 
     def features(self, sentences: Sequence[Sentence], encoder: TextEncoder,
                  max_seq_length: int, what: str = "") -> TaggingFeatures:
-        """Model inputs of `sentences` (labels must be in the label map; unlabelled text
-        can carry 'O' tags); warns when words are cut by max_seq_length."""
-        feats = convert_sentences(sentences, encoder.tokenize_lists, encoder.special_ids,
-                                  self._labels(), max_seq_length, self.scheme)
+        """Model inputs of `sentences`, packed by `pack_words` as serving packs them, with
+        each word's label on its first sub-token. DataError (path:line of the token) for
+        a label the map cannot hold, kept word or not; warns when words are cut by
+        max_seq_length. Unlabelled text can carry 'O' tags."""
+        if max_seq_length < 2:
+            raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] "
+                             f"and [SEP]")
+        label_map = self._labels()
+        tag_ids = []
+        for sentence in sentences:
+            for w, tag in enumerate(sentence_labels(sentence, self.scheme)):
+                tag_id = label_map.get(tag)
+                if tag_id is None:
+                    raw = sentence.labels[w]
+                    shown = repr(raw) if tag == raw else f"{raw!r} ({tag!r} in {self.scheme})"
+                    raise DataError(f"{sentence.where(w)}: label {shown} is not in the label "
+                                    f"map built from the training data")
+                tag_ids.append(tag_id)
+        lengths = [len(s.words) for s in sentences]
+        words = tf.RaggedTensor.from_row_lengths(
+            tf.constant([w for s in sentences for w in s.words], tf.string, shape=[sum(lengths)]),
+            tf.constant(lengths, tf.int64))
+        packed = pack_words(encoder, words, max_seq_length)
+        position = packed["position"].flat_values.numpy()
+        num_tokens = packed["num_tokens"].numpy()
+        row = np.repeat(np.arange(len(sentences)), lengths)
+        kept = position >= 0
+        label_ids = np.zeros([len(sentences), max_seq_length], np.int32)
+        label_weights = np.zeros([len(sentences), max_seq_length], np.float32)
+        label_ids[row[kept], position[kept]] = np.asarray(tag_ids, np.int32)[kept]
+        label_weights[row[kept], position[kept]] = 1.0
+        feats = TaggingFeatures(
+            *(packed["batch"][k].numpy() for k in ("input_ids", "input_mask", "segment_ids")),
+            label_ids, label_weights,
+            np.split(position.astype(np.int32), np.cumsum(lengths)[:-1]),
+            int(np.sum((num_tokens > 0) & ~kept)), int(np.sum(num_tokens == 0)))
         if feats.num_truncated_words:
             logging.warning("%s: %d word(s) beyond max_seq_length=%d tokens are not tagged "
                             "(they count as 'O')", what or self.name,
@@ -174,18 +207,11 @@ class TaggingTask(Task):
                                             replacement_char=0xFFFD)
         text = tf.strings.regex_replace(text, _UNICODE_SPACES, " ")
         words = tf.strings.split(text)                        # [N, (W)]
-        pieces = encoder.tokenize(words.flat_values)         # [total W, (P)]
-        tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)
-        batch = encoder.pack(tokens, None, max_seq_length)
-        predicted = self.serving_outputs(model(batch, training=False))["tag_ids"]
-
-        # A word's first sub-token sits after [CLS] and the tokens of the words before it
-        # in its sentence: pieces' row_splits are the running total over all words.
-        row = words.value_rowids()
-        starts = pieces.row_splits[:-1]
-        before = starts - tf.gather(pieces.row_splits, tf.gather(words.row_splits, row))
-        kept = (pieces.row_lengths() > 0) & (before < max_seq_length - 2)
-        index = tf.stack([row, tf.where(kept, before + 1, 0)], axis=1)
+        packed = pack_words(encoder, words, max_seq_length)
+        predicted = self.serving_outputs(model(packed["batch"], training=False))["tag_ids"]
+        position = packed["position"].flat_values
+        kept = position >= 0
+        index = tf.stack([words.value_rowids(), tf.where(kept, position, 0)], axis=1)
         # Id 0 is 'O' (LabelMap's guarantee), as training reads unkept words.
         tag_ids = tf.where(kept, tf.gather_nd(predicted, index), 0)
         return {"words": words.to_tensor(default_value=""),
@@ -196,6 +222,27 @@ class TaggingTask(Task):
 
     def assets(self):
         return {"labels.json": self._labels().to_json()}
+
+
+def pack_words(encoder: TextEncoder, words: tf.RaggedTensor,
+               max_seq_length: int) -> Dict[str, tf.Tensor]:
+    """The one tagging preprocessor, of the serving signature and of training data:
+    sentences of words [N, (W)] -> `batch` (`[CLS] sub-tokens [SEP]` inputs [N, L]),
+    `position` [N, (W)] (the token index of each word's first sub-token, -1 for a word
+    without tokens or whose first sub-token is cut by max_seq_length - 2) and `num_tokens`
+    [total W]. Each word is WordPiece'd on its own; a word cut after its first sub-token
+    keeps its position."""
+    pieces = encoder.tokenize(words.flat_values)         # [total W, (P)]
+    tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)
+    batch = encoder.pack(tokens, None, max_seq_length)
+    # A word's first sub-token sits after [CLS] and the tokens of the words before it
+    # in its sentence: pieces' row_splits are the running total over all words.
+    starts = pieces.row_splits[:-1]
+    before = starts - tf.gather(pieces.row_splits,
+                                tf.gather(words.row_splits, words.value_rowids()))
+    kept = (pieces.row_lengths() > 0) & (before < max_seq_length - 2)
+    return {"batch": batch, "num_tokens": pieces.row_lengths(),
+            "position": words.with_flat_values(tf.where(kept, before + 1, -1))}
 
 
 def unlabelled(words: Sequence[Sequence[str]]) -> List[Sentence]:
