@@ -110,84 +110,67 @@ class SquadTask(Task):
         have no sub-tokens is dropped with a warning.
         """
         self._check(max_seq_length)
-        L = max_seq_length
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
                 "token_index", "request")
         parts = {k: [] for k in keys + ("doc_ids", "doc_word")}
-        for first in range(0, len(examples), chunk):
+        for first in range(0, max(len(examples), 1), chunk):
             rows = examples[first:first + chunk]
-            win = self.windows(encoder, L, [ex.question for ex in rows],
+            win = self.windows(encoder, max_seq_length, [ex.question for ex in rows],
                                [" ".join(ex.doc_words) for ex in rows])
-            win.update(win.pop("batch"))
-            keep = tf.gather(win["num_tokens"], win["request"]) > 0
-            win["request"] += first
+            win.update(win.pop("batch"), request=win["request"] + first)
+            keep = tf.gather(win["num_tokens"], win["request"] - first) > 0
             for k in keys:
                 parts[k].append(tf.boolean_mask(win[k], keep).numpy())
             for k in ("doc_ids", "doc_word"):
                 parts[k].extend(np.split(win[k].flat_values.numpy(),
                                          win[k].row_splits.numpy()[1:-1]))
-        if not examples:
-            parts = {k: [np.zeros([0, L] if k not in ("request",) else [0], np.int64)]
-                     for k in keys}
         f = {k: np.concatenate(parts[k]) for k in keys}
-        request, index = f["request"], f["token_index"]
-        n = len(request)
-        start = np.zeros([n], np.int32)
-        end = np.zeros([n], np.int32)
-        impossible = np.zeros([n], np.int32)
-        if is_training:
-            answers = list(dict.fromkeys(ex.answer_text for ex in examples
-                                         if not ex.is_impossible))
-            answer_ids = dict(zip(answers, encoder.tokenize_lists(answers)))
-            span = np.full([len(examples), 2], -1, np.int64)
-            for e, ex in enumerate(examples):
-                if ex.is_impossible:
-                    continue
-                word = parts["doc_word"][e]
-                first_tok = int(np.searchsorted(word, ex.start_word, "left"))
-                last_tok = int(np.searchsorted(word, ex.end_word, "right")) - 1
-                if last_tok < first_tok:
-                    logging.warning("SQuAD: skipping training question %s: its answer "
-                                    "words have no sub-tokens", ex.qid)
-                    span[e] = -2
-                    continue
-                span[e] = improve_answer_span(parts["doc_ids"][e], first_tok, last_tok,
-                                              np.asarray(answer_ids[ex.answer_text]))
-            kept = span[request, 0] != -2
-            f = {k: v[kept] for k, v in f.items()}
-            request, index = f["request"], f["token_index"]
-            at_start = index == span[request, 0][:, None]
-            at_end = index == span[request, 1][:, None]
-            found = (span[request, 0] >= 0) & at_start.any(axis=1) & at_end.any(axis=1)
-            start = np.where(found, at_start.argmax(axis=1), 0).astype(np.int32)
-            end = np.where(found, at_end.argmax(axis=1), 0).astype(np.int32)
-            impossible = (~found).astype(np.int32)
-        # Which basic piece of its word each token is, for postprocessing dev answers.
+        answer_ids = dict.fromkeys(ex.answer_text for ex in examples
+                                   if is_training and not ex.is_impossible)
+        answer_ids = dict(zip(answer_ids, encoder.tokenize_lists(list(answer_ids))
+                              if answer_ids else []))
+        # Which basic piece of its word each context token is, for dev postprocessing.
         pieces = word_pieces([w for ex in examples for w in ex.doc_words],
                              encoder.tokenize_lists)
-        piece = np.full(index.shape, -1, np.int16)
-        docs = {}
-        bounds = np.searchsorted(request, np.arange(len(examples) + 1))  # windows of each
+        span = np.full([len(examples), 2], -1, np.int64)  # answer tokens; -2: dropped
+        docs, doc_piece = {}, []
         for e, ex in enumerate(examples):
-            rows = slice(bounds[e], bounds[e + 1])
-            if rows.start == rows.stop:
-                continue
-            doc = docs.get(id(ex.doc_words))
-            if doc is None:
-                word = parts["doc_word"][e]
-                doc = np.zeros([len(word)], np.int16)
+            word = parts["doc_word"][e]
+            if id(ex.doc_words) not in docs:
+                doc = docs[id(ex.doc_words)] = np.zeros([len(word)], np.int16)
                 for w, text in enumerate(ex.doc_words):
                     if text in pieces:
                         doc[np.searchsorted(word, w):np.searchsorted(word, w, "right")] = \
                             pieces[text]
-                docs[id(ex.doc_words)] = doc
-            inside = index[rows] >= 0
-            piece[rows] = np.where(inside, doc[np.where(inside, index[rows], 0)], -1)
+            doc_piece.append(docs[id(ex.doc_words)])
+            if ex.answer_text not in answer_ids or ex.is_impossible:
+                continue
+            first_tok = int(np.searchsorted(word, ex.start_word, "left"))
+            last_tok = int(np.searchsorted(word, ex.end_word, "right")) - 1
+            if last_tok < first_tok:
+                logging.warning("SQuAD: skipping training question %s: its answer words "
+                                "have no sub-tokens", ex.qid)
+                span[e] = -2
+                continue
+            span[e] = improve_answer_span(parts["doc_ids"][e], first_tok, last_tok,
+                                          np.asarray(answer_ids[ex.answer_text]))
+        f = {k: v[span[f["request"], 0] != -2] for k, v in f.items()}
+        request, index = f["request"], f["token_index"]
+        at_start = index == span[request, 0][:, None]
+        at_end = index == span[request, 1][:, None]
+        found = (span[request, 0] >= 0) & at_start.any(axis=1) & at_end.any(axis=1)
+        offsets = np.cumsum([0] + [len(d) for d in doc_piece])
+        flat_piece = np.concatenate(doc_piece + [np.zeros([1], np.int16)])
+        piece = np.where(index >= 0, flat_piece[offsets[request][:, None]
+                                                + np.maximum(index, 0)], -1)
         return SquadFeatures(
             f["input_ids"].astype(np.int32), f["input_mask"].astype(np.int32),
-            f["segment_ids"].astype(np.int32), start, end, impossible,
-            request.astype(np.int32), f["token_word"].astype(np.int32),
-            f["max_context"].astype(bool), piece, len(examples))
+            f["segment_ids"].astype(np.int32),
+            np.where(found, at_start.argmax(axis=1), 0).astype(np.int32),
+            np.where(found, at_end.argmax(axis=1), 0).astype(np.int32),
+            (~found & is_training).astype(np.int32), request.astype(np.int32),
+            f["token_word"].astype(np.int32), f["max_context"].astype(bool),
+            piece.astype(np.int16), len(examples))
 
     def read_examples(self, data_dir: str, split: str, is_training: bool):
         """(questions of `split` ("train" or "dev"), their source for messages, a short
