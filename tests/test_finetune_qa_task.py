@@ -24,7 +24,8 @@ from electra_tf.text import TextEncoder
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
 
 from conftest import VOCAB
-from preprocessing_cases import squad_cases, squad_digest
+from preprocessing_cases import PARAGRAPHS as CASE_PARAGRAPHS
+from preprocessing_cases import LONG, squad_cases, squad_digest, squad_tree
 
 RECORDED = os.path.join(os.path.dirname(__file__), "preprocessing_recorded.json")
 
@@ -32,42 +33,12 @@ CFG = ModelConfig(vocab_size=30522, embedding_size=16, hidden_size=32, num_hidde
                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
 L = 64
 OPTIONS = dict(doc_stride=16, max_query_length=16, beam=5)
-# Long enough for several windows of L=64 (about 45 context tokens each).
-LONG = ("the museum opened its doors in the spring and visitors came from the north and "
-        "the south to see the paintings the sculptures and the old maps of the valley "
-        "every room was full of light and the gardens outside were green and quiet "
-        "children ran along the paths while their parents read the small signs beside "
-        "each tree the guides spoke about the history of the town and its founders who "
-        "had built the first bridge over the river long ago at the end of the tour the "
-        "curator margaret hill thanked everyone for coming")
-PARAGRAPHS = [
-    ("The quick brown fox jumps over the lazy dog near the old river bank.",
-     [("what jumps over the dog?", "quick brown fox"),
-      ("where is the dog?", "near the old river bank"),
-      ("who owns the fox?", None)]),
-    ("In 1990, Paris hosted a small science fair for young students.",
-     [("when did paris host the fair?", "1990"),
-      ("which city hosted the fair?", "Paris"),
-      ("how much did the fair cost?", None)]),
-    (LONG, [("who was the curator?", "margaret hill"),
-            ("what color was the roof?", None)]),
-]
+# LONG is long enough for several windows of L=64 (about 45 context tokens each).
+PARAGRAPHS = CASE_PARAGRAPHS[:3]
 
 
 def squad_json(v2: bool, paragraphs=PARAGRAPHS) -> dict:
-    paras = []
-    for p, (context, questions) in enumerate(paragraphs):
-        qas = []
-        for q, (question, answer) in enumerate(questions):
-            if answer is None and not v2:
-                continue
-            qa = {"id": f"p{p}q{q}", "question": question, "answers": [] if answer is None
-                  else [{"text": answer, "answer_start": context.index(answer)}]}
-            if v2:
-                qa["is_impossible"] = answer is None
-            qas.append(qa)
-        paras.append({"context": context, "qas": qas})
-    return {"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs": paras}]}
+    return dict(squad_tree(paragraphs, v2), version="v2.0" if v2 else "1.1")
 
 
 def write_squad(root, v2: bool, names=("train.json", "dev.json")):
