@@ -119,8 +119,10 @@ class SquadTask(Task):
                                [" ".join(ex.doc_words) for ex in rows])
             win.update(win.pop("batch"), request=win["request"] + first)
             keep = tf.gather(win["num_tokens"], win["request"] - first) > 0
-            for k in keys:
-                parts[k].append(tf.boolean_mask(win[k], keep).numpy())
+            for k in keys:  # int32 (or bool) on the host: SQuAD has ~10^5 windows
+                value = tf.boolean_mask(win[k], keep)
+                parts[k].append(tf.cast(value, tf.int32).numpy() if value.dtype == tf.int64
+                                else value.numpy())
             for k in ("doc_ids", "doc_word"):
                 parts[k].extend(np.split(win[k].flat_values.numpy(),
                                          win[k].row_splits.numpy()[1:-1]))
@@ -164,13 +166,11 @@ class SquadTask(Task):
         piece = np.where(index >= 0, flat_piece[offsets[request][:, None]
                                                 + np.maximum(index, 0)], -1)
         return SquadFeatures(
-            f["input_ids"].astype(np.int32), f["input_mask"].astype(np.int32),
-            f["segment_ids"].astype(np.int32),
+            f["input_ids"], f["input_mask"], f["segment_ids"],
             np.where(found, at_start.argmax(axis=1), 0).astype(np.int32),
             np.where(found, at_end.argmax(axis=1), 0).astype(np.int32),
-            (~found & is_training).astype(np.int32), request.astype(np.int32),
-            f["token_word"].astype(np.int32), f["max_context"].astype(bool),
-            piece.astype(np.int16), len(examples))
+            (~found & is_training).astype(np.int32), request, f["token_word"],
+            f["max_context"], piece.astype(np.int16), len(examples))
 
     def read_examples(self, data_dir: str, split: str, is_training: bool):
         """(questions of `split` ("train" or "dev"), their source for messages, a short
