@@ -16,7 +16,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from electra_tf.training.options import define_run_flags  # noqa: E402  (no TensorFlow import)
+# No TensorFlow import in these two:
+from electra_tf import configs  # noqa: E402
+from electra_tf.training.options import define_run_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli, rte, "
@@ -51,30 +53,12 @@ flags.DEFINE_string("finetune_config", None, "A JSON file of fine-tuning hyper-p
                     "\"num_train_epochs\": 2}); --params_override and the flags below win "
                     "over it.")
 flags.DEFINE_string("params_override", "", "Comma-separated key=value FinetuneConfig "
-                    "overrides, e.g. learning_rate=1e-4,adam_epsilon=1e-8,steps_per_loop=20; "
+                    "overrides, e.g. learning_rate=1e-4,epsilon=1e-8,steps_per_loop=20; "
                     "the flags win over it.")
 flags.DEFINE_string("model_dir", None, "Trial checkpoints, TensorBoard logs and "
                     "results.json (default runs/finetune_<task>). A rerun resumes here.")
 flags.DEFINE_string("export_dir", None, "Write SavedModels (task + encoder) here; default "
                     "<model_dir>/export for the bundled demo, none otherwise.")
-flags.DEFINE_integer("num_trials", None, "Fine-tuning seeds (default 1); results.json has "
-                     "every score and the median.")
-flags.DEFINE_float("learning_rate", None, "Default: 3e-4 small, 1e-4 base, 5e-5 large.")
-flags.DEFINE_float("layerwise_lr_decay", None, "Default: 0.8 (0.9 large).")
-flags.DEFINE_bool("official_lr_bug", None, "Reproduce the official code's layer-wise "
-                  "decay, which gives the top encoder layer decay^2 instead of decay^1.")
-flags.DEFINE_float("num_train_epochs", None, "Default: the task's (3; 10 for RTE and "
-                   "STS-B; 2 for SQuAD).")
-flags.DEFINE_integer("train_batch_size", None, "Global batch (default 32).")
-flags.DEFINE_integer("eval_batch_size", None, "Global eval batch (default 32).")
-flags.DEFINE_integer("max_seq_length", None, "Tokens per example (default 128; "
-                     "SQuAD: 512).")
-flags.DEFINE_float("warmup_proportion", None, "Linear warmup share of the steps "
-                   "(default 0.1).")
-flags.DEFINE_integer("seed", None, "Seed of the first trial (trial i uses seed + i; "
-                     "default 1).")
-flags.DEFINE_integer("save_checkpoints_steps", None, "Checkpoint interval within a "
-                     "trial (default 1000).")
 flags.DEFINE_list("text_columns", [], "User TSV task: header names of one or two text "
                   "columns.")
 flags.DEFINE_string("label_column", None, "User TSV task: header name of the label column "
@@ -87,6 +71,8 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (default: the bund
                     "uncased one, that of the pre-training demo).")
 flags.DEFINE_string("spm_model", None, "SentencePiece model instead of --vocab_file.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
+configs.define_flags(configs.FinetuneConfig)
+flags.adopt_module_key_flags(configs.command_line)
 define_run_flags()
 REPO = os.path.dirname(os.path.abspath(__file__))  # local-only: this checkout (bundled data)
 

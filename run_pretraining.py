@@ -15,11 +15,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from electra_tf.training.options import define_run_flags, options_from_flags  # noqa: E402
-
 # No TensorFlow import in these two:
-from electra_tf.configs import GENERATORS, ObjectiveConfig  # noqa: E402
-from electra_tf.objective_specs import SPECS  # noqa: E402
+from electra_tf import configs  # noqa: E402
+from electra_tf.training.options import (PretrainingOptions, define_run_flags,  # noqa: E402
+                                         options_from_flags)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "tiny", "A preset (tiny, small, small_plus, base, large) or a "
@@ -31,44 +30,16 @@ flags.DEFINE_string("model_dir", None, "Checkpoints, TensorBoard logs and config
 flags.DEFINE_string("train_data", None, "TFRecord glob(s) or a tfrecord_builder output "
                     "directory; default: the bundled sample, built on first use.")
 flags.DEFINE_string("eval_data", None, "Held-out TFRecords for --do_eval.")
-flags.DEFINE_integer("num_train_steps", None, "Overrides train.num_train_steps.")
-flags.DEFINE_integer("train_batch_size", None, "Global batch; overrides the config.")
-flags.DEFINE_integer("max_seq_length", None, "Overrides train.max_seq_length.")
-flags.DEFINE_integer("save_checkpoints_steps", None, "Overrides the config.")
-flags.DEFINE_integer("steps_per_loop", None, "Compiled steps per host visit.")
-flags.DEFINE_integer("grad_accum_steps", None, "Micro-batches per update.")
-flags.DEFINE_float("learning_rate", None, "Overrides optimizer.learning_rate.")
-flags.DEFINE_enum("objective", None, list(SPECS),
-                  f"Overrides objective.objective (default {ObjectiveConfig.objective}; "
-                  "README: Objective variants): " +
-                  "; ".join(f"{s.name}: {s.description}" for s in SPECS.values()) + ".")
-flags.DEFINE_enum("generator", None, list(GENERATORS),
-                  "Overrides objective.generator: the sized masked-LM generator, uniform / "
-                  "unigram proposals (unigram reads the builder's token counts), or fixed: "
-                  "a pre-trained masked LM from --generator_checkpoint, forward only "
-                  "(Fast-ELECTRA).")
-flags.DEFINE_string("generator_checkpoint", None, "--generator=fixed: a TF1 checkpoint "
-                    "with generator/ weights (a released ELECTRA checkpoint, `convert "
-                    "import-hf --generator_dir`, `convert export-tf1`) or an earlier "
-                    "pre-training --model_dir; sizes from model.generator_*.")
-flags.DEFINE_string("temperature_schedule", None, "Sampling temperature over the run: "
-                    "SHAPE:START[:END] with SHAPE linear, cosine or exponential, from START at "
-                    "step 0 to END (default 1) at the last step, e.g. exponential:2 "
-                    "(Fast-ELECTRA's descending curriculum).")
-flags.DEFINE_enum("generator_tying", None, ["none", "embeddings", "all", "gdes"],
+flags.DEFINE_enum("generator_tying", None, list(configs.TYINGS),
                   "Weights the generator shares with the discriminator: none, the embeddings "
                   "(default), all (needs generator_hidden_size=1.0), or gdes (DeBERTaV3's "
                   "gradient-disentangled sharing: the discriminator reads the generator's "
                   "tables without gradient, plus its own deltas).")
-flags.DEFINE_string("gen_focal_gamma", None, "Focal loss for the generator's MLM: a gamma "
-                    ">= 0 (0 = cross-entropy) or 'piecewise' (3 if p_G > 0.2 else 5).")
+configs.define_flags(configs.PretrainingConfig)
+flags.adopt_module_key_flags(configs.command_line)
 define_run_flags()
 flags.DEFINE_bool("do_train", True, "Train.")
 flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
-flags.DEFINE_integer("seed", None, "Overrides train.seed.")
-flags.DEFINE_enum("on_bad_shard", None, ["skip", "stop"], "A corrupted, truncated or "
-                  "deleted TFRecord shard: skip the rest of it (a warning naming it, counted "
-                  "in the logs; default) or stop the run naming it.")
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
                   "(paper and hardware conventions; see electra_tf/pretraining/flops.py) and exit "
                   "without training.")
@@ -77,16 +48,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
-    from electra_tf import configs
     from electra_tf.pretraining import pretrain
-    from electra_tf.training import preemption
-    from electra_tf.data.input_pipeline import InputDataError
+    from electra_tf.training import loop, preemption
     from tfrecord_builder import BuildError
-    from electra_tf.data.manifest import ManifestError
-    from electra_tf.text import VocabError
-    from electra_tf.training.distribute import StrategyError
-    from electra_tf.training.checkpoints import CheckpointError
-    from electra_tf.training.lease import LeaseError
     try:
         cfg = configs.pretraining_config_from_flags(FLAGS)
         if FLAGS.count_flops:
@@ -108,15 +72,13 @@ def main(argv):
                     f"{cfg.model.vocab_size}")
             train_data, held_out = bundled_sample(cfg.train.max_seq_length)
             eval_data = eval_data or held_out
-        options = options_from_flags(FLAGS, model_dir=model_dir, train_data=train_data,
-                                     eval_data=eval_data, do_train=FLAGS.do_train,
-                                     do_eval=FLAGS.do_eval)
+        options = options_from_flags(FLAGS, PretrainingOptions, model_dir=model_dir,
+                                     train_data=train_data, eval_data=eval_data)
         pretrain.run(cfg, options)
     except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except (configs.ConfigError, pretrain.RunError, InputDataError, ManifestError, BuildError,
-            VocabError, StrategyError, CheckpointError, LeaseError) as e:
+    except loop.USER_ERRORS + (BuildError,) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)
 

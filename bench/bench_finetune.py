@@ -141,6 +141,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    from electra_tf.configs import apply_overrides
     from electra_tf.conversion import formats
     from electra_tf.finetune import tasks
     from electra_tf.finetune import trainer as ft
@@ -178,12 +179,14 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     if args.max_steps:
         epochs = (args.max_steps - 0.5) * args.batch_size / train.num_examples
     extra = {} if args.steps_per_loop is None else {"steps_per_loop": args.steps_per_loop}
-    cfg = ft.FinetuneConfig(learning_rate=args.learning_rate, num_train_epochs=epochs,
-                            train_batch_size=args.batch_size, eval_batch_size=args.batch_size,
-                            max_seq_length=args.max_seq_length, seed=args.seed, **extra)
-    cfg = dataclasses.replace(cfg.resolved(model_config, task).check(),  # as run()
-                              precision=distribute.resolve_precision(cfg.precision, strategy))
-    distribute.set_precision(cfg.precision)
+    cfg = apply_overrides(ft.FinetuneConfig(), dict(
+        learning_rate=args.learning_rate, num_train_epochs=epochs,
+        train_batch_size=args.batch_size, eval_batch_size=args.batch_size,
+        max_seq_length=args.max_seq_length, seed=args.seed, **extra))
+    cfg = cfg.resolved(model_config, task).check()  # as run()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, precision=distribute.resolve_precision(cfg.train.precision, strategy)))
+    distribute.set_precision(cfg.train.precision)
     steps = ft.num_train_steps(train.num_examples, cfg)
     jit = {"on": True, "off": False, "auto": None}[args.jit]
     t1 = time.perf_counter()
@@ -203,7 +206,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     row = _rates(loops, args.batch_size)
     row.update({
         "framework": "ours", "steps": steps, "examples": train.num_examples,
-        "jit_compile": finetuner.jit_compile, "steps_per_loop": cfg.steps_per_loop,
+        "jit_compile": finetuner.jit_compile, "steps_per_loop": cfg.train.steps_per_loop,
         "threads": f"intra {tf.config.threading.get_intra_op_parallelism_threads() or 'default'}"
                    f", inter {tf.config.threading.get_inter_op_parallelism_threads() or 'default'}",
         "import_s": t_imported - t_start, "tokenize_s": t_tok, "build_s": t_build,

@@ -603,7 +603,7 @@ PRETRAIN_ERRORS = [
     pytest.param(["--params_override=model.num_hidden_layers=-1"],
                  "model.num_hidden_layers=-1 must be at least 1", id="negative_layers"),
     pytest.param(["--max_seq_length=0"],
-                 "max_seq_length=0 must be at least 5 ([CLS] A [SEP] B [SEP])",
+                 "--max_seq_length=0 must be at least 5 ([CLS] A [SEP] B [SEP])",
                  id="max_seq_length_0"),
     # before the fixes too
     pytest.param(["--params_override=hidden_sise=64"],

@@ -184,7 +184,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
     from electra_tf.conversion import convert, formats
     from electra_tf.pretraining import pretrain
     from electra_tf.configs import load_config
-    from electra_tf.training.options import RunOptions
+    from electra_tf.training.options import PretrainingOptions
     from electra_tf.finetune import cli
     from electra_tf.training.checkpoints import checkpoint_reader, read_tf1
     from safetensors.numpy import load as load_safetensors
@@ -278,7 +278,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
                 "num_train_steps": str(steps), "steps_per_loop": "2", "log_every_steps": "2",
                 "save_checkpoints_steps": "2", "warmup_steps": "2", "max_seq_length": "64"})
             # No XLA (a graph compiles in half the time); a given peak: no timed matmul.
-            return pretrain.run(cfg, RunOptions(
+            return pretrain.run(cfg, PretrainingOptions(
                 model_dir=pre, train_data=data, strategy="cpu", jit_compile=False,
                 peak_flops="1e12"))
 

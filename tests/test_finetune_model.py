@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf.configs import ConfigError, ModelConfig
 from electra_tf.finetune import model as ft_model
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder, layer_depth,
@@ -45,9 +46,10 @@ def test_optimizer_applies_the_layerwise_rates():
     # One AdamW step without bias correction moves each weight by about
     # lr * mult * 0.1 / sqrt(0.001) = 3.162 * lr * mult (|grad| >> epsilon, here 1e-12).
     task = TsvTask("t", ("sentence",), "label", labels=("0", "1"))
-    cfg = FinetuneConfig(learning_rate=1e-3, layerwise_lr_decay=0.5, num_train_epochs=1,
-                         train_batch_size=4, warmup_proportion=0.0, clip_norm=1e9,
-                         adam_epsilon=1e-12)
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, layerwise_lr_decay=0.5,
+                                                 num_train_epochs=1, train_batch_size=4,
+                                                 warmup_proportion=0.0, clip_norm=1e9,
+                                                 epsilon=1e-12))
     ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 1000, None, 3)
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(5, 120, (4, 8)).astype(np.int32),

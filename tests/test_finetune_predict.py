@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task
 from electra_tf.text import TextEncoder
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import FinetuneOptions
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig, run
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
@@ -131,11 +132,12 @@ def test_missing_test_file_fails_before_training(glue_dir, tmp_path):
     for name in ("train.tsv", "dev.tsv"):
         write(os.path.join(d, "RTE", name), "index\tsentence1\tsentence2\tlabel\n"
               "0\ta\tb\tentailment\n")
-    options = RunOptions(data_dir=d, model_dir=str(tmp_path / "m"), vocab_file=VOCAB,
+    options = FinetuneOptions(data_dir=d, model_dir=str(tmp_path / "m"), vocab_file=VOCAB,
                          strategy="cpu", do_predict=True)
     with pytest.raises(DataError, match=r"RTE/test.tsv: no such file \(the test set that "
                                         r"--do_predict predicts for RTE.tsv\)"):
-        run(get_task("rte", d), TINY, FinetuneConfig(max_seq_length=16), options)
+        run(get_task("rte", d), TINY,
+            apply_overrides(FinetuneConfig(), {"max_seq_length": 16}), options)
     assert not os.path.exists(tmp_path / "m" / "trial_0")
     with pytest.raises(DataError, match="task polarity: --do_predict writes GLUE"):
         get_task("polarity").test_splits(d, None, 16)
@@ -148,15 +150,16 @@ def _read(path):
     return [line.split("\t") for line in lines[1:-1]]
 
 
-CFG = FinetuneConfig(learning_rate=1e-3, num_train_epochs=1, train_batch_size=8,
-                     eval_batch_size=8, max_seq_length=16, steps_per_loop=4)
+CFG = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, num_train_epochs=1,
+                                             train_batch_size=8, eval_batch_size=8,
+                                             max_seq_length=16, steps_per_loop=4))
 
 
 def test_mnli_run_writes_median_trial_predictions(glue_dir, encoder, tmp_path):
     task = get_task("mnli", glue_dir)
-    cfg = FinetuneConfig(**{**CFG.__dict__, "num_trials": 2})
+    cfg = apply_overrides(CFG, {"num_trials": 2})
     model_dir = str(tmp_path / "mnli")
-    results = run(task, TINY, cfg, RunOptions(data_dir=glue_dir, model_dir=model_dir,
+    results = run(task, TINY, cfg, FinetuneOptions(data_dir=glue_dir, model_dir=model_dir,
                                               vocab_file=VOCAB, strategy="cpu",
                                               jit_compile=False, do_predict=True))
     out = os.path.join(model_dir, "predictions")
@@ -180,7 +183,7 @@ def test_mnli_run_writes_median_trial_predictions(glue_dir, encoder, tmp_path):
 def test_stsb_run_writes_scores(glue_dir, tmp_path):
     task = get_task("stsb", glue_dir)
     model_dir = str(tmp_path / "stsb")
-    results = run(task, TINY, CFG, RunOptions(data_dir=glue_dir, model_dir=model_dir,
+    results = run(task, TINY, CFG, FinetuneOptions(data_dir=glue_dir, model_dir=model_dir,
                                               vocab_file=VOCAB, strategy="cpu",
                                               jit_compile=False, do_predict=True))
     rows = _read(results["predictions"]["STS-B"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf import fileio
 from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import ConfigError, ModelConfig
@@ -172,10 +173,12 @@ def test_initial_loss_is_log_of_allowed_positions(v2_data):
 
 
 def trained(task, data, tmp_path, steps, lr=2e-3, jit=None):
-    cfg = FinetuneConfig(learning_rate=lr, layerwise_lr_decay=1.0, num_train_epochs=1,
-                         train_batch_size=4, eval_batch_size=8, max_seq_length=L,
-                         warmup_proportion=0.0, steps_per_loop=steps,
-                         save_checkpoints_steps=10 ** 6).resolved(CFG, task)
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=lr, layerwise_lr_decay=1.0,
+                                                 num_train_epochs=1, train_batch_size=4,
+                                                 eval_batch_size=8, max_seq_length=L,
+                                                 warmup_proportion=0.0, steps_per_loop=steps,
+                                                 save_checkpoints_steps=10 ** 6))
+    cfg = cfg.resolved(CFG, task)
     ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), steps, None,
                    seed=3, jit_compile=xla_cpu_available() if jit is None else jit)
     batch = tensors(data.arrays)

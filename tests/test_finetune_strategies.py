@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf.finetune.tasks import get_task
 from electra_tf.text import TextEncoder
 from electra_tf.finetune.trainer import Finetuner, FinetuneConfig
@@ -22,9 +23,10 @@ from test_finetune_trainer import TINY, VOCAB, synthetic_polarity, write
 
 NO_DROPOUT = dataclasses.replace(TINY, hidden_dropout_prob=0.0,
                                  attention_probs_dropout_prob=0.0)
-CFG = FinetuneConfig(learning_rate=1e-3, layerwise_lr_decay=0.8, num_train_epochs=1,
-                     train_batch_size=16, eval_batch_size=16, max_seq_length=16,
-                     warmup_proportion=0.0, steps_per_loop=10)
+CFG = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, layerwise_lr_decay=0.8,
+                                             num_train_epochs=1, train_batch_size=16,
+                                             eval_batch_size=16, max_seq_length=16,
+                                             warmup_proportion=0.0, steps_per_loop=10))
 
 
 def toy_batch(directory, n=16, seed=0):
@@ -33,7 +35,7 @@ def toy_batch(directory, n=16, seed=0):
           synthetic_polarity(np.random.default_rng(seed), n))
     task = get_task("toy", directory, ["sentence"], "label")
     data = task.train_split(directory, TextEncoder(os.path.join(REPO, VOCAB)),
-                            CFG.max_seq_length)
+                            CFG.train.max_seq_length)
     assert data.num_examples == n
     return task, {k: v[:n] for k, v in data.arrays.items()}
 
@@ -217,8 +219,8 @@ def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
     write(f"{data_dir}/toy/train.tsv", synthetic_polarity(np.random.default_rng(3), 64))
     task = get_task("toy", data_dir, ["sentence"], "label")
     data = task.train_split(data_dir, TextEncoder(os.path.join(REPO, VOCAB)), 16)
-    cfg = dataclasses.replace(CFG, train_batch_size=8, steps_per_loop=2,
-                              save_checkpoints_steps=4)
+    cfg = apply_overrides(CFG, dict(train_batch_size=8, steps_per_loop=2,
+                                    save_checkpoints_steps=4))
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     precision("float16")
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf import fileio
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune import export
@@ -22,7 +23,7 @@ from electra_tf.finetune.tagging import LabelMap, predictions_to_tags, read_conl
 from electra_tf.finetune.tagging_task import TaggingTask, unlabelled
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.text import TextEncoder
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import FinetuneOptions
 from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner,
                                          num_train_steps, run, train_trial)
 from conftest import VOCAB
@@ -80,7 +81,7 @@ def _cfg(**kw):
                 train_batch_size=16, eval_batch_size=16, max_seq_length=MAX_LEN,
                 steps_per_loop=32, warmup_proportion=0.1)
     base.update(kw)
-    return FinetuneConfig(**base).resolved(TINY, TaggingTask()).check()
+    return apply_overrides(FinetuneConfig(), base).resolved(TINY, TaggingTask()).check()
 
 
 @pytest.fixture(scope="module")
@@ -323,9 +324,10 @@ def test_exported_savedmodel_serves_the_same(trained, encoder, serve, tmp_path):
 def test_run_reads_train_before_building_the_model(data_dir, tmp_path):
     # A fresh task: run() must learn the label map (the head's size) before the model.
     task = TaggingTask("chunk")
-    cfg = FinetuneConfig(learning_rate=5e-3, num_train_epochs=1, train_batch_size=16,
-                         eval_batch_size=32, max_seq_length=MAX_LEN)
-    results = run(task, TINY, cfg, RunOptions(data_dir=data_dir, model_dir=str(tmp_path),
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=5e-3, num_train_epochs=1,
+                                                 train_batch_size=16, eval_batch_size=32,
+                                                 max_seq_length=MAX_LEN))
+    results = run(task, TINY, cfg, FinetuneOptions(data_dir=data_dir, model_dir=str(tmp_path),
                                               vocab_file=VOCAB, strategy="cpu",
                                               jit_compile=False))
     assert results["metric"] == "f1" and results["num_train_steps"] == 4

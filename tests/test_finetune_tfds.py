@@ -14,12 +14,13 @@ import sys
 import numpy as np
 import pytest
 
+from electra_tf.configs import apply_overrides
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune import DataError
 from electra_tf.finetune.squad import read_squad
 from electra_tf.finetune.tasks import get_task
 from electra_tf.text import TextEncoder
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import FinetuneOptions
 from electra_tf.finetune.trainer import FinetuneConfig, run
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -286,14 +287,15 @@ def test_squad_examples_equal_the_json_reader(prepared, encoder):
 
 def test_training_from_tfds_equals_training_from_the_tsvs(prepared, tmp_path):
     files, data_dir = prepared
-    cfg = FinetuneConfig(learning_rate=1e-3, num_train_epochs=2, train_batch_size=8,
-                         eval_batch_size=8, max_seq_length=16, steps_per_loop=12)
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, num_train_epochs=2,
+                                                 train_batch_size=8, eval_batch_size=8,
+                                                 max_seq_length=16, steps_per_loop=12))
     results = {}
     for source in ("files", "tfds"):
         task = get_task("sst2", files)
         if source == "tfds":
             task = tfds_data.from_tfds(task, data_dir)
-        options = RunOptions(data_dir=files, model_dir=str(tmp_path / source),
+        options = FinetuneOptions(data_dir=files, model_dir=str(tmp_path / source),
                              vocab_file=VOCAB, strategy="cpu", jit_compile=False,
                              do_predict=True)
         results[source] = run(task, TINY, cfg, options)

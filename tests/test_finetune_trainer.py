@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf.configs import apply_overrides
 from electra_tf.finetune import export as export_lib
 from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.text import TextEncoder
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import FinetuneOptions
 from electra_tf.finetune.trainer import FinetuneConfig, median_trial, pad_rows, run
 from ram_paths import forget
 
@@ -121,10 +122,12 @@ def trained(tmp_path_factory):
     write(f"{d}/data/toy/train.tsv", synthetic_polarity(rng, 256))
     write(f"{d}/data/toy/dev.tsv", synthetic_polarity(rng, 64))
     task = get_task("toy", f"{d}/data", ["sentence"], "label")
-    cfg = FinetuneConfig(learning_rate=2e-3, layerwise_lr_decay=0.8, num_train_epochs=6,
-                         train_batch_size=16, eval_batch_size=16, max_seq_length=16,
-                         num_trials=2, steps_per_loop=24, save_checkpoints_steps=50)
-    options = RunOptions(data_dir=f"{d}/data", model_dir=f"{d}/model",
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=2e-3, layerwise_lr_decay=0.8,
+                                                 num_train_epochs=6, train_batch_size=16,
+                                                 eval_batch_size=16, max_seq_length=16,
+                                                 num_trials=2, steps_per_loop=24,
+                                                 save_checkpoints_steps=50))
+    options = FinetuneOptions(data_dir=f"{d}/data", model_dir=f"{d}/model",
                          export_dir=f"{d}/export", vocab_file=VOCAB, strategy="cpu")
     results = run(task, TINY, cfg, options)
     return d, task, cfg, options, results
@@ -152,7 +155,7 @@ def test_a_later_trial_reuses_the_compiled_step_and_equals_a_fresh_run(trained, 
     """The run's trial 1 (seed 2) trained on trial 0's trainer, reinitialized; alone, on a
     fresh trainer, the same seed gives the same metrics and the same weights, bit for bit."""
     d, task, cfg, options, results = trained
-    alone = run(task, TINY, dataclasses_replace(cfg, seed=2, num_trials=1),
+    alone = run(task, TINY, apply_overrides(cfg, dict(seed=2, num_trials=1)),
                 dataclasses_replace(options, model_dir=str(tmp_path / "model"),
                                     export_dir=None))
     assert alone["trials"][0] == results["trials"][1]
@@ -169,8 +172,8 @@ def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, 
     from electra_tf.finetune.trainer import Finetuner, train_trial
     d, task, cfg, options, results = trained
     strategy = tf.distribute.get_strategy()
-    train = task.train_split(f"{d}/data", TextEncoder(VOCAB), cfg.max_seq_length)
-    small = dataclasses_replace(cfg, steps_per_loop=4, save_checkpoints_steps=8)
+    train = task.train_split(f"{d}/data", TextEncoder(VOCAB), cfg.train.max_seq_length)
+    small = apply_overrides(cfg, dict(steps_per_loop=4, save_checkpoints_steps=8))
     ft = Finetuner(task, TINY, small, strategy, 8, None, 1)
     train_trial(ft, train, str(tmp_path / "a"), 1)
     assert int(ft.global_step.numpy()) == 8 and ft.trace_count == 1
@@ -206,7 +209,8 @@ def _in_memory_answers(trained):
     best = results["median_trial"]
     ft.checkpoint().restore(tf.train.latest_checkpoint(
         f"{d}/model/trial_{best}")).assert_existing_objects_matched()
-    server = export_lib.TaskServer(task, ft.model, TextEncoder(VOCAB), cfg.max_seq_length)
+    server = export_lib.TaskServer(task, ft.model, TextEncoder(VOCAB),
+                                   cfg.train.max_seq_length)
     return server.serve_text(sentence=tf.constant(REQUESTS, tf.string))
 
 
@@ -294,9 +298,10 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
              "SST-2/test.tsv": "index\tsentence\n4\tthe film was good\n9\tawful , dull\n"}
     tf.keras.utils.set_random_seed(11)
     pretrained = build_discriminator_encoder(TINY)
-    cfg = FinetuneConfig(learning_rate=2e-3, layerwise_lr_decay=0.8, num_train_epochs=2,
-                         train_batch_size=16, eval_batch_size=16, max_seq_length=16,
-                         steps_per_loop=4, save_checkpoints_steps=4)
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=2e-3, layerwise_lr_decay=0.8,
+                                                 num_train_epochs=2, train_batch_size=16,
+                                                 eval_batch_size=16, max_seq_length=16,
+                                                 steps_per_loop=4, save_checkpoints_steps=4))
     root = f"ram://ft_{uuid.uuid4().hex}"
     results, predictions = {}, {}
     try:
@@ -312,7 +317,7 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
                                                                "model.ckpt"))
             assert find_config(init, None) == TINY  # the config.json two levels up
             data = fileio.join(base, "data")
-            options = RunOptions(data_dir=data, model_dir=fileio.join(base, "model"),
+            options = FinetuneOptions(data_dir=data, model_dir=fileio.join(base, "model"),
                                  init_checkpoint=init, vocab_file=fileio.join(base, "vocab.txt"),
                                  strategy="cpu", jit_compile=False, do_predict=True)
             results[where] = run(get_task("sst2", data), TINY, cfg, options)
@@ -350,7 +355,7 @@ def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypat
         ft.checkpoint().restore(tf.train.latest_checkpoint(
             f"{d}/model/trial_{results['median_trial']}")).assert_existing_objects_matched()
         paths = export_lib.export(task, ft.model, TextEncoder(f"{root}/vocab.txt"),
-                                  cfg.max_seq_length, f"{root}/export", version=7)
+                                  cfg.train.max_seq_length, f"{root}/export", version=7)
         assert paths == {"task": f"{root}/export/toy/7", "encoder": f"{root}/export/encoder/7"}
         assert fileio.read_text(f"{root}/export/toy/7/assets.extra_labels.txt") == "0\n1\n"
         assert fileio.read_bytes(f"{root}/export/toy/7/assets/vocab.txt") == \

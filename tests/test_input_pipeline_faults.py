@@ -10,7 +10,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf.training.loop import RunError
 from electra_tf.data import input_pipeline as ip
 from electra_tf.data import manifest as manifest_lib
@@ -333,7 +333,7 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, mon
     cfg = load_config("tiny", {"train_batch_size": "8", "num_train_steps": "2",
                                "steps_per_loop": "2", "save_checkpoints_steps": "2",
                                "on_bad_shard": policy})
-    options = RunOptions(model_dir=str(tmp_path / "run"), train_data=str(data),
+    options = PretrainingOptions(model_dir=str(tmp_path / "run"), train_data=str(data),
                                strategy="cpu", jit_compile=False)
     caplog.set_level(logging.WARNING)
     watched = []  # the run's ShardInputs, whose log the train dataset reports into

@@ -10,7 +10,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf.pretraining import pretrain
 from electra_tf.training import gce, preemption
 from electra_tf.configs import load_config
@@ -167,7 +167,7 @@ def test_pretraining_stops_on_a_maintenance_event(tmp_path, sample_build, monkey
     cfg = load_config("tiny", {"train_batch_size": "8", "num_train_steps": "6",
                                "save_checkpoints_steps": "100", "steps_per_loop": "2",
                                "log_every_steps": "2", "warmup_steps": "2"})
-    options = RunOptions(model_dir=str(tmp_path / "run"), train_data=sample_build[0],
+    options = PretrainingOptions(model_dir=str(tmp_path / "run"), train_data=sample_build[0],
                                strategy="cpu", jit_compile=False)
     with metadata_server(monkeypatch, maintenance_event="TERMINATE_ON_HOST_MAINTENANCE",
                          preempted="FALSE") as fake:

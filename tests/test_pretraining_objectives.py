@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from electra_tf import rng
 from electra_tf.compat import xla_cpu_available
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf.pretraining import pretrain
 from electra_tf.configs import ConfigError, load_config
 from electra_tf.pretraining.trainer import Pretrainer
@@ -176,7 +176,7 @@ def test_two_stage_run_freezes_the_generator_and_starts_from_it(tmp_path, sample
                                "objective.objective": "two_stage",
                                "generator_hidden_size": "1.0", "tie_embeddings": "false"})
     out = tmp_path / "run"
-    pretrain.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
+    pretrain.run(cfg, PretrainingOptions(model_dir=str(out), train_data=sample_build[0],
                                     strategy="cpu"))
 
     def weights(step):
@@ -324,8 +324,9 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
 
 def test_gdes_flag_and_its_conflicts():
     from electra_tf import configs
-    flags = type("Flags", (), {"params_override": "", "generator_tying": "gdes"})()
-    over = configs.overrides_from_flags(flags, {})
+    flags = type("Flags", (), {"params_override": "", "generator_tying": "gdes",
+                               "__getattr__": lambda self, name: None})()  # flags unset
+    over = configs.overrides_from_flags(flags, configs.PretrainingConfig)
     assert (over["model.tie_embeddings"], over["model.tie_all_weights"],
             over["model.disentangled_embeddings"]) == ("true", "false", "true")
     assert _cfg("electra", **over).model.disentangled_embeddings
@@ -440,7 +441,7 @@ def test_fixed_generator_run_keeps_the_loaded_generator(tmp_path, sample_build):
                                "save_checkpoints_steps": "2", "steps_per_loop": "2",
                                "log_every_steps": "2", "warmup_steps": "0"})
     out = str(tmp_path / "fast")
-    metrics = pretrain.run(cfg, RunOptions(model_dir=out, train_data=sample_build[0],
+    metrics = pretrain.run(cfg, PretrainingOptions(model_dir=out, train_data=sample_build[0],
                                            strategy="cpu"))
     assert "masked_lm_accuracy" in metrics and np.isfinite(metrics["loss"])
     reader = tf.train.load_checkpoint(out)

@@ -13,7 +13,7 @@ from electra_tf import fileio
 from electra_tf.configs import load_config
 from electra_tf.text import TextEncoder
 from electra_tf.pretraining import pretrain, score
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf import DEFAULT_VOCAB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +28,7 @@ def electric_run(tmp_path_factory, sample_build):
                                "num_train_steps": "3", "save_checkpoints_steps": "3",
                                "steps_per_loop": "3", "log_every_steps": "3",
                                "warmup_steps": "0"})
-    metrics = pretrain.run(cfg, RunOptions(model_dir=out, train_data=sample_build[0],
+    metrics = pretrain.run(cfg, PretrainingOptions(model_dir=out, train_data=sample_build[0],
                                            strategy="cpu"))
     return out, metrics
 

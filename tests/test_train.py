@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf.training.loop import RunError
 from electra_tf.pretraining import pretrain
 from electra_tf.training import checkpoints, preemption
@@ -25,7 +25,7 @@ def _options(model_dir, data, **kw):
     """Run options on the CPU; no XLA unless asked for (a graph compiles in about half
     the time, and the learning runs below cover XLA through the whole run)."""
     kw.setdefault("jit_compile", False)
-    return RunOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
+    return PretrainingOptions(model_dir=str(model_dir), train_data=data, strategy="cpu", **kw)
 
 
 def _cfg(**overrides):
@@ -194,10 +194,10 @@ from absl import logging
 from electra_tf.pretraining import pretrain
 from electra_tf.training import preemption
 from electra_tf.configs import load_config
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 cfg = load_config("tiny", sys.argv[3])
 logging.set_verbosity(logging.INFO)
-pretrain.run(cfg, RunOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
+pretrain.run(cfg, PretrainingOptions(model_dir=sys.argv[1], train_data=sys.argv[2],
                           strategy="multi_worker"))
 """
 

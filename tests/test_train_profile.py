@@ -11,7 +11,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 from electra_tf.training.loop import RunError
 from electra_tf.training.loop import parse_profile_steps
 from electra_tf.pretraining import flops, pretrain
@@ -55,7 +55,7 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
     caplog.set_level(logging.INFO, logger="absl")
     cfg = _cfg()
     out = tmp_path / "run"
-    metrics = pretrain.run(cfg, RunOptions(model_dir=str(out), train_data=sample_build[0],
+    metrics = pretrain.run(cfg, PretrainingOptions(model_dir=str(out), train_data=sample_build[0],
                                               strategy="cpu", profile_steps="1,3",
                                               jit_compile=False))  # compiles in half the time
     assert loop_steps == [1, 2, 1]
@@ -107,7 +107,7 @@ def test_profile_steps_parse():
 
 def test_bad_peak_flops_is_a_run_error(tmp_path):
     with pytest.raises(RunError, match=r"^--peak_flops=-5: expected a positive "):
-        pretrain.run(_cfg(), RunOptions(model_dir=str(tmp_path), strategy="cpu",
+        pretrain.run(_cfg(), PretrainingOptions(model_dir=str(tmp_path), strategy="cpu",
                                            peak_flops="-5"))
 
 

@@ -9,20 +9,15 @@ from absl import logging
 
 from electra_tf import configs, fileio
 from electra_tf.conversion import formats
-from electra_tf.training.distribute import StrategyError
-from electra_tf.training.loop import RunError
-from electra_tf.training.checkpoints import CheckpointError
-from electra_tf.training.lease import LeaseError
+from electra_tf.training import loop
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.tfds_data import from_tfds
 from electra_tf.finetune.trainer import ModelMismatchError, run
-from electra_tf.training.options import options_from_flags
-from electra_tf.text import VocabError
+from electra_tf.training.options import FinetuneOptions, options_from_flags
 
-USER_ERRORS = (configs.ConfigError, DataError, InitError, VocabError, StrategyError,
-               RunError, CheckpointError, LeaseError)
+USER_ERRORS = loop.USER_ERRORS + (DataError, InitError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 
@@ -105,10 +100,9 @@ def main(flags, repo: str) -> dict:
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
         vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")
-    options = options_from_flags(flags, data_dir=data_dir, model_dir=model_dir,
-                                 init_checkpoint=init, export_dir=export_dir, vocab_file=vocab,
-                                 spm_model=flags.spm_model, do_lower_case=flags.do_lower_case,
-                                 do_predict=flags.do_predict)
+    options = options_from_flags(flags, FinetuneOptions, data_dir=data_dir,
+                                 model_dir=model_dir, init_checkpoint=init,
+                                 export_dir=export_dir, vocab_file=vocab)
     try:
         results = run(task, model_config, cfg, options)
     except ModelMismatchError as e:

@@ -27,9 +27,9 @@ from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
 from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.text import TextEncoder
-from electra_tf.training.optimization import AdamW, WarmupPolynomialDecay
+from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import loop
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import FinetuneOptions
 from electra_tf.training.trainer import Trainer
 
 
@@ -107,7 +107,8 @@ def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarr
 
 class Finetuner(Trainer):
     """A trial's state: the model (encoder from the pre-trained checkpoint, a new task
-    head), AdamW with layer-wise learning rates, and the task's loss over the global batch.
+    head), the optimizer (`make_optimizer`) with layer-wise learning rates, and the task's
+    loss over the global batch.
     `reinitialize(seed)` starts the next trial on the same compiled step."""
 
     # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
@@ -130,15 +131,12 @@ class Finetuner(Trainer):
                 self.init_path = init_or_explain(model.electra, init_checkpoint)
             return model
 
-        def build_optimizer():
-            schedule = WarmupPolynomialDecay(
-                cfg.learning_rate, num_train_steps,
-                int(round(cfg.warmup_proportion * num_train_steps)), 0.0, 1.0)
-            return AdamW(schedule, weight_decay=cfg.weight_decay, epsilon=cfg.adam_epsilon,
-                         bias_correction=False)
-
-        super().__init__(strategy, build_model, build_optimizer, seed=seed,
-                         seed_stream=0xF17E, clip_norm=cfg.clip_norm, jit_compile=jit_compile)
+        optimizer = dataclasses.replace(  # warmup: a share of this run's steps
+            cfg.optimizer, warmup_steps=int(round(cfg.warmup_proportion * num_train_steps)))
+        super().__init__(strategy, build_model,
+                         lambda: make_optimizer(optimizer, num_train_steps), seed=seed,
+                         seed_stream=0xF17E, clip_norm=optimizer.clip_norm,
+                         jit_compile=jit_compile)
         multipliers = layerwise_lr_multipliers(self.model, cfg.layerwise_lr_decay,
                                                cfg.official_lr_bug)
         self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
@@ -148,7 +146,8 @@ class Finetuner(Trainer):
     def loss(self, batch, seed, context, training, phase=0):
         outputs = self.model(batch, training=training, seed=seed)
         per_example = self.task.loss(outputs, batch)
-        return tf.reduce_sum(per_example * batch["weight"]) / float(self.cfg.train_batch_size), {}
+        batch_size = float(self.cfg.train.train_batch_size)
+        return tf.reduce_sum(per_example * batch["weight"]) / batch_size, {}
 
     def eval_step(self, batch, phase=0):
         outputs = self.model(batch, training=False)
@@ -164,12 +163,12 @@ class Finetuner(Trainer):
         batches; a resumed trial skips the batches it has consumed."""
         ds = tf.data.Dataset.from_tensor_slices(data.arrays)
         ds = ds.shuffle(data.num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
-        ds = ds.batch(self.cfg.train_batch_size, drop_remainder=True).skip(skip_batches)
+        ds = ds.batch(self.cfg.train.train_batch_size, drop_remainder=True).skip(skip_batches)
         return self.strategy.experimental_distribute_dataset(ds.prefetch(2))
 
     def predict(self, data: TaskData) -> Dict[str, np.ndarray]:
         """Runs the model over a split (no dropout) and returns the fetched arrays."""
-        batch = self.cfg.eval_batch_size
+        batch = self.cfg.train.eval_batch_size
         arrays = pad_rows(data.arrays, batch)
         ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch, drop_remainder=True)
         parts: Dict[str, List[np.ndarray]] = {}
@@ -191,7 +190,7 @@ class Finetuner(Trainer):
 # --------------------------------------------------------------------------- the run
 
 def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
-    return max(1, int(math.ceil(num_examples * cfg.num_train_epochs / cfg.train_batch_size)))
+    return max(1, int(math.ceil(num_examples * cfg.num_train_epochs / cfg.train.train_batch_size)))
 
 
 def _write_json(path: str, data: Any):
@@ -220,10 +219,12 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
 
 def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
     """A log line (and TensorBoard point) after every host loop."""
-    return loop.Schedule(num_train_steps=num_train_steps, batch_size=cfg.train_batch_size,
-                         steps_per_loop=cfg.steps_per_loop, log_every_steps=cfg.steps_per_loop,
-                         save_checkpoints_steps=cfg.save_checkpoints_steps, on_nan=cfg.on_nan,
-                         log_each_loop=True)
+    train = cfg.train
+    return loop.Schedule(num_train_steps=num_train_steps, batch_size=train.train_batch_size,
+                         steps_per_loop=train.steps_per_loop,
+                         log_every_steps=train.steps_per_loop,
+                         save_checkpoints_steps=train.save_checkpoints_steps,
+                         on_nan=train.on_nan, log_each_loop=True)
 
 
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
@@ -262,21 +263,22 @@ def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, floa
 
 
 def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
-        options: RunOptions) -> Dict[str, Any]:
+        options: FinetuneOptions) -> Dict[str, Any]:
     """Fine-tunes `num_trials` seeds, writes `results.json` (every trial's metrics, the
     median of the task's primary metric), with an export_dir exports the median trial and
     with do_predict writes its test-set predictions to `<model_dir>/predictions/`
     (`write_predictions`). Returns the results dict."""
 
-    if cfg.max_seq_length > model_config.max_position_embeddings:
-        raise ConfigError(f"--max_seq_length={cfg.max_seq_length} exceeds the model's "
+    if cfg.train.max_seq_length > model_config.max_position_embeddings:
+        raise ConfigError(f"--max_seq_length={cfg.train.max_seq_length} exceeds the model's "
                           f"max_position_embeddings={model_config.max_position_embeddings} "
                           "(the longest input it has position embeddings for)")
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
-    cfg = dataclasses.replace(cfg.resolved(model_config, task).check(),
-                              precision=distribute.resolve_precision(cfg.precision, strategy))
-    distribute.set_precision(cfg.precision)
+    cfg = cfg.resolved(model_config, task).check()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, precision=distribute.resolve_precision(cfg.train.precision, strategy)))
+    distribute.set_precision(cfg.train.precision)
     chief = distribute.is_chief(strategy)
     # Outputs first: a directory that cannot be written fails now, not after training.
     check_writable(options.model_dir, "--model_dir")
@@ -287,23 +289,23 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         return _run(task, model_config, cfg, options, strategy, chief, run_lease)
 
 
-def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: RunOptions,
+def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: FinetuneOptions,
          strategy, chief: bool, run_lease) -> Dict[str, Any]:
     encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
     if encoder.vocab_size != model_config.vocab_size:
         raise ConfigError(f"the vocabulary {encoder.vocab_path} has {encoder.vocab_size} "
                          f"tokens but the model has vocab_size={model_config.vocab_size}")
-    train = task.train_split(options.data_dir, encoder, cfg.max_seq_length)
-    evals = task.eval_splits(options.data_dir, encoder, cfg.max_seq_length)
+    train = task.train_split(options.data_dir, encoder, cfg.train.max_seq_length)
+    evals = task.eval_splits(options.data_dir, encoder, cfg.train.max_seq_length)
     # Read before training, so that a missing or bad test file fails fast.
-    tests = (task.test_splits(options.data_dir, encoder, cfg.max_seq_length)
+    tests = (task.test_splits(options.data_dir, encoder, cfg.train.max_seq_length)
              if options.do_predict else [])
     steps = num_train_steps(train.num_examples, cfg)
     logging.info("Task %s: %d training examples (%s), %s; %d steps of %d (%.3g epochs), "
                  "lr %.3g, layer-wise decay %.3g", task.name, train.num_examples,
                  train.name, ", ".join(f"{d.name}: {d.num_examples}" for d in evals),
-                 steps, cfg.train_batch_size, cfg.num_train_epochs, cfg.learning_rate,
-                 cfg.layerwise_lr_decay)
+                 steps, cfg.train.train_batch_size, cfg.num_train_epochs,
+                 cfg.optimizer.learning_rate, cfg.layerwise_lr_decay)
     labels = task.label_names()
     if labels is not None:
         logging.info("Task %s: %d labels (%s): %s", task.name, len(labels),
@@ -319,7 +321,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Ru
             trials.append(fileio.read_json(result_path))
             logging.info("Trial %d already done: %s", trial, trials[-1])
             continue
-        seed = cfg.seed + trial
+        seed = cfg.train.seed + trial
         if finetuner is None:
             finetuner = Finetuner(task, model_config, cfg, strategy, steps,
                                   options.init_checkpoint, seed, options.jit_compile)
@@ -352,7 +354,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Ru
     if tests or (options.export_dir and chief):
         if finetuner is None:  # every trial was done by an earlier run
             finetuner = Finetuner(task, model_config, cfg, strategy, steps, None,
-                                  cfg.seed + best, options.jit_compile)
+                                  cfg.train.seed + best, options.jit_compile)
         # Each worker restores its own copy: predicting runs on all of them.
         ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
                                          strategy)
@@ -363,7 +365,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Ru
                 task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
         if options.export_dir and chief:
             results["export"] = export_lib.export(task, finetuner.model, encoder,
-                                                  cfg.max_seq_length, options.export_dir)
+                                                  cfg.train.max_seq_length, options.export_dir)
             logging.info("Exported %s", results["export"])
     if chief:
         run_lease.check()

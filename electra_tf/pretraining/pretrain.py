@@ -29,7 +29,7 @@ from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
 from electra_tf.pretraining.trainer import Pretrainer, summarize
 from electra_tf.training import lease, loop
 from electra_tf.training.loop import RunError
-from electra_tf.training.options import RunOptions
+from electra_tf.training.options import PretrainingOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
 
@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: thi
 # ----------------------------------------------------------------------------- data
 
 
-def resolve_data(options: RunOptions, cfg: PretrainingConfig):
+def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
     """-> (train files, eval files, manifest or None)."""
     tc = cfg.train
     train_pattern, eval_pattern = options.train_data, options.eval_data
@@ -102,7 +102,7 @@ def resolve_precision(cfg: PretrainingConfig, strategy) -> PretrainingConfig:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
 
 
-def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
+def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]:
     """Trains and/or evaluates; returns the last logged (or eval) metrics.
 
     Every process of a multi-worker job calls this; only the chief writes the run's
@@ -132,8 +132,8 @@ def run(cfg: PretrainingConfig, options: RunOptions) -> Dict[str, float]:
                     profile_steps, run_lease)
 
 
-def _run(cfg: PretrainingConfig, options: RunOptions, strategy, chief: bool, files,
-         eval_files, special, counts, profile_steps, run_lease) -> Dict[str, float]:
+def _run(cfg: PretrainingConfig, options: PretrainingOptions, strategy, chief: bool,
+         files, eval_files, special, counts, profile_steps, run_lease) -> Dict[str, float]:
     tc = cfg.train
     trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
     manager = loop.open_checkpoints(trainer, options.model_dir,

@@ -17,15 +17,26 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
+from electra_tf.configs import ConfigError
+from electra_tf.data.input_pipeline import InputDataError
+from electra_tf.data.manifest import ManifestError
+from electra_tf.text import VocabError
 from electra_tf.training import hardware
-from electra_tf.training.checkpoints import (newest_complete, remove_torn_checkpoints,
-                                             save_checkpoint)
+from electra_tf.training.checkpoints import (CheckpointError, newest_complete,
+                                             remove_torn_checkpoints, save_checkpoint)
+from electra_tf.training.distribute import StrategyError
+from electra_tf.training.lease import LeaseError
 from electra_tf.training.preemption import PreemptionWatch
 from electra_tf.training.trainer import Trainer, summarize
 
 
 class RunError(ValueError):
     """A problem with a run's flags, data or numbers, reported as one line."""
+
+
+# What a CLI reports as one line (exit code 1) rather than a traceback; a job adds its own.
+USER_ERRORS = (ConfigError, RunError, InputDataError, ManifestError, VocabError,
+               StrategyError, CheckpointError, LeaseError)
 
 
 # With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss

@@ -1,5 +1,5 @@
-"""How and where a run executes (not its hyper-parameters): one options type for both
-CLIs, the flags that set it, defined once, and the mapping from flags to options.
+"""How and where a run executes (not its hyper-parameters): one options type per job,
+the fields both share declared once, the flags both CLIs share, and flags -> options.
 
 No TensorFlow import here: the CLIs define their flags before TensorFlow loads.
 """
@@ -14,11 +14,8 @@ STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.trainin
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """Everything about a run that is not a hyper-parameter.
-
-    Both jobs: where the run's state lives, the device strategy, XLA, the profiler window
-    and the peak FLOP/s for MFU. Pre-training reads the TFRecord fields; fine-tuning the
-    task-data, checkpoint, vocabulary and export fields."""
+    """What both jobs' runs share: where the run's state lives, the device strategy, XLA,
+    the profiler window and the peak FLOP/s for MFU."""
     model_dir: str
     strategy: str = "auto"
     tpu: Optional[str] = None  # local, a TPU's name or grpc://HOST:PORT (distribute.py)
@@ -29,12 +26,18 @@ class RunOptions:
     profile_steps: Union[None, str, Tuple[int, int]] = None
     # Peak FLOP/s of one device for MFU (`hardware.peak_flops`); None: table or measured.
     peak_flops: Union[None, str, float] = None
-    # pre-training
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingOptions(RunOptions):
     train_data: Optional[str] = None  # glob(s) or build dir; None = the bundled sample
     eval_data: Optional[str] = None
     do_train: bool = True
     do_eval: bool = False
-    # fine-tuning
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneOptions(RunOptions):
     data_dir: Optional[str] = None
     init_checkpoint: Optional[str] = None
     export_dir: Optional[str] = None
@@ -44,15 +47,10 @@ class RunOptions:
     do_predict: bool = False  # test-set predictions of the median trial
 
 
-# The flags `define_run_flags` defines: RunOptions fields of the same name.
-_RUN_FLAGS = ("strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile", "profile_steps",
-              "peak_flops")
-
-
 def define_run_flags():
     """The flags both CLIs share: the strategy (--strategy, --tpu, --tpu_zone,
-    --gcp_project; electra_tf.training.distribute.make_strategy), --precision, --jit_compile,
-    --on_nan, --profile_steps and --peak_flops."""
+    --gcp_project; electra_tf.training.distribute.make_strategy), --jit_compile,
+    --profile_steps and --peak_flops (--precision and --on_nan are config knobs)."""
     flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
                       "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM "
                       "or --tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists "
@@ -67,15 +65,7 @@ def define_run_flags():
                         "required).")
     flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
                         "this GCE VM's project; outside Google Cloud, required).")
-    flags.DEFINE_enum("precision", None, ["auto", "float32", "bfloat16", "float16"],
-                      "Compute precision; variables, losses, softmax and sampling stay "
-                      "float32. auto (the default): bfloat16 on TPU, float32 elsewhere; "
-                      "float16 adds dynamic loss scaling.")
     flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
-    flags.DEFINE_enum("on_nan", None, ["skip", "stop"], "A step with a non-finite loss or "
-                      "gradient is never applied; skip it and go on (counted in the logs; "
-                      "100 in a row stop the run), or stop with the last good checkpoint "
-                      "named. Default: the config's (skip).")
     flags.DEFINE_string("profile_steps", None, "START,END: trace global steps START+1..END "
                         "with the TensorFlow profiler (0 <= START < END; host loops end at "
                         "both) into the run's train/ log directory, TensorBoard's Profile "
@@ -91,7 +81,8 @@ def define_run_flags():
                         "(electra_tf/training/hardware.py), or on CPU a timed matmul.")
 
 
-def options_from_flags(flag_values, **fields) -> RunOptions:
-    """RunOptions from the shared flags plus the job's own `fields`."""
-    shared = {name: getattr(flag_values, name) for name in _RUN_FLAGS}
-    return RunOptions(**shared, **fields)
+def options_from_flags(flag_values, cls, **computed):
+    """Options `cls` (PretrainingOptions, FinetuneOptions): each field from the flag of its
+    name, but those the CLI `computed` (defaults that depend on other flags)."""
+    return cls(**{f.name: computed[f.name] if f.name in computed else
+                  getattr(flag_values, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,132 @@
+"""Loading a job's config: the presets in `configs/*.json`, a JSON file on any filesystem,
+`--params_override`, what the objective requires; unknown keys are errors listing the
+valid ones."""
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+from absl import logging
+
+from electra_tf.configs.jobs import FinetuneConfig, PretrainingConfig
+from electra_tf.configs.schema import ConfigError, apply_overrides, parse_overrides, resolve_key
+from electra_tf.objective_specs import SPECS
+
+# Repo-internal presets (local, next to this package); user config files go through
+# TensorFlow's filesystem layer (`load_config`).
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRESET_DIR = os.path.join(_REPO, "configs")
+
+Overrides = Optional[Union[str, Dict[str, Any]]]
+
+
+def _flatten(data: Dict[str, Any], where: str, cls) -> Dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    sections = {f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default)}
+    flat = {}
+    for key, value in data.items():
+        if key in sections:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: section {key!r} must be a JSON object")
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key not in ("description", "_comment"):
+            flat[key] = value
+    return flat
+
+
+def preset_names():
+    return sorted(f[:-5] for f in os.listdir(PRESET_DIR)  # local: repo-internal presets
+                  if f.endswith(".json"))
+
+
+def _read_config_file(name_or_path: str, flag: str, cls) -> Dict[str, Any]:
+    """The keys of a preset name (configs/NAME.json) or a JSON path (any filesystem
+    TensorFlow knows: local, gs://...), flattened to `section.key`."""
+    # TensorFlow is imported here, not at the top: the CLIs import this module to define
+    # their flags before TensorFlow loads.
+    import tensorflow as tf
+    from electra_tf import fileio
+    path = name_or_path
+    try:
+        found = fileio.exists(path)
+    except tf.errors.OpError as e:  # e.g. an unreachable bucket
+        raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
+    if not found:
+        if fileio.is_remote(path):
+            raise ConfigError(f"{flag} {path}: no such file")
+        path = os.path.join(PRESET_DIR, f"{name_or_path}.json")
+        if not fileio.exists(path):
+            raise ConfigError(f"{flag} {name_or_path!r}: neither a file nor a preset; "
+                              f"presets: {', '.join(preset_names())}")
+    try:
+        data = json.loads(fileio.read_text(path))
+    except (OSError, tf.errors.OpError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
+    return _flatten(data, path, cls)
+
+
+# What an objective (its spec's `requirements`) or a generator kind needs of the model, set
+# for it unless the user set otherwise, keyed by (config key, value): a fixed generator
+# must not share embeddings the discriminator trains. (key, value, the flag)
+REQUIREMENTS = {
+    **{("objective.objective", s.name): s.requirements for s in SPECS.values()
+       if s.requirements},
+    ("objective.generator", "fixed"): (
+        ("model.tie_embeddings", False, "--generator_tying=none"),
+        ("model.tie_all_weights", False, "--generator_tying=none"),
+        ("model.disentangled_embeddings", False, "--generator_tying=none")),
+}
+
+
+def _get(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
+    """Sets what the objective and generator require (REQUIREMENTS), logging each change;
+    a conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
+    flag that fixes it."""
+    changes = {}
+    for (trigger, trigger_value), needs in REQUIREMENTS.items():
+        if _get(cfg, trigger) != trigger_value:
+            continue
+        for key, value, flag in needs:
+            current = _get(cfg, key)
+            if current == value:
+                continue
+            if key in explicit:
+                raise ConfigError(f"{trigger}={trigger_value} needs {key}={value} but it is "
+                                  f"set to {current}: use {flag}")
+            logging.info("%s=%s: setting %s=%s (was %s)", trigger, trigger_value, key, value,
+                         current)
+            changes[key] = value
+    return apply_overrides(cfg, changes) if changes else cfg
+
+
+def load_config(name_or_path: str = "tiny", overrides: Overrides = None) -> PretrainingConfig:
+    """A pre-training preset name (configs/NAME.json) or a JSON path (any filesystem),
+    plus overrides; then what the objective requires (`REQUIREMENTS`); checked."""
+    cfg = apply_overrides(PretrainingConfig(),
+                          _read_config_file(name_or_path, "--config", PretrainingConfig))
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    cfg = apply_overrides(cfg, overrides or {})
+    explicit = {"%s.%s" % resolve_key(PretrainingConfig, k) for k in (overrides or {})}
+    return _requirements(cfg, explicit).check()
+
+
+def load_finetune_config(path: Optional[str] = None,
+                         overrides: Overrides = None) -> FinetuneConfig:
+    """Fine-tuning hyper-parameters: the defaults, a JSON file of FinetuneConfig keys (any
+    filesystem; --finetune_config), then overrides (--params_override, then the flags);
+    checked."""
+    cfg = FinetuneConfig()
+    if path:
+        cfg = apply_overrides(cfg, _read_config_file(path, "--finetune_config",
+                                                     FinetuneConfig))
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    return apply_overrides(cfg, overrides or {}).check()
