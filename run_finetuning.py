@@ -18,7 +18,7 @@ from absl import app, flags, logging  # noqa: E402
 
 # No TensorFlow import in these two:
 from electra_tf import configs  # noqa: E402
-from electra_tf.training.options import define_run_flags  # noqa: E402
+from electra_tf.training.options import RunOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("task", "polarity", "sst2, cola, mrpc, stsb, qqp, mnli, qnli, rte, "
@@ -72,8 +72,8 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (default: the bund
 flags.DEFINE_string("spm_model", None, "SentencePiece model instead of --vocab_file.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
 configs.define_flags(configs.FinetuneConfig)
-flags.adopt_module_key_flags(configs.command_line)
-define_run_flags()
+configs.define_flags(RunOptions)
+flags.adopt_module_key_flags(configs.schema)  # --help lists them as this CLI's own
 REPO = os.path.dirname(os.path.abspath(__file__))  # local-only: this checkout (bundled data)
 
 

@@ -17,7 +17,7 @@ from absl import app, flags, logging  # noqa: E402
 
 # No TensorFlow import in these two:
 from electra_tf import configs  # noqa: E402
-from electra_tf.training.options import (PretrainingOptions, define_run_flags,  # noqa: E402
+from electra_tf.training.options import (PretrainingOptions, RunOptions,  # noqa: E402
                                          options_from_flags)
 
 FLAGS = flags.FLAGS
@@ -36,8 +36,8 @@ flags.DEFINE_enum("generator_tying", None, list(configs.TYINGS),
                   "gradient-disentangled sharing: the discriminator reads the generator's "
                   "tables without gradient, plus its own deltas).")
 configs.define_flags(configs.PretrainingConfig)
-flags.adopt_module_key_flags(configs.command_line)
-define_run_flags()
+configs.define_flags(RunOptions)
+flags.adopt_module_key_flags(configs.schema)  # --help lists them as this CLI's own
 flags.DEFINE_bool("do_train", True, "Train.")
 flags.DEFINE_bool("do_eval", False, "Report the metrics on held-out data (no dropout).")
 flags.DEFINE_bool("count_flops", False, "Print the FLOPs of the configured run per component "
@@ -52,7 +52,7 @@ def main(argv):
     from electra_tf.training import loop, preemption
     from tfrecord_builder import BuildError
     try:
-        cfg = configs.pretraining_config_from_flags(FLAGS)
+        cfg = configs.config_from_flags(FLAGS, configs.PretrainingConfig)
         if FLAGS.count_flops:
             from electra_tf.pretraining import flops
             print(flops.format_table(cfg, FLAGS.config))

@@ -612,7 +612,8 @@ PRETRAIN_ERRORS = [
     pytest.param(["--train_data=/no/such/data*"], "no TFRecord files match '/no/such/data*'",
                  id="train_data_matches_nothing"),
     pytest.param(["--max_seq_length=1024"],
-                 "max_seq_length=1024 exceeds model.max_position_embeddings=128",
+                 "--max_seq_length=1024 exceeds the model's max_position_embeddings=128 (the "
+                 "longest input it has position embeddings for)",
                  id="max_seq_length_above_positions"),
 ]
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from electra_tf.configs import (ConfigError, PretrainingConfig, apply_overrides, load_config,
-                                parse_overrides, preset_names)
+from electra_tf.configs import (ConfigError, FinetuneConfig, ModelConfig, PretrainingConfig,
+                                apply_overrides, load_config, parse_overrides, preset_names)
 
 
 def test_presets_match_the_paper():
@@ -60,7 +60,7 @@ def test_overrides_dotted_and_bare():
     ("nosection.x=1", "unknown config section"),
     ("hidden_size=abc", "expected a int"),
     ("tie_embeddings=maybe", "expected true or false"),
-    ("max_seq_length=1024", "exceeds model.max_position_embeddings=128"),
+    ("max_seq_length=1024", "exceeds the model's max_position_embeddings=128"),
     ("novalue", "is not key=value"),
     ("generator_hidden_size=0.5,tie_all_weights=true", "tie_all_weights needs"),
 ])
@@ -145,3 +145,93 @@ def test_two_stage_names_the_flag_for_a_conflicting_value():
     with pytest.raises(ConfigError, match=r"needs model.generator_hidden_size=1.0 but it is "
                        r"set to 0.25: use --params_override=model.generator_hidden_size=1.0$"):
         load_config("tiny", {"objective": "two_stage", "generator_hidden_size": "0.25"})
+
+
+def test_finetune_config_composes_the_pretraining_sections(tmp_path):
+    """Fine-tuning's optimizer and train knobs are pre-training's, with fine-tuning's
+    defaults; keys as pre-training's (dotted, or bare where unique)."""
+    import types
+    default = FinetuneConfig()
+    assert (default.train.train_batch_size, default.train.eval_batch_size,
+            default.train.max_seq_length, default.train.steps_per_loop,
+            default.train.save_checkpoints_steps, default.train.seed) == (32, 32, 128, 50, 1000, 1)
+    assert (default.optimizer.optimizer, default.optimizer.learning_rate,
+            default.optimizer.weight_decay, default.optimizer.epsilon,
+            default.optimizer.clip_norm) == ("adamw", None, 0.0, 1e-6, 1.0)
+    base = ModelConfig(hidden_size=768, num_attention_heads=12)
+    resolved = default.resolved(base, types.SimpleNamespace(num_train_epochs=3))
+    assert (resolved.optimizer.learning_rate, resolved.layerwise_lr_decay,
+            resolved.num_train_epochs) == (1e-4, 0.8, 3.0)
+    cfg = load_config(None, "learning_rate=1e-4,train.steps_per_loop=20,epsilon=1e-8,"
+                            "num_trials=2", FinetuneConfig)
+    assert (cfg.optimizer.learning_rate, cfg.optimizer.epsilon, cfg.train.steps_per_loop,
+            cfg.num_trials) == (1e-4, 1e-8, 20, 2)
+    path = tmp_path / "ft.json"
+    path.write_text(json.dumps({"num_train_epochs": 2, "train": {"seed": 7}}))
+    cfg = load_config(str(path), "seed=8", FinetuneConfig)  # the override wins
+    assert (cfg.num_train_epochs, cfg.train.seed) == (2.0, 8)
+    with pytest.raises(ConfigError, match=r"^unknown config key 'adam_epsilon'; valid keys: "
+                                          r"optimizer.optimizer, optimizer.learning_rate"):
+        load_config(None, "adam_epsilon=1e-8", FinetuneConfig)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train_batch_size=0", "--train_batch_size=0 must be at least 1"),  # a flag: named so
+    ("steps_per_loop=0", "train.steps_per_loop=0 must be at least 1"),  # no flag: its key
+    ("layerwise_lr_decay=1.5", "--layerwise_lr_decay=1.5 must be in (0, 1]"),
+    ("learning_rate=-1", "--learning_rate=-1.0 must be > 0"),
+    ("num_train_epochs=0", "--num_train_epochs=0.0 must be > 0"),
+    ("precision=fp8", "--precision='fp8': expected one of auto, float32, bfloat16, float16"),
+    ("optimizer=sgd", "optimizer.optimizer='sgd': expected one of adamw, lamb"),
+])
+def test_each_knob_checks_itself_once_for_both_jobs(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, override, FinetuneConfig)
+    assert str(e.value) == message
+    if override.split("=")[0] in ("train_batch_size", "steps_per_loop", "learning_rate",
+                                  "precision", "optimizer"):  # the same check in pre-training
+        with pytest.raises(ConfigError, match=r"=-?\S+( must be|: expected one of)"):
+            load_config("tiny", override)
+
+
+def test_the_cli_flags_come_from_the_knobs():
+    """Each job's flags are its knobs' (same names, help and enum values as before they
+    were declared with the knobs); set flags win over --params_override, unset ones keep
+    the config's value."""
+    from absl import flags
+    from electra_tf.configs import config_from_flags, define_flags
+    from electra_tf.objective_specs import SPECS
+    from electra_tf.training.options import RunOptions
+    expected = {
+        PretrainingConfig: {"num_train_steps", "train_batch_size", "max_seq_length",
+                            "save_checkpoints_steps", "steps_per_loop", "grad_accum_steps",
+                            "learning_rate", "precision", "seed", "on_nan", "on_bad_shard",
+                            "objective", "generator", "generator_checkpoint",
+                            "temperature_schedule", "gen_focal_gamma"},
+        FinetuneConfig: {"learning_rate", "layerwise_lr_decay", "official_lr_bug",
+                         "num_train_epochs", "train_batch_size", "eval_batch_size",
+                         "max_seq_length", "warmup_proportion", "num_trials", "seed",
+                         "precision", "save_checkpoints_steps", "on_nan"},
+        RunOptions: {"strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile",
+                     "profile_steps", "peak_flops"}}
+    defined = {}
+    for cls, names in expected.items():
+        defined[cls] = flags.FlagValues()
+        define_flags(cls, defined[cls])
+        assert set(defined[cls]) == names, cls
+    pre, fine, run = defined[PretrainingConfig], defined[FinetuneConfig], defined[RunOptions]
+    assert pre["train_batch_size"].help == "Global batch; overrides the config."
+    assert fine["train_batch_size"].help == "Global batch (default 32)."
+    assert pre["objective"].parser.enum_values == list(SPECS)
+    assert fine["precision"].parser.enum_values == ["auto", "float32", "bfloat16", "float16"]
+    assert all(f.default is None for f in list(pre._flags().values()) +
+               list(fine._flags().values()))
+    assert (run["strategy"].default, run["jit_compile"].default) == ("auto", None)
+    flags.DEFINE_string("params_override", "", "", flag_values=fine)
+    flags.DEFINE_string("finetune_config", None, "", flag_values=fine)
+    fine(["prog", "--learning_rate=1e-4", "--train_batch_size=8", "--official_lr_bug",
+          "--params_override=epsilon=1e-8,train_batch_size=4,steps_per_loop=5"])
+    cfg = config_from_flags(fine, FinetuneConfig)
+    assert (cfg.optimizer.learning_rate, cfg.train.train_batch_size, cfg.official_lr_bug,
+            cfg.optimizer.epsilon, cfg.train.steps_per_loop,
+            cfg.train.eval_batch_size) == (1e-4, 8, True, 1e-8, 5, 32)

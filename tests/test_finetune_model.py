@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.configs import apply_overrides
-from electra_tf.configs import ConfigError, ModelConfig
+from electra_tf.configs import ConfigError, ModelConfig, apply_overrides
 from electra_tf.finetune import model as ft_model
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder, layer_depth,
                                        layerwise_lr_multipliers, make_head)
@@ -40,6 +39,22 @@ def test_layer_depths_and_multipliers_follow_the_formula():
     assert layer_depth("electra/encoder/layer_11/output/dense/kernel", 12) == 12
     with pytest.raises(ValueError, match="no layer depth"):
         layer_depth("somewhere/else", 12)
+
+
+def test_the_optimizer_is_make_optimizers_over_the_trial():
+    """Fine-tuning builds the optimizer section as pre-training does: the official AdamW
+    (no bias correction, fine-tuning's weight decay 0), warmup the configured share."""
+    from electra_tf.training.optimization import AdamW
+    task = TsvTask("t", ("sentence",), "label", labels=("0", "1"))
+    cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, layerwise_lr_decay=0.5,
+                                                 warmup_proportion=0.25))
+    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 200, None, 3)
+    opt = ft.optimizer
+    assert type(opt) is AdamW and ft.clip_norm == 1.0
+    assert opt.learning_rate_fn.get_config() == dict(
+        learning_rate=1e-3, total_steps=200, warmup_steps=50, end_learning_rate=0.0, power=1.0)
+    assert (opt.weight_decay, opt.beta_1, opt.beta_2, opt.epsilon,
+            opt.bias_correction) == (0.0, 0.9, 0.999, 1e-6, False)
 
 
 def test_optimizer_applies_the_layerwise_rates():

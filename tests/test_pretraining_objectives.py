@@ -324,11 +324,13 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
 
 def test_gdes_flag_and_its_conflicts():
     from electra_tf import configs
-    flags = type("Flags", (), {"params_override": "", "generator_tying": "gdes",
-                               "__getattr__": lambda self, name: None})()  # flags unset
-    over = configs.overrides_from_flags(flags, configs.PretrainingConfig)
-    assert (over["model.tie_embeddings"], over["model.tie_all_weights"],
-            over["model.disentangled_embeddings"]) == ("true", "false", "true")
+    flags = type("Flags", (), {"config": "tiny", "params_override": "", "generator_tying":
+                               "gdes", "__getattr__": lambda self, name: None})()  # unset
+    m = configs.config_from_flags(flags, configs.PretrainingConfig).model
+    assert (m.tie_embeddings, m.tie_all_weights, m.disentangled_embeddings) == (True, False,
+                                                                                True)
+    over = dict(zip(("model.tie_embeddings", "model.tie_all_weights",
+                     "model.disentangled_embeddings"), configs.TYINGS["gdes"]))
     assert _cfg("electra", **over).model.disentangled_embeddings
     with pytest.raises(ConfigError, match="needs tie_embeddings=true, tie_all_weights=false "
                        "and no two_tower_generator"):

@@ -172,7 +172,7 @@ def _cli(*args, cwd=REPO):
 
 @pytest.mark.parametrize("args, needle", [
     (["--params_override=hidden_sise=64"], "unknown config key 'hidden_sise'"),
-    (["--max_seq_length=1024"], "exceeds model.max_position_embeddings=128"),
+    (["--max_seq_length=1024"], "exceeds the model's max_position_embeddings=128"),
     (["--params_override=vocab_size=1000"], "vocab_size=1000"),
     (["--train_data=/no/such/data*"], "/no/such/data*"),
     (["--config=huge"], "presets:"),

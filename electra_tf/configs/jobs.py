@@ -11,7 +11,7 @@ from electra_tf.objective_specs import SPECS
 
 @dataclasses.dataclass(frozen=True)
 class PretrainingConfig:
-    JOB = "pretraining"  # whose flags (`schema.knob`)
+    JOB, FILE_FLAG = "pretraining", "config"  # whose flags (`schema.knob`); the file flag
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -53,12 +53,10 @@ class PretrainingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-    """Hyper-parameters of a fine-tuning run: pre-training's optimizer and train sections
-    (fine-tuning's defaults; the step count and warmup come from the epochs and
-    `warmup_proportion`), and its own knobs. None: paper Appendix B defaults, which
-    `resolved` picks for the model size and task. Keys as pre-training's:
-    `--params_override=learning_rate=1e-4,train.steps_per_loop=20,num_train_epochs=2`."""
-    JOB = "finetune"
+    """A fine-tuning run: pre-training's optimizer and train sections (its steps and warmup
+    come from the epochs and `warmup_proportion`) and its own knobs; None: the paper's
+    defaults for the model size and task (`resolved`)."""
+    JOB, FILE_FLAG = "finetune", "finetune_config"
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=None, weight_decay=0.0)
     train: TrainConfig = TrainConfig(train_batch_size=32, eval_batch_size=32,
                                      steps_per_loop=50)
@@ -70,11 +68,10 @@ class FinetuneConfig:
         "decay^2 instead of decay^1."))
     num_train_epochs: Optional[float] = knob(None, POSITIVE, finetune=(
         "Default: the task's (3; 10 for RTE and STS-B; 2 for SQuAD)."))
-    warmup_proportion: float = knob(0.1, finetune="Linear warmup share of the steps "
-                                                  "(default 0.1).")
-    num_trials: int = knob(1, AT_LEAST_1, finetune="Fine-tuning seeds (default 1); "
-                                                   "results.json has every score and the "
-                                                   "median.")
+    warmup_proportion: float = knob(0.1, finetune=("Linear warmup share of the steps "
+                                                   "(default 0.1)."))
+    num_trials: int = knob(1, AT_LEAST_1, finetune=(
+        "Fine-tuning seeds (default 1); results.json has every score and the median."))
 
     def resolved(self, model: ModelConfig, task) -> "FinetuneConfig":
         """The defaults that depend on the model size and the task (its

@@ -1,6 +1,6 @@
 """Loading a job's config: the presets in `configs/*.json`, a JSON file on any filesystem,
-`--params_override`, what the objective requires; unknown keys are errors listing the
-valid ones."""
+`--params_override`, the flags, what the objective requires; unknown keys are errors
+listing the valid ones."""
 
 import dataclasses
 import json
@@ -9,8 +9,9 @@ from typing import Any, Dict, Optional, Union
 
 from absl import logging
 
-from electra_tf.configs.jobs import FinetuneConfig, PretrainingConfig
-from electra_tf.configs.schema import ConfigError, apply_overrides, parse_overrides, resolve_key
+from electra_tf.configs.jobs import PretrainingConfig
+from electra_tf.configs.schema import (ConfigError, apply_overrides, overrides_from_flags,
+                                       parse_overrides, resolve_key)
 from electra_tf.objective_specs import SPECS
 
 # Repo-internal presets (local, next to this package); user config files go through
@@ -80,21 +81,17 @@ REQUIREMENTS = {
 }
 
 
-def _get(cfg, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
 def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
     """Sets what the objective and generator require (REQUIREMENTS), logging each change;
     a conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
     flag that fixes it."""
+    get = lambda key: getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
     changes = {}
     for (trigger, trigger_value), needs in REQUIREMENTS.items():
-        if _get(cfg, trigger) != trigger_value:
+        if get(trigger) != trigger_value:
             continue
         for key, value, flag in needs:
-            current = _get(cfg, key)
+            current = get(key)
             if current == value:
                 continue
             if key in explicit:
@@ -106,27 +103,34 @@ def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
     return apply_overrides(cfg, changes) if changes else cfg
 
 
-def load_config(name_or_path: str = "tiny", overrides: Overrides = None) -> PretrainingConfig:
-    """A pre-training preset name (configs/NAME.json) or a JSON path (any filesystem),
-    plus overrides; then what the objective requires (`REQUIREMENTS`); checked."""
-    cfg = apply_overrides(PretrainingConfig(),
-                          _read_config_file(name_or_path, "--config", PretrainingConfig))
+def load_config(name_or_path: Optional[str] = "tiny", overrides: Overrides = None,
+                cls=PretrainingConfig):
+    """A job's config, checked: its defaults, a preset name (configs/NAME.json) or a JSON
+    path (any filesystem), then overrides; pre-training then sets what the objective
+    requires (`REQUIREMENTS`)."""
+    cfg = cls()
+    if name_or_path:
+        cfg = apply_overrides(cfg, _read_config_file(name_or_path, f"--{cls.FILE_FLAG}", cls))
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)
     cfg = apply_overrides(cfg, overrides or {})
-    explicit = {"%s.%s" % resolve_key(PretrainingConfig, k) for k in (overrides or {})}
-    return _requirements(cfg, explicit).check()
+    if cls is PretrainingConfig:
+        cfg = _requirements(cfg, {"%s.%s" % resolve_key(cls, k) for k in overrides or {}})
+    return cfg.check()
 
 
-def load_finetune_config(path: Optional[str] = None,
-                         overrides: Overrides = None) -> FinetuneConfig:
-    """Fine-tuning hyper-parameters: the defaults, a JSON file of FinetuneConfig keys (any
-    filesystem; --finetune_config), then overrides (--params_override, then the flags);
-    checked."""
-    cfg = FinetuneConfig()
-    if path:
-        cfg = apply_overrides(cfg, _read_config_file(path, "--finetune_config",
-                                                     FinetuneConfig))
-    if isinstance(overrides, str):
-        overrides = parse_overrides(overrides)
-    return apply_overrides(cfg, overrides or {}).check()
+# --generator_tying -> (model.tie_embeddings, model.tie_all_weights,
+# model.disentangled_embeddings)
+TYINGS = {"none": ("false", "false", "false"), "embeddings": ("true", "false", "false"),
+          "all": ("true", "true", "false"), "gdes": ("true", "false", "true")}
+
+
+def config_from_flags(flag_values, cls):
+    """A CLI's config: its file flag (--config, --finetune_config), --params_override,
+    then the flags (`schema.define_flags`) and pre-training's --generator_tying."""
+    overrides = overrides_from_flags(flag_values, cls)
+    tying = getattr(flag_values, "generator_tying", None)
+    if tying:
+        (overrides["model.tie_embeddings"], overrides["model.tie_all_weights"],
+         overrides["model.disentangled_embeddings"]) = TYINGS[tying]
+    return load_config(getattr(flag_values, cls.FILE_FLAG), overrides, cls)

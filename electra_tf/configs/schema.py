@@ -1,9 +1,13 @@
 """The config mechanism: a knob (a field with its check and its flags, declared once),
-checking a config's knobs, and overrides by `section.key` or a bare key unique in it."""
+checking a config's knobs, its flags, and overrides by `section.key` or a bare key.
+
+No TensorFlow import here: the CLIs define their flags before TensorFlow loads."""
 
 import dataclasses
 import typing
 from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple
+
+from absl import flags
 
 
 class ConfigError(ValueError):
@@ -19,7 +23,6 @@ class Check(NamedTuple):
 
 AT_LEAST_1 = Check(lambda v: v >= 1, " must be at least 1")
 POSITIVE = Check(lambda v: v > 0, " must be > 0")
-NON_NEGATIVE = Check(lambda v: v >= 0, " must be >= 0")
 DROPOUT = Check(lambda v: 0 <= v < 1, " must be in [0, 1)")
 
 
@@ -41,17 +44,13 @@ def knob(default, check: Optional[Check] = None, flag: Optional[str] = None, **j
 def flag_help(f: dataclasses.Field, job: Optional[str]) -> Optional[str]:
     """The help of knob `f`'s flag in `job`, None where it has no flag there."""
     helps = f.metadata.get("flags", {})
-    return helps.get(job, helps.get("*")) if job else None
-
-
-def is_section(f: dataclasses.Field) -> bool:
-    return dataclasses.is_dataclass(f.default)
+    return helps.get(job, helps.get("*"))
 
 
 def knobs(cls, prefix: str = "") -> Iterator[Tuple[str, dataclasses.Field]]:
     """(key, field) of every knob of config class `cls`, its sections' as `section.name`."""
     for f in dataclasses.fields(cls):
-        if is_section(f):
+        if dataclasses.is_dataclass(f.default):
             yield from knobs(type(f.default), f"{f.name}.")
         else:
             yield prefix + f.name, f
@@ -68,7 +67,7 @@ def check_knobs(cfg, job: Optional[str] = None, prefix: str = ""):
     its flag where `job` has one, else by its key."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        if is_section(f):
+        if dataclasses.is_dataclass(f.default):
             check_knobs(value, job, f"{f.name}.")
             continue
         check = f.metadata.get("check")
@@ -108,23 +107,20 @@ def _coerce(value: Any, f: dataclasses.Field, key: str) -> Any:
 def resolve_key(cls, key: str) -> Tuple[Optional[str], str]:
     """'section.name', or a bare name unique in config class `cls` (a knob of one of its
     sections or its own) -> (section or None, name)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    sections = {n: type(f.default) for n, f in fields.items() if is_section(f)}
-    if "." in key:
-        section, name = key.split(".", 1)
+    keys = [k for k, _ in knobs(cls)]
+    section, dot, name = key.partition(".")
+    if dot:
+        sections = list(dict.fromkeys(k.split(".")[0] for k in keys if "." in k))
         if section not in sections:
             raise ConfigError(f"unknown config section {section!r}; valid: "
                               f"{', '.join(sections)}")
-        names = [f.name for f in dataclasses.fields(sections[section])]
-        if name not in names:
-            raise ConfigError(f"unknown key {key!r}; valid keys of {section}: "
-                              f"{', '.join(names)}")
+        if key not in keys:
+            raise ConfigError(f"unknown key {key!r}; valid keys of {section}: " + ", ".join(
+                k.split(".")[1] for k in keys if k.startswith(section + ".")))
         return section, name
-    owners = [k.rpartition(".")[0] or None for k, _ in knobs(cls)
-              if k.rpartition(".")[2] == key]
+    owners = [k.rpartition(".")[0] or None for k in keys if k.rpartition(".")[2] == key]
     if not owners:
-        raise ConfigError(f"unknown config key {key!r}; valid keys: "
-                          f"{', '.join(k for k, _ in knobs(cls))}")
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(keys)}")
     if len(owners) > 1:
         raise ConfigError(f"config key {key!r} is ambiguous; write one of "
                           f"{', '.join(f'{s}.{key}' for s in owners)}")
@@ -156,3 +152,27 @@ def parse_overrides(text: str) -> Dict[str, str]:
         key, value = item.split("=", 1)
         out[key.strip()] = value.strip()
     return out
+
+
+def define_flags(cls, flag_values=flags.FLAGS):
+    """DEFINEs the flags of `cls`'s knobs: a job config's (help for `cls.JOB`) with default
+    None, the config's value; an options class's with the field's default."""
+    job = getattr(cls, "JOB", None)
+    for _, f in knobs(cls):
+        help_, check = flag_help(f, job), f.metadata.get("check")
+        choices = {"enum_values": list(check.choices)} if check and check.choices else {}
+        define = flags.DEFINE_enum if choices else {
+            int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}[kind(f)[0]]
+        if help_:
+            define(name=f.name, default=None if job else f.default, help=help_,
+                   flag_values=flag_values, **choices)
+
+
+def overrides_from_flags(flag_values, cls) -> Dict[str, str]:
+    """--params_override, then the flags of `cls`'s knobs the user set (those left at None
+    keep the config's value)."""
+    overrides = parse_overrides(flag_values.params_override)
+    overrides.update({key: str(getattr(flag_values, f.name)) for key, f in knobs(cls)
+                      if flag_help(f, cls.JOB) and getattr(flag_values, f.name) is not None})
+    return overrides

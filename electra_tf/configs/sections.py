@@ -4,7 +4,7 @@ batching and numerics; each knob's check and flag are declared with its field.""
 import dataclasses
 from typing import Optional, Tuple
 
-from electra_tf.configs.schema import (AT_LEAST_1, DROPOUT, NON_NEGATIVE, POSITIVE, Check,
+from electra_tf.configs.schema import (AT_LEAST_1, DROPOUT, POSITIVE, Check,
                                        ConfigError, SKIP_OR_STOP, check_knobs, knob,
                                        one_of)
 from electra_tf.objective_specs import SPECS
@@ -143,7 +143,7 @@ class ObjectiveConfig:
     hp_weight: float = -1.0
     # two_stage: the step at which the generator freezes and the discriminator starts
     # (initialised from it); 0 = half of train.num_train_steps.
-    two_stage_switch_step: int = knob(0, NON_NEGATIVE)
+    two_stage_switch_step: int = knob(0, Check(lambda v: v >= 0, " must be >= 0"))
 
     def predictions_per_seq(self, max_seq_length: int) -> int:
         return self.max_predictions_per_seq or int((self.mask_prob + 0.005) * max_seq_length)
@@ -254,30 +254,27 @@ class TrainConfig:
         finetune="Checkpoint interval within a trial (default 1000).")
     keep_checkpoint_max: int = 5
     grad_accum_steps: int = knob(1, AT_LEAST_1, pretraining="Micro-batches per update.")
-    # auto: bfloat16 on TPU, float32 elsewhere; float16 uses dynamic loss scaling.
     precision: str = knob("auto", one_of("auto", "float32", "bfloat16", "float16"), flag=(
         "Compute precision; variables, losses, softmax and sampling stay float32. auto (the "
         "default): bfloat16 on TPU, float32 elsewhere; float16 adds dynamic loss scaling."))
     seed: int = knob(1, pretraining="Overrides train.seed.",
                      finetune="Seed of the first trial (trial i uses seed + i; default 1).")
-    # A step with a non-finite loss or gradient is never applied; then either go on
-    # (skip: counted in the logs; what float16 loss scaling needs) or stop the run.
+    # skip is what float16 loss scaling needs.
     on_nan: str = knob("skip", SKIP_OR_STOP, flag=(
         "A step with a non-finite loss or gradient is never applied; skip it and go on "
         "(counted in the logs; 100 in a row stop the run), or stop with the last good "
         "checkpoint named. Default: the config's (skip)."))
-    # A corrupted, truncated or vanished TFRecord shard: skip the rest of it (one warning
-    # naming it, counted in the logs; a run that has lost over half its shards stops), or
-    # stop the run at once naming it. Skip is the default because an auto-restarted
-    # preemptible job that stops would hit the same shard on every restart.
+    # Skip by default: an auto-restarted preemptible job that stops would hit the same
+    # shard on every restart (a run that has lost over half its shards stops anyway).
     on_bad_shard: str = knob("skip", SKIP_OR_STOP, pretraining=(
         "A corrupted, truncated or deleted TFRecord shard: skip the rest of it (a warning "
         "naming it, counted in the logs; default) or stop the run naming it."))
 
     def check(self, model: ModelConfig):
         if self.max_seq_length > model.max_position_embeddings:
-            raise ConfigError(f"max_seq_length={self.max_seq_length} exceeds "
-                              f"model.max_position_embeddings={model.max_position_embeddings}")
+            raise ConfigError(f"--max_seq_length={self.max_seq_length} exceeds the model's "
+                              f"max_position_embeddings={model.max_position_embeddings} (the "
+                              "longest input it has position embeddings for)")
         if self.train_batch_size % self.grad_accum_steps:
             raise ConfigError(f"train_batch_size={self.train_batch_size} is not a multiple of "
                               f"grad_accum_steps={self.grad_accum_steps}")

@@ -96,7 +96,7 @@ def main(flags, repo: str) -> dict:
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
-    cfg = configs.finetune_config_from_flags(flags)
+    cfg = configs.config_from_flags(flags, configs.FinetuneConfig)
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
         vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")

@@ -9,7 +9,6 @@ saves its position and resumes from it.
 
 import dataclasses
 import gc
-import json
 import math
 import os
 import re
@@ -193,10 +192,6 @@ def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
     return max(1, int(math.ceil(num_examples * cfg.num_train_epochs / cfg.train.train_batch_size)))
 
 
-def _write_json(path: str, data: Any):
-    fileio.write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
 def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
                       out_dir: str, chief: bool = True) -> Dict[str, str]:
     """`<out_dir>/<name>.tsv` for each test split, in the GLUE leaderboard's format
@@ -219,12 +214,11 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
 
 def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
     """A log line (and TensorBoard point) after every host loop."""
-    train = cfg.train
-    return loop.Schedule(num_train_steps=num_train_steps, batch_size=train.train_batch_size,
-                         steps_per_loop=train.steps_per_loop,
-                         log_every_steps=train.steps_per_loop,
-                         save_checkpoints_steps=train.save_checkpoints_steps,
-                         on_nan=train.on_nan, log_each_loop=True)
+    t = cfg.train
+    return loop.Schedule(num_train_steps=num_train_steps, batch_size=t.train_batch_size,
+                         steps_per_loop=t.steps_per_loop, log_every_steps=t.steps_per_loop,
+                         save_checkpoints_steps=t.save_checkpoints_steps, on_nan=t.on_nan,
+                         log_each_loop=True)
 
 
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
@@ -269,10 +263,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     with do_predict writes its test-set predictions to `<model_dir>/predictions/`
     (`write_predictions`). Returns the results dict."""
 
-    if cfg.train.max_seq_length > model_config.max_position_embeddings:
-        raise ConfigError(f"--max_seq_length={cfg.train.max_seq_length} exceeds the model's "
-                          f"max_position_embeddings={model_config.max_position_embeddings} "
-                          "(the longest input it has position embeddings for)")
+    cfg.train.check(model_config)
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
     cfg = cfg.resolved(model_config, task).check()
@@ -337,7 +328,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seed"))
         if chief:
             run_lease.check()
-            _write_json(result_path, metrics)
+            fileio.write_json_atomic(result_path, metrics, sort_keys=True)
         trials.append(metrics)
     scores = [t[task.primary_metric] for t in trials]
     best = median_trial(scores)
@@ -369,5 +360,6 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
             logging.info("Exported %s", results["export"])
     if chief:
         run_lease.check()
-        _write_json(os.path.join(options.model_dir, "results.json"), results)
+        fileio.write_json_atomic(os.path.join(options.model_dir, "results.json"), results,
+                                 sort_keys=True)
     return results

@@ -16,15 +16,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import fileio
-from electra_tf.configs import ConfigError
-from electra_tf.data.input_pipeline import InputDataError
-from electra_tf.data.manifest import ManifestError
+from electra_tf import configs, fileio
+from electra_tf.data import input_pipeline, manifest
 from electra_tf.text import VocabError
-from electra_tf.training import hardware
+from electra_tf.training import distribute, hardware
 from electra_tf.training.checkpoints import (CheckpointError, newest_complete,
                                              remove_torn_checkpoints, save_checkpoint)
-from electra_tf.training.distribute import StrategyError
 from electra_tf.training.lease import LeaseError
 from electra_tf.training.preemption import PreemptionWatch
 from electra_tf.training.trainer import Trainer, summarize
@@ -35,8 +32,8 @@ class RunError(ValueError):
 
 
 # What a CLI reports as one line (exit code 1) rather than a traceback; a job adds its own.
-USER_ERRORS = (ConfigError, RunError, InputDataError, ManifestError, VocabError,
-               StrategyError, CheckpointError, LeaseError)
+USER_ERRORS = (configs.ConfigError, RunError, input_pipeline.InputDataError, VocabError,
+               manifest.ManifestError, distribute.StrategyError, CheckpointError, LeaseError)
 
 
 # With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss

@@ -1,5 +1,5 @@
 """How and where a run executes (not its hyper-parameters): one options type per job,
-the fields both share declared once, the flags both CLIs share, and flags -> options.
+the fields both share (and their flags) declared once, and flags -> options.
 
 No TensorFlow import here: the CLIs define their flags before TensorFlow loads.
 """
@@ -7,25 +7,47 @@ No TensorFlow import here: the CLIs define their flags before TensorFlow loads.
 import dataclasses
 from typing import Optional, Tuple, Union
 
-from absl import flags
+from electra_tf.configs.schema import knob, one_of
 
 STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.training.distribute's
 
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """What both jobs' runs share: where the run's state lives, the device strategy, XLA,
-    the profiler window and the peak FLOP/s for MFU."""
+    """What both jobs' runs share, with the flags both CLIs define (`schema.define_flags`):
+    where the run's state lives, the device strategy, XLA, the profiler window and the peak
+    FLOP/s for MFU."""
     model_dir: str
-    strategy: str = "auto"
-    tpu: Optional[str] = None  # local, a TPU's name or grpc://HOST:PORT (distribute.py)
-    tpu_zone: Optional[str] = None
-    gcp_project: Optional[str] = None
-    jit_compile: Optional[bool] = None  # None: XLA where it is faster (trainer.default_jit)
-    # "START,END" or (START, END): trace global steps START+1..END with the profiler.
-    profile_steps: Union[None, str, Tuple[int, int]] = None
-    # Peak FLOP/s of one device for MFU (`hardware.peak_flops`); None: table or measured.
-    peak_flops: Union[None, str, float] = None
+    strategy: str = knob("auto", one_of(*STRATEGIES), flag=(
+        "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
+        "--tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists several workers, "
+        "else every visible GPU, else the CPU."))
+    tpu: Optional[str] = knob(None, flag=(
+        "Which TPU (README: Cloud TPU quickstart): 'local' for the chips of this Cloud TPU "
+        "VM (what auto-detection picks there); the TPU's NAME for a multi-host TPU VM slice "
+        "(run on its worker 0 only, with TPU_LOAD_LIBRARY=0) or a TPU Node; or "
+        "grpc://HOST:8470. Default: $TPU_NAME, else auto-detection."))
+    tpu_zone: Optional[str] = knob(None, flag=(
+        "Zone of the TPU named by --tpu=NAME (default: this GCE VM's zone, from the metadata "
+        "server; outside Google Cloud, required)."))
+    gcp_project: Optional[str] = knob(None, flag=(
+        "Project of the TPU named by --tpu=NAME (default: this GCE VM's project; outside "
+        "Google Cloud, required)."))
+    jit_compile: Optional[bool] = knob(None, flag="Force XLA on/off (default: on where "
+                                                  "supported).")
+    # Or (START, END).
+    profile_steps: Union[None, str, Tuple[int, int]] = knob(None, flag=(
+        "START,END: trace global steps START+1..END with the TensorFlow profiler (0 <= START "
+        "< END; host loops end at both) into the run's train/ log directory, TensorBoard's "
+        "Profile tab. Traces this process's host and devices (CPU, GPU, a TPU VM's TPUs); "
+        "for a remote Cloud TPU node use tf.profiler.experimental.client.trace, or "
+        "TensorBoard's Capture Profile, against the TPU's address instead."))
+    peak_flops: Union[None, str, float] = knob(None, flag=(
+        "Peak FLOP/s of ONE device, for the MFU in the logs (e.g. 312e12 or 312T): one GPU, "
+        "one TPU device as TensorFlow lists them (a TensorCore on v2/v3, a chip from v4 on) "
+        "or one CPU host; it is multiplied by the number of devices. Default: the published "
+        "dense peak of a known GPU/TPU for the run's precision "
+        "(electra_tf/training/hardware.py), or on CPU a timed matmul."))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,40 +67,6 @@ class FinetuneOptions(RunOptions):
     spm_model: Optional[str] = None
     do_lower_case: bool = True
     do_predict: bool = False  # test-set predictions of the median trial
-
-
-def define_run_flags():
-    """The flags both CLIs share: the strategy (--strategy, --tpu, --tpu_zone,
-    --gcp_project; electra_tf.training.distribute.make_strategy), --jit_compile,
-    --profile_steps and --peak_flops (--precision and --on_nan are config knobs)."""
-    flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
-                      "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM "
-                      "or --tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists "
-                      "several workers, else every visible GPU, else the CPU.")
-    flags.DEFINE_string("tpu", None, "Which TPU (README: Cloud TPU quickstart): 'local' for "
-                        "the chips of this Cloud TPU VM (what auto-detection picks there); "
-                        "the TPU's NAME for a multi-host TPU VM slice (run on its worker 0 "
-                        "only, with TPU_LOAD_LIBRARY=0) or a TPU Node; or grpc://HOST:8470. "
-                        "Default: $TPU_NAME, else auto-detection.")
-    flags.DEFINE_string("tpu_zone", None, "Zone of the TPU named by --tpu=NAME (default: this "
-                        "GCE VM's zone, from the metadata server; outside Google Cloud, "
-                        "required).")
-    flags.DEFINE_string("gcp_project", None, "Project of the TPU named by --tpu=NAME (default: "
-                        "this GCE VM's project; outside Google Cloud, required).")
-    flags.DEFINE_bool("jit_compile", None, "Force XLA on/off (default: on where supported).")
-    flags.DEFINE_string("profile_steps", None, "START,END: trace global steps START+1..END "
-                        "with the TensorFlow profiler (0 <= START < END; host loops end at "
-                        "both) into the run's train/ log directory, TensorBoard's Profile "
-                        "tab. Traces this process's host and devices (CPU, GPU, a TPU VM's "
-                        "TPUs); for a remote Cloud TPU node use "
-                        "tf.profiler.experimental.client.trace, or TensorBoard's Capture "
-                        "Profile, against the TPU's address instead.")
-    flags.DEFINE_string("peak_flops", None, "Peak FLOP/s of ONE device, for the MFU in the "
-                        "logs (e.g. 312e12 or 312T): one GPU, one TPU device as TensorFlow "
-                        "lists them (a TensorCore on v2/v3, a chip from v4 on) or one CPU "
-                        "host; it is multiplied by the number of devices. Default: the "
-                        "published dense peak of a known GPU/TPU for the run's precision "
-                        "(electra_tf/training/hardware.py), or on CPU a timed matmul.")
 
 
 def options_from_flags(flag_values, cls, **computed):
