@@ -5,7 +5,6 @@ check and flag are declared once (`schema`)."""
 from electra_tf.configs.jobs import FinetuneConfig, PretrainingConfig
 from electra_tf.configs.loader import (PRESET_DIR, TYINGS, config_from_flags, load_config,
                                        preset_names)
-from electra_tf.configs.schema import (ConfigError, apply_overrides, define_flags,
-                                       overrides_from_flags, parse_overrides)
-from electra_tf.configs.sections import (GENERATORS, OBJECTIVE_NAMES, ModelConfig,
-                                         ObjectiveConfig, OptimizerConfig, TrainConfig)
+from electra_tf.configs.schema import ConfigError, apply_overrides, define_flags, parse_overrides
+from electra_tf.configs.sections import (OBJECTIVE_NAMES, ModelConfig, ObjectiveConfig,
+                                         OptimizerConfig, TrainConfig)

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Union
 from absl import logging
 
 from electra_tf.configs.jobs import PretrainingConfig
-from electra_tf.configs.schema import (ConfigError, apply_overrides, overrides_from_flags,
+from electra_tf.configs.schema import (ConfigError, apply_overrides, flag_help, knobs,
                                        parse_overrides, resolve_key)
 from electra_tf.objective_specs import SPECS
 
@@ -127,8 +127,11 @@ TYINGS = {"none": ("false", "false", "false"), "embeddings": ("true", "false", "
 
 def config_from_flags(flag_values, cls):
     """A CLI's config: its file flag (--config, --finetune_config), --params_override,
-    then the flags (`schema.define_flags`) and pre-training's --generator_tying."""
-    overrides = overrides_from_flags(flag_values, cls)
+    then the flags the user set (`schema.define_flags`; those left at None keep the
+    config's value) and pre-training's --generator_tying."""
+    overrides = parse_overrides(flag_values.params_override)
+    overrides.update({key: str(getattr(flag_values, f.name)) for key, f in knobs(cls)
+                      if flag_help(f, cls.JOB) and getattr(flag_values, f.name) is not None})
     tying = getattr(flag_values, "generator_tying", None)
     if tying:
         (overrides["model.tie_embeddings"], overrides["model.tie_all_weights"],

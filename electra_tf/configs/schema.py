@@ -167,12 +167,3 @@ def define_flags(cls, flag_values=flags.FLAGS):
         if help_:
             define(name=f.name, default=None if job else f.default, help=help_,
                    flag_values=flag_values, **choices)
-
-
-def overrides_from_flags(flag_values, cls) -> Dict[str, str]:
-    """--params_override, then the flags of `cls`'s knobs the user set (those left at None
-    keep the config's value)."""
-    overrides = parse_overrides(flag_values.params_override)
-    overrides.update({key: str(getattr(flag_values, f.name)) for key, f in knobs(cls)
-                      if flag_help(f, cls.JOB) and getattr(flag_values, f.name) is not None})
-    return overrides

@@ -4,9 +4,8 @@ batching and numerics; each knob's check and flag are declared with its field.""
 import dataclasses
 from typing import Optional, Tuple
 
-from electra_tf.configs.schema import (AT_LEAST_1, DROPOUT, POSITIVE, Check,
-                                       ConfigError, SKIP_OR_STOP, check_knobs, knob,
-                                       one_of)
+from electra_tf.configs.schema import (AT_LEAST_1, DROPOUT, POSITIVE, SKIP_OR_STOP, Check,
+                                       ConfigError, check_knobs, knob, one_of)
 from electra_tf.objective_specs import SPECS
 
 
