@@ -51,6 +51,7 @@ def main(argv):
     from electra_tf.pretraining import pretrain
     from electra_tf.training import loop, preemption
     from tfrecord_builder import BuildError
+    from electra_tf.conversion.formats import ConvertError
     try:
         cfg = configs.config_from_flags(FLAGS, configs.PretrainingConfig)
         if FLAGS.count_flops:
@@ -78,7 +79,7 @@ def main(argv):
     except preemption.Preempted as e:
         print(f"run_pretraining: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except loop.USER_ERRORS + (BuildError,) as e:
+    except loop.USER_ERRORS + (BuildError, ConvertError) as e:
         print(f"run_pretraining: error: {e}", file=sys.stderr)
         sys.exit(1)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.conversion import convert, formats
+from electra_tf.conversion import convert, formats, source
 from electra_tf.pretraining import model_dir
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
@@ -58,7 +58,7 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
     arrays = checkpoints.read_tf1(prefix)
     arrays.update(slots)
     prefix = checkpoints.write_tf1(arrays, str(tmp_path / "full.ckpt"))
-    report = formats.inspect_tf1(prefix)
+    report = source.inspect_tf1(prefix)
     c = report.config
     assert (c.vocab_size, c.embedding_size, c.hidden_size, c.num_hidden_layers) == (40, 32, 128, 2)
     assert (c.num_attention_heads, c.intermediate_size, c.max_position_embeddings,
@@ -73,7 +73,7 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
 
     # directory form, and the tiny one with a half-width generator
     _, p2, _ = _ckpt(tmp_path / "tiny", TINY)
-    r2 = formats.inspect_tf1(str(tmp_path / "tiny"))
+    r2 = source.inspect_tf1(str(tmp_path / "tiny"))
     assert r2.config.generator_hidden == 16 and r2.config.generator_intermediate == 32
     assert r2.config.num_attention_heads == 1 and r2.global_step is None
 
@@ -81,11 +81,11 @@ def test_inspect_infers_config_and_reports(tmp_path, capsys):
 def test_inspect_discriminator_only_and_missing(tmp_path):
     disc = formats.expected_shapes(TINY, generator=False)
     _, prefix, _ = _ckpt(tmp_path, TINY, variables=disc)
-    report = formats.inspect_tf1(prefix)
+    report = source.inspect_tf1(prefix)
     assert not report.has_generator and not report.missing
     layer1 = [n for n in disc if "layer_1/output/dense/kernel" in n]
     _, prefix, _ = _ckpt(tmp_path / "m", TINY, variables=set(disc) - set(layer1))
-    assert formats.inspect_tf1(prefix).missing == layer1
+    assert source.inspect_tf1(prefix).missing == layer1
 
 
 def test_shape_mismatch_is_refused(tmp_path):
@@ -93,7 +93,7 @@ def test_shape_mismatch_is_refused(tmp_path):
     arrays["electra/encoder/layer_1/intermediate/dense/kernel"] = np.zeros((32, 65), np.float32)
     bad = checkpoints.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
     with pytest.raises(formats.ConvertError) as e:
-        formats.inspect_tf1(bad)
+        source.inspect_tf1(bad)
     msg = str(e.value)
     assert "layer_1/intermediate/dense/kernel" in msg and "[32, 65]" in msg and "[32, 64]" in msg
     assert "\n" not in msg
@@ -137,7 +137,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     np.testing.assert_array_equal(reader.get_tensor(m), arrays[m])
     for name in formats.expected_shapes(TINY):
         np.testing.assert_array_equal(reader.get_tensor(name), arrays[name], err_msg=name)
-    assert not formats.inspect_tf1(back).missing
+    assert not source.inspect_tf1(back).missing
 
 
 @pytest.mark.parametrize("config", [
@@ -330,7 +330,7 @@ def test_transformers_bert_as_our_encoder(tmp_path):
     gives BERT's sequence output."""
     torch = pytest.importorskip("torch")
     import transformers
-    from electra_tf.finetune.model import init_encoder_from_hf
+    from electra_tf.finetune.model import init_encoder
     from electra_tf.model.modeling import build_discriminator_encoder
     torch.manual_seed(1)
     hc = transformers.BertConfig(vocab_size=40, hidden_size=64, num_hidden_layers=2,
@@ -340,7 +340,8 @@ def test_transformers_bert_as_our_encoder(tmp_path):
     bert.save_pretrained(str(tmp_path / "bert"), safe_serialization=True)
     config = formats.read_hf_config(str(tmp_path / "bert"))
     encoder = build_discriminator_encoder(config)
-    ignored = init_encoder_from_hf(encoder, str(tmp_path / "bert"))
+    init_encoder(encoder, str(tmp_path / "bert"))
+    ignored = source.resolve(str(tmp_path / "bert")).ignored
     assert any("pooler" in n for n in ignored)
     ids, seg, mask, inputs = _torch_inputs(torch)
     with torch.no_grad():

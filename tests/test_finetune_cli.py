@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from electra_tf.configs import ConfigError
 from electra_tf.finetune import cli
+from electra_tf.conversion.formats import ConvertError
 from electra_tf.finetune.model import InitError
 
 from conftest import REPO, finetune_tiny_model, write
@@ -171,7 +172,7 @@ def test_a_nonexistent_init_checkpoint_says_so(data, tmp_path):
     for config in (None, "tiny"):
         message = refused(flags(task="mine", data_dir=data, text_columns=["sentence"],
                                 label_column="label", init_checkpoint="/nonexistent/path",
-                                config=config, model_dir=str(tmp_path / "m")), InitError)
+                                config=config, model_dir=str(tmp_path / "m")), ConvertError)
         assert message == ("--init_checkpoint=/nonexistent/path does not exist (neither a "
                            "directory nor a checkpoint prefix with /nonexistent/path.index)")
     assert not os.path.exists(tmp_path / "m")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from electra_tf.conversion import formats
+from electra_tf.conversion import formats, source
+from electra_tf.conversion.formats import ConvertError
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune.cli import find_config
-from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
-                                       init_encoder_from_hf, make_head)
+from electra_tf.finetune.model import FinetuningModel, InitError, init_encoder, make_head
 from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
 
 H, L, I, V, P, T = 32, 2, 48, 40, 20, 2
@@ -95,7 +95,8 @@ def test_bert_dir_initialises_every_encoder_weight(tmp_path, prefix, old_ln, cap
     ft = FinetuningModel(config, make_head("classification", config, 3))
     assert ft.electra.embeddings_project is None
     with caplog.at_level(py_logging.INFO):
-        ignored = init_encoder_from_hf(ft.electra, d)
+        assert init_encoder(ft.electra, d) == d
+    ignored = source.resolve(d).ignored
     got = encoder_arrays(ft)
     assert len(got) == 5 + 16 * L
     for name, value in got.items():
@@ -108,7 +109,6 @@ def test_bert_dir_initialises_every_encoder_weight(tmp_path, prefix, old_ln, cap
     assert ignored == sorted(HEADS if prefix else [])
     if prefix:
         assert "bert.pooler.dense.weight" in caplog.text and "cls.seq_relationship" in caplog.text
-    assert init_encoder(ft.electra, d) == d
 
 
 def test_bert_dir_errors_are_one_line(tmp_path):
@@ -117,13 +117,13 @@ def test_bert_dir_errors_are_one_line(tmp_path):
     ft = FinetuningModel(config, make_head("classification", config, 2))
     bad_act = write_hf(tmp_path / "relu", tensors, {**BERT_CONFIG, "hidden_act": "relu"})
     for call in (lambda: find_config(bad_act, None), lambda: init_encoder(ft.electra, bad_act)):
-        with pytest.raises(InitError, match="hidden_act 'relu' is not supported") as e:
+        with pytest.raises(ConvertError, match="hidden_act 'relu' is not supported") as e:
             call()
         assert "\n" not in str(e.value)
     bad_shape = dict(tensors)
     bad_shape["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((I + 1, H), np.float32)
     d = write_hf(tmp_path / "shape", bad_shape)
-    with pytest.raises(InitError, match=r"layer\.1\.intermediate\.dense\.weight has shape "
+    with pytest.raises(ConvertError, match=r"layer\.1\.intermediate\.dense\.weight has shape "
                                         r"\[49, 32\], config.json implies \[48, 32\]") as e:
         init_encoder(ft.electra, d)
     assert "\n" not in str(e.value)
@@ -134,16 +134,16 @@ def test_bert_dir_errors_are_one_line(tmp_path):
                                         r"variable shape \[32, 64\]"):
         init_encoder(other.electra, write_hf(tmp_path / "ok", tensors))
     missing = {k: v for k, v in tensors.items() if "layer.1.output.dense.bias" not in k}
-    with pytest.raises(InitError, match=r"encoder\.layer\.1\.output\.dense\.bias .*not in"):
+    with pytest.raises(ConvertError, match=r"encoder\.layer\.1\.output\.dense\.bias .*not in"):
         init_encoder(ft.electra, write_hf(tmp_path / "missing", missing))
     torch_only = tmp_path / "torch"
     torch_only.mkdir()
     (torch_only / "config.json").write_text(json.dumps(BERT_CONFIG))
     (torch_only / "pytorch_model.bin").write_bytes(b"\0")
-    with pytest.raises(InitError, match="pytorch_model.bin.*convert it to model.safetensors"):
+    with pytest.raises(ConvertError, match="pytorch_model.bin.*convert it to model.safetensors"):
         init_encoder(ft.electra, str(torch_only))
     roberta = write_hf(tmp_path / "roberta", tensors, {**BERT_CONFIG, "model_type": "roberta"})
-    with pytest.raises(InitError, match="model_type 'roberta' is not electra or bert"):
+    with pytest.raises(ConvertError, match="model_type 'roberta' is not electra or bert"):
         find_config(roberta, None)
 
 
@@ -158,11 +158,11 @@ def test_exported_electra_dir_initialises_the_finetuning_encoder(tmp_path):
     found = find_config(d, None)
     assert found == config.__class__(**{**config.__dict__, "generator_hidden_size": 0.25})
     ft = FinetuningModel(found, make_head("classification", found, 2))
-    ignored = init_encoder_from_hf(ft.electra, d)
+    assert init_encoder(ft.electra, d) == d
+    ignored = source.resolve(d).ignored
     assert ignored == sorted(k for k in formats.hf_name_map(config, "discriminator").values()
                              for k in [k[0]] if k.startswith("discriminator_predictions."))
     got = encoder_arrays(ft)
     assert "electra/embeddings_project/kernel" in got and len(got) == 7 + 16 * 2
     for name, value in got.items():
         np.testing.assert_array_equal(value, arrays[name])
-    assert init_encoder(ft.electra, d) == d

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.configs import ConfigError, ModelConfig, apply_overrides
+from electra_tf.conversion.formats import ConvertError
 from electra_tf.finetune import model as ft_model
 from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder, layer_depth,
                                        layerwise_lr_multipliers, make_head)
@@ -136,9 +137,9 @@ def test_encoder_initialised_from_a_gdes_training_checkpoint(tmp_path):
 
 def test_init_errors_name_the_checkpoint(tmp_path, pretrained):
     ft = FinetuningModel(CFG, make_head("classification", CFG, 2))
-    with pytest.raises(InitError, match="no checkpoint in directory"):
+    with pytest.raises(ConvertError, match="no checkpoint in directory"):
         init_encoder(ft.electra, str(tmp_path))
-    with pytest.raises(InitError, match="is not a checkpoint"):
+    with pytest.raises(ConvertError, match="nope does not exist"):
         init_encoder(ft.electra, str(tmp_path / "nope"))
     wider = ModelConfig(**{**CFG.__dict__, "hidden_size": 64, "intermediate_size": 128})
     other = FinetuningModel(wider, make_head("classification", wider, 2))
@@ -181,9 +182,9 @@ def test_init_and_config_from_ram_checkpoints(pretrained, tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match=f"no config.json found near --init_checkpoint="
                                         f"{root}/pre/ckpt-7"):
         find_config(f"{root}/pre/ckpt-7", None)
-    with pytest.raises(InitError, match=f"{root}/nope is not a checkpoint"):
+    with pytest.raises(ConvertError, match=f"{root}/nope does not exist"):
         init_encoder(ft.electra, f"{root}/nope")
-    with pytest.raises(InitError, match=f"no checkpoint in directory {root}/empty"):
+    with pytest.raises(ConvertError, match=f"no checkpoint in directory {root}/empty"):
         init_encoder(ft.electra, f"{root}/empty")
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith("ram:")]
 

@@ -14,17 +14,15 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Dict, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from electra_tf import fileio  # noqa: E402
 from electra_tf.training import checkpoints  # noqa: E402
-from electra_tf.configs import ConfigError, ModelConfig  # noqa: E402
-from electra_tf.conversion.formats import (ConvertError, export_hf, import_hf,  # noqa: E402
-                                           inspect_tf1)
-from electra_tf.pretraining.model_dir import (load_model_dir, model_dir_to_tf1,  # noqa: E402
-                                              tf1_to_model_dir)
+from electra_tf.configs import ConfigError  # noqa: E402
+from electra_tf.conversion.formats import ConvertError, export_hf, import_hf  # noqa: E402
+from electra_tf.conversion.source import inspect_tf1, resolve  # noqa: E402
+from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir  # noqa: E402
 
 
 # --- CLI ------------------------------------------------------------------------------
@@ -59,15 +57,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _source_arrays(source: str, num_heads=None) -> Tuple[ModelConfig, Dict, bool]:
-    if fileio.exists(fileio.join(source, "config.json")):
-        trainer = load_model_dir(source)
-        # The released layout (GDES: the discriminator's tables folded, untied).
-        return trainer.cfg.model.released(), checkpoints.model_arrays(trainer.model), True
-    report = inspect_tf1(source, num_heads)
-    return report.config, checkpoints.read_tf1(source), report.has_generator
-
-
 def _check_output(directory: str, what: str):
     """The output directory of a command, probed before anything is read or converted."""
     problem = fileio.writable_dir_problem(directory or ".")
@@ -100,10 +89,11 @@ def main(argv=None) -> int:
         elif args.command == "export-tf1":
             print(model_dir_to_tf1(args.model_dir, args.prefix, args.include_optimizer))
         elif args.command == "export-hf":
-            config, arrays, has_gen = _source_arrays(args.source, args.num_heads)
-            print(export_hf(arrays, config, os.path.join(args.out_dir, "discriminator")))
-            if has_gen:
-                print(export_hf(arrays, config, os.path.join(args.out_dir, "generator"),
+            src = resolve(args.source, num_heads=args.num_heads)
+            arrays = src.arrays(slots=False)
+            print(export_hf(arrays, src.config, os.path.join(args.out_dir, "discriminator")))
+            if src.has_generator:
+                print(export_hf(arrays, src.config, os.path.join(args.out_dir, "generator"),
                                 "generator"))
         elif args.command == "import-hf":
             config, arrays, unmapped = import_hf(args.discriminator_dir, args.generator_dir)

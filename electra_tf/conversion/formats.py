@@ -3,9 +3,8 @@ directories (safetensors, no torch) <-> one flat dict {TF1 name: numpy array}.
 
 Our Keras variable paths are the TF1 names (modeling.py), so each conversion is a name map
 plus kernel transposes. Here: the expected names and shapes of a model, config inference
-and inspection of a TF1 checkpoint, and the Hugging Face maps, readers and writers.
-Pre-training model_dir <-> TF1: `electra_tf.pretraining.model_dir`; the command line:
-`python -m electra_tf.conversion.convert`.
+from them, and the Hugging Face maps, readers and writers. Reading any path:
+`electra_tf.conversion.source`; the command line: `python -m electra_tf.conversion.convert`.
 """
 
 import dataclasses
@@ -20,7 +19,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import fileio  # noqa: E402
-from electra_tf.training import checkpoints  # noqa: E402
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
                                 apply_overrides, load_config, parse_overrides)
 
@@ -92,7 +90,7 @@ def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
     return out
 
 
-# --- inspecting a TF1 checkpoint ------------------------------------------------------
+# --- a model from its shapes ---------------------------------------------------------
 
 def _num_layers(shapes, scope: str) -> int:
     ids = [int(m.group(2)) for m in map(_LAYER_RE.match, shapes) if m and m.group(1) == scope]
@@ -185,46 +183,6 @@ def classify(shapes: Dict[str, List[int]], config: ModelConfig,
             unmapped.append(name)
     missing = sorted(set(expected) - set(mapped))
     return mapped, missing, unmapped, slots
-
-
-def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> Report:
-    """Reads a TF1 (name-based) checkpoint prefix or directory; raises ConvertError."""
-    reader = tf1_reader(ckpt_path)
-    shapes = reader.get_variable_to_shape_map()
-    config, has_generator = infer_model_config(shapes, num_heads)
-    mapped, missing, unmapped, slots = classify(shapes, config, has_generator)
-    step = int(reader.get_tensor("global_step")) if "global_step" in shapes else None
-    return Report(config, has_generator, mapped, missing, unmapped, slots, step)
-
-
-def _resolve(path: str) -> str:
-    if tf.io.gfile.exists(path + ".index"):  # a prefix: asked first, as checkpoint_reader does
-        return path
-    if tf.io.gfile.isdir(path):
-        return newest_checkpoint(path, f"no checkpoint in directory {path}")
-    return path
-
-
-def newest_checkpoint(directory: str, none_message: str) -> str:
-    """The newest complete checkpoint of `directory`; a ConvertError with the damaged
-    ones named, or `none_message` when there is none."""
-    try:
-        latest = checkpoints.newest_complete(directory)
-    except checkpoints.CheckpointError as e:
-        raise ConvertError(str(e)) from None
-    if latest is None:
-        raise ConvertError(none_message)
-    return latest
-
-
-def tf1_reader(path: str):
-    """A reader of the TF1 checkpoint at `path` (a prefix, or a directory's newest
-    complete one); a ConvertError naming it when unreadable."""
-    path = _resolve(path)
-    try:
-        return checkpoints.checkpoint_reader(path)
-    except (tf.errors.OpError, ValueError) as e:
-        raise ConvertError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
 
 
 # --- a pre-training config around an inferred model --------------------------------

@@ -8,7 +8,8 @@ from typing import Optional
 from absl import logging
 
 from electra_tf import configs, fileio
-from electra_tf.conversion import formats
+from electra_tf.conversion import source
+from electra_tf.conversion.formats import ConvertError
 from electra_tf.training import loop
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError
@@ -17,39 +18,22 @@ from electra_tf.finetune.tfds_data import from_tfds
 from electra_tf.finetune.trainer import ModelMismatchError, run
 from electra_tf.training.options import FinetuneOptions, options_from_flags
 
-USER_ERRORS = loop.USER_ERRORS + (DataError, InitError)
+USER_ERRORS = loop.USER_ERRORS + (DataError, InitError, ConvertError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 
 
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
-    """--config if given, else that of a Hugging Face ELECTRA / BERT directory, else the
-    config.json of the pre-training run that wrote the checkpoint (looked for beside it and
-    up to two directories above; any filesystem, gs://...)."""
-    if init_checkpoint and not (fileio.exists(init_checkpoint + ".index") or
-                                fileio.exists(init_checkpoint)):
-        raise InitError(f"--init_checkpoint={init_checkpoint} does not exist (neither a "
-                        f"directory nor a checkpoint prefix with {init_checkpoint}.index)")
-    if config:
-        return configs.load_config(config).model
-    if init_checkpoint and formats.is_hf_dir(init_checkpoint):
-        try:  # a transformers ELECTRA / BERT directory: its config.json gives the sizes
-            return formats.read_hf_config(init_checkpoint)
-        except formats.ConvertError as e:
-            raise InitError(f"--init_checkpoint: {e}") from None
+    """--config if given, else the config.json of the Hugging Face directory or of the
+    pre-training run that wrote the checkpoint (`conversion.source`; a size inferred from
+    the shapes alone is not trusted: give --config)."""
+    given = configs.load_config(config).model if config else None
     if init_checkpoint:
-        # A prefix (asked first: on ram:// isdir is true of a prefix too) or a directory.
-        prefix = fileio.exists(init_checkpoint + ".index")
-        here = init_checkpoint if not prefix and fileio.isdir(init_checkpoint) else \
-            os.path.dirname(init_checkpoint)
-        for _ in range(3):
-            path = os.path.join(here, "config.json")
-            if fileio.exists(path):
-                return configs.load_config(path).model
-            parent = os.path.dirname(here.rstrip("/")) or "."
-            if fileio.is_remote(here) and not fileio.is_remote(parent):
-                break  # above the bucket
-            here = parent
+        src = source.resolve(init_checkpoint, given, "--init_checkpoint")
+        if given or src.config_file:
+            return given or src.config
+    elif given:
+        return given
     raise configs.ConfigError(f"no config.json found near --init_checkpoint="
                               f"{init_checkpoint}; give the model size with --config")
 

@@ -6,7 +6,6 @@ classification and regression, a dense over every token for tagging, and the XLN
 joint start/end head with an answerability classifier for SQuAD.
 """
 
-import os
 import re
 from typing import Dict
 
@@ -15,13 +14,10 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import rng
-from electra_tf.conversion import formats
+from electra_tf.conversion import source
 from electra_tf.configs import ModelConfig
-from electra_tf.training.checkpoints import (CheckpointError, assign_arrays,
-                                             checkpoint_reader, load_tf1_checkpoint,
-                                             model_arrays, newest_complete)
-from electra_tf.model.modeling import (ElectraPretrainingModel, Encoder, discriminator_variables,
-                                      dropout, gelu, truncated_normal)
+from electra_tf.training.checkpoints import assign_arrays
+from electra_tf.model.modeling import Encoder, dropout, gelu, tf1_variables, truncated_normal
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
@@ -183,92 +179,24 @@ def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 
 # --------------------------------------------------------------------------- init
 
 class InitError(ValueError):
-    """A bad --init_checkpoint; the message names it."""
-
-
-def resolve_checkpoint(path: str) -> str:
-    """A checkpoint prefix or a directory holding one (its `checkpoint` state file); any
-    filesystem. The prefix is asked first (on ram:// `isdir` is true of a prefix too)."""
-    if tf.io.gfile.exists(path + ".index"):
-        return path
-    if tf.io.gfile.isdir(path):
-        try:
-            latest = newest_complete(path, "--init_checkpoint")
-            if latest is None and tf.io.gfile.isdir(os.path.join(path, "discriminator")):
-                latest = newest_complete(os.path.join(path, "discriminator"),
-                                         "--init_checkpoint")
-        except CheckpointError as e:
-            raise InitError(str(e)) from None
-        if latest is None:
-            raise InitError(f"--init_checkpoint: no checkpoint in directory {path}")
-        return latest
-    raise InitError(f"--init_checkpoint: {path} is not a checkpoint (no {path}.index)")
-
-
-def init_encoder_from_hf(encoder: Encoder, path: str):
-    """Loads the encoder from a Hugging Face `transformers` ELECTRA or BERT directory
-    (config.json + model.safetensors). Returns the ignored transformers names (pooler,
-    pre-training heads, buffers)."""
-    try:
-        _, arrays, ignored = formats.import_hf_encoder(path)
-        assign_arrays(encoder, arrays)
-    except ValueError as e:  # formats.ConvertError, checkpoints.assign_arrays
-        raise InitError(f"--init_checkpoint {path}: {str(e).splitlines()[0]}") from None
-    if ignored:
-        logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
-                     path, len(ignored), ", ".join(ignored))
-    return ignored
+    """An --init_checkpoint that does not fit the encoder, or none; the message names it
+    (one that cannot be read is a `conversion.source` ConvertError)."""
 
 
 def init_encoder(encoder: Encoder, path: str) -> str:
-    """Loads the discriminator encoder from `path`: a released / exported TF1-named
-    checkpoint (`electra/...`), an object-based pre-training checkpoint (`ckpt-N`,
-    model/electra/...), or a Hugging Face ELECTRA / BERT directory. The generator, the
+    """Loads the discriminator encoder from any checkpoint source (`conversion.source`):
+    our pre-training run or a `ckpt-N` in it (a GDES run's tables folded), a released /
+    exported TF1 checkpoint, a Hugging Face ELECTRA / BERT directory. The generator, the
     pooler and the pre-training heads are ignored. Returns the checkpoint used."""
-    if formats.is_hf_dir(path):
-        init_encoder_from_hf(encoder, path)
-        return path
-    prefix = resolve_checkpoint(path)
+    src = source.resolve(path, encoder.config, "--init_checkpoint")
     try:
-        names = checkpoint_reader(prefix).get_variable_to_shape_map()
-    except (tf.errors.OpError, ValueError) as e:
-        raise InitError(f"--init_checkpoint: cannot read {prefix}: "
-                        f"{str(e).splitlines()[0]}") from None
-    if "electra/embeddings/word_embeddings" in names:
-        try:
-            load_tf1_checkpoint(encoder, prefix, encoder.trainable_variables)
-        except ValueError as e:
-            raise InitError(f"--init_checkpoint {prefix}: {e}") from None
-        return prefix
-    if any("_delta/" in n for n in names) and encoder.config.disentangled_embeddings:
-        return _init_from_gdes_run(encoder, prefix)
-    if any(n.startswith("model/electra/") for n in names):
-        status = tf.train.Checkpoint(model=tf.train.Checkpoint(electra=encoder)).read(prefix)
-    elif any(n.startswith("electra/") for n in names):
-        status = tf.train.Checkpoint(electra=encoder).read(prefix)
-    else:
-        raise InitError(f"--init_checkpoint: {prefix} holds no ELECTRA discriminator "
-                        "(no electra/ variables)")
-    try:
-        status.expect_partial().assert_existing_objects_matched()
-    except AssertionError as e:
-        raise InitError(f"--init_checkpoint {prefix}: {str(e).splitlines()[0]}") from None
-    return prefix
-
-
-def _init_from_gdes_run(encoder: Encoder, prefix: str) -> str:
-    """A GDES run's training checkpoint: the discriminator's embeddings are the
-    generator's tables + its deltas, so the whole pre-training model is restored and the
-    discriminator's weights are taken in the released layout (deltas folded), as its
-    exports write them."""
-    model = ElectraPretrainingModel(encoder.config)
-    try:
-        tf.train.Checkpoint(model=model).read(prefix).expect_partial() \
-            .assert_existing_objects_matched()
-        assign_arrays(encoder, model_arrays(model, discriminator_variables(model)))
-    except (AssertionError, ValueError) as e:
-        raise InitError(f"--init_checkpoint {prefix}: {str(e).splitlines()[0]}") from None
-    return prefix
+        assign_arrays(encoder, src.arrays(tf1_variables(encoder)))
+    except ValueError as e:
+        raise InitError(f"--init_checkpoint {src.path}: {str(e).splitlines()[0]}") from None
+    if src.ignored:
+        logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
+                     path, len(src.ignored), ", ".join(src.ignored))
+    return src.path
 
 
 # --------------------------------------------------------------------------- layer-wise lr

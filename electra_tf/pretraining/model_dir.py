@@ -1,9 +1,10 @@
 """A pre-training model_dir <-> a released (TF1, name-based) checkpoint: import a TF1
 checkpoint as a model_dir that `run_pretraining.py` continues (weights, Adam slots,
-global_step), restore a model_dir, export it with the released names.
+global_step: the Pretrainer's object graph, hence here), export a model_dir with the
+released names.
 
-The names, shapes and config inference are `electra_tf.conversion.formats`; the command
-line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1,export-hf}`.
+Reading either is `electra_tf.conversion.source`; the command line is
+`python -m electra_tf.conversion.convert {import-tf1,export-tf1,export-hf}`.
 """
 
 import os
@@ -12,16 +13,11 @@ from typing import Dict, Optional, Tuple
 import tensorflow as tf
 
 from electra_tf import fileio
-from electra_tf.configs import PretrainingConfig, load_config
-from electra_tf.conversion.formats import (SLOT_SUFFIXES, ConvertError, Report, inspect_tf1,
-                                           newest_checkpoint, pretraining_config, tf1_reader)
+from electra_tf.conversion.formats import ConvertError, Report, pretraining_config
+from electra_tf.conversion.source import inspect_tf1, resolve
 from electra_tf.model.modeling import tf1_name, tf1_variables
 from electra_tf.pretraining.trainer import Pretrainer
 from electra_tf.training import checkpoints
-
-
-def _trainer(cfg: PretrainingConfig):
-    return Pretrainer(cfg, tf.distribute.get_strategy())
 
 
 def _named_variables(trainer) -> Dict[str, object]:
@@ -49,15 +45,14 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
                            f"(first: {report.missing[0]}); pass --allow_missing to keep their "
                            "random init")
     cfg = pretraining_config(report.config, base, overrides)
-    trainer = _trainer(cfg)
-    reader = tf1_reader(ckpt_path)
-    shapes = reader.get_variable_to_shape_map()
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy())
+    src = resolve(ckpt_path, report.config)
     for name, var in _named_variables(trainer).items():
-        if name in shapes:
-            if tuple(shapes[name]) != tuple(var.shape):
-                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != "
+        if name in src.shapes:
+            if src.shapes[name] != tuple(var.shape):
+                raise ConvertError(f"{name}: checkpoint shape {list(src.shapes[name])} != "
                                    f"expected {list(var.shape)}")
-            var.assign(tf.cast(reader.get_tensor(name), var.dtype))
+            var.assign(tf.cast(src.read(name), var.dtype))
     fileio.makedirs(model_dir)
     fileio.write_json_atomic(os.path.join(model_dir, "config.json"), cfg.to_json())
     # The checkpoint state file the manager writes after the checkpoint marks completion.
@@ -66,26 +61,12 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
     return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
 
 
-def load_model_dir(model_dir: str):
-    """-> a Pretrainer with the newest checkpoint of our `model_dir` restored."""
-    cfg = load_config(os.path.join(model_dir, "config.json"))
-    latest = newest_checkpoint(model_dir, f"no checkpoint in {model_dir}")
-    trainer = _trainer(cfg)
-    trainer.checkpoint().restore(latest).expect_partial()
-    return trainer
-
-
 def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = False) -> str:
     """Our training checkpoint -> a name-based checkpoint with the released names
     (weights and global_step; the `<var>/adam_m|v` slots too with `include_optimizer`).
     A GDES run exports the released untied layout (the discriminator's tables folded)."""
-    trainer = load_model_dir(model_dir)
-    if include_optimizer and trainer.cfg.model.disentangled_embeddings:
+    src = resolve(model_dir, what="MODEL_DIR")
+    if include_optimizer and src.kind == "gdes":
         raise ConvertError("--include_optimizer: the optimizer state of a GDES run's "
                            "embedding deltas has no released layout; export the weights alone")
-    arrays = checkpoints.model_arrays(trainer.model)  # GDES deltas folded
-    if include_optimizer:
-        arrays.update({n: v.numpy() for n, v in _named_variables(trainer).items()
-                       if n.endswith(SLOT_SUFFIXES)})
-    arrays["global_step"] = trainer.global_step.numpy()
-    return checkpoints.write_tf1(arrays, prefix)
+    return checkpoints.write_tf1(src.arrays(slots=include_optimizer), prefix)

@@ -22,8 +22,8 @@ from electra_tf.pretraining import flops
 from electra_tf.training import distribute, hardware
 from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
-from electra_tf.training.checkpoints import (CheckpointError, checkpoint_reader,
-                                             newest_complete, save_tf1_checkpoint)
+from electra_tf.conversion.source import resolve
+from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import discriminator_variables, tf1_variables
 from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
 from electra_tf.pretraining.trainer import Pretrainer, summarize
@@ -175,59 +175,36 @@ def _run(cfg: PretrainingConfig, options: PretrainingOptions, strategy, chief: b
 
 def load_fixed_generator(model, path: str) -> str:
     """--generator=fixed: assigns the generator's weights (its encoder, embeddings and MLM
-    head) from `path`, which is one of our pre-training model_dirs (its latest checkpoint)
-    or a TF1 name-based checkpoint (a prefix, or a directory with a `checkpoint` file: a
-    released ELECTRA checkpoint, `convert import-hf --generator_dir`, `convert
-    export-tf1`); a source whose generator shared the discriminator's embeddings gives
-    its `electra/embeddings/...`. Shapes must match the configured generator. Returns the
-    checkpoint read."""
+    head) from any checkpoint source (`conversion.source`): one of our pre-training runs
+    or a TF1 name-based checkpoint (a released ELECTRA checkpoint, `convert import-hf
+    --generator_dir`, `convert export-tf1`); a source whose generator shared the
+    discriminator's embeddings gives its `electra/embeddings/...`. Shapes must match the
+    configured generator. Returns the checkpoint read."""
     weights = list(model.generator.weights) + [
         w for w in model.generator_predictions.weights
         if all(w is not g for g in model.generator.weights)]
-    if fileio.exists(fileio.join(path, "config.json")):  # our model_dir
-        try:
-            latest = newest_complete(path, "--generator_checkpoint")
-        except CheckpointError as e:
-            raise RunError(str(e)) from None
-        if latest is None:
-            raise RunError(f"--generator_checkpoint={path}: no checkpoint in it")
-        try:
-            tf.train.Checkpoint(model=tf.train.Checkpoint(
-                generator=model.generator,
-                generator_predictions=model.generator_predictions)).read(latest) \
-                .expect_partial().assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise RunError(f"--generator_checkpoint={latest}: not this generator "
-                           f"({str(e).splitlines()[0]})") from None
-        return latest
-    prefix = path
-    try:
-        reader = checkpoint_reader(path)
-    except (tf.errors.OpError, ValueError) as e:
-        raise RunError(f"--generator_checkpoint={path}: cannot read it "
-                       f"({str(e).splitlines()[0]})") from None
-    shapes = reader.get_variable_to_shape_map()
+    src = resolve(path, model.config, "--generator_checkpoint")
     sources, missing = {}, []
     for name, variable in tf1_variables(model, weights).items():
         source = name
-        if source not in shapes and source.startswith("generator/embeddings/"):
+        if source not in src.shapes and source.startswith("generator/embeddings/"):
             source = "electra/" + source[len("generator/"):]  # shared in the source
-        if source not in shapes:
+        if source not in src.shapes:
             missing.append(name)
             continue
-        if tuple(shapes[source]) != tuple(variable.shape):  # sizes first: the likelier slip
-            raise RunError(f"--generator_checkpoint={prefix}: {source} has shape "
-                           f"{list(shapes[source])}, the configured generator's is "
+        if src.shapes[source] != tuple(variable.shape):  # sizes first: the likelier slip
+            raise RunError(f"--generator_checkpoint={src.path}: {source} has shape "
+                           f"{list(src.shapes[source])}, the configured generator's is "
                            f"{list(variable.shape)} (set model.generator_hidden_size / "
                            "generator_layers to its sizes)")
         sources[source] = variable
     if missing:
-        raise RunError(f"--generator_checkpoint={prefix}: no {missing[0]} ({len(missing)} "
+        raise RunError(f"--generator_checkpoint={src.path}: no {missing[0]} ({len(missing)} "
                        "generator weights missing; a generator checkpoint has generator/ and "
                        "generator_predictions/ weights of the configured sizes)")
     for source, variable in sources.items():  # all checked: nothing half-assigned
-        variable.assign(reader.get_tensor(source))
-    return prefix
+        variable.assign(src.read(source))
+    return src.path
 
 
 def export_discriminator(model, model_dir: str) -> str:

@@ -24,13 +24,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import DEFAULT_VOCAB, fileio  # noqa: E402
-from electra_tf.configs import PretrainingConfig, load_config  # noqa: E402
+from electra_tf.configs import PretrainingConfig  # noqa: E402
+from electra_tf.conversion import source  # noqa: E402
+from electra_tf.conversion.formats import ConvertError  # noqa: E402
 from electra_tf.text import TextEncoder, VocabError  # noqa: E402
-from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
+from electra_tf.model.modeling import ElectraPretrainingModel, tf1_variables  # noqa: E402
 from electra_tf.pretraining.losses import pseudo_log_likelihood  # noqa: E402
 from electra_tf.pretraining.objectives import OBJECTIVES  # noqa: E402
-from electra_tf.training.checkpoints import (CheckpointError, checkpoint_problem,  # noqa: E402
-                                             newest_complete)
+from electra_tf.training.checkpoints import assign_arrays  # noqa: E402
 
 
 class ScoreError(ValueError):
@@ -41,40 +42,27 @@ def load_run(model_dir: str, checkpoint: Optional[str] = None,
              objective: Optional[str] = None
              ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
     """(config, float32 model with its objective's heads, checkpoint path) of a
-    pre-training run in `model_dir`: its config.json and its latest checkpoint (or
-    `checkpoint`), every model weight checked to be restored. `objective`: the run must
-    have been trained with it."""
-    config_path = fileio.join(model_dir, "config.json")
-    if not fileio.exists(config_path):
+    pre-training run in `model_dir`: its config.json and its newest complete checkpoint
+    (or `checkpoint`; `conversion.source`), every model weight checked to be there.
+    `objective`: the run must have been trained with it."""
+    found = source.find_run_config(model_dir)
+    if found is None:
         raise ScoreError(f"--model_dir={model_dir}: no config.json (not a pre-training run "
                          "directory)")
-    try:
-        cfg = load_config(config_path)
-    except ValueError as e:
-        raise ScoreError(f"{config_path}: {e}") from None
+    config_path, cfg = found
     if objective and cfg.objective.objective != objective:
         raise ScoreError(f"{config_path}: objective {cfg.objective.objective}, not "
                          f"{objective}")
-    try:
-        path = checkpoint or newest_complete(model_dir)
-    except CheckpointError as e:
-        raise ScoreError(f"--model_dir={model_dir}: {e}") from None
-    if not path:
-        raise ScoreError(f"--model_dir={model_dir}: no checkpoint")
-    if not fileio.exists(path + ".index"):
-        raise ScoreError(f"--checkpoint={path}: no such checkpoint")
-    problem = checkpoint_problem(path)
-    if problem:
-        raise ScoreError(f"{path}: the checkpoint is damaged ({problem})")
-    model = ElectraPretrainingModel(cfg.model, dtype="float32",
+    src = source.resolve(checkpoint or model_dir, cfg.model,
+                         "--checkpoint" if checkpoint else "--model_dir")
+    model = ElectraPretrainingModel(src.config, dtype="float32",
                                     heads=OBJECTIVES[cfg.objective.objective].heads)
     try:
-        tf.train.Checkpoint(model=model).restore(path).expect_partial() \
-            .assert_existing_objects_matched()
-    except (AssertionError, tf.errors.OpError, ValueError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ScoreError(f"{path}: does not hold this run's model ({reason})") from None
-    return cfg, model, path
+        assign_arrays(model, src.arrays(tf1_variables(model)))
+    except ValueError as e:
+        raise ScoreError(f"{src.path}: does not hold this run's model "
+                         f"({str(e).splitlines()[0]})") from None
+    return cfg, model, src.path
 
 
 def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
@@ -175,7 +163,7 @@ def main(argv):
         if not 3 <= length <= cfg.model.max_position_embeddings:
             raise ScoreError(f"--max_seq_length={length} must be in 3.."
                              f"{cfg.model.max_position_embeddings}")
-    except (ScoreError, VocabError) as e:
+    except (ScoreError, ConvertError, VocabError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     logging.info("Scoring %d texts of %s with %s", len(lines), f.input, path)

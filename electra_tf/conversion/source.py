@@ -1,0 +1,189 @@
+"""One checkpoint source: any path a user gives (our pre-training model_dir or a `ckpt-N`
+in it, a GDES run, an exported / released TF1 checkpoint, a Hugging Face directory) ->
+its kind, its ModelConfig and its weights under the TF1 names, or one ConvertError.
+
+Our object-based checkpoints are read without building a model: the checkpoint's object
+graph records each variable's Keras path (`full_name`), which is its TF1 name
+(modeling.py), its Adam slots' `<name>/adam_m|v` included.
+"""
+
+import dataclasses
+import os
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from electra_tf import fileio
+from electra_tf.configs import ConfigError, ModelConfig, PretrainingConfig, load_config
+from electra_tf.conversion import formats
+from electra_tf.conversion.formats import ConvertError
+from electra_tf.model.modeling import DELTA_SUFFIX, TABLES, TF1_ROOTS
+from electra_tf.training import checkpoints
+
+KINDS = ("model_dir", "gdes", "tf1", "hf")
+_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+@dataclasses.dataclass
+class Source:
+    """What a path holds. `kind`: "model_dir" (our training checkpoint), "gdes" (a GDES
+    run's: the discriminator's tables folded, as its exports write them), "tf1" (name-based:
+    released, exported, imported) or "hf". `path`: the checkpoint prefix read (the directory
+    for "hf"). `config`: the model of the arrays (the given one, else the config.json of
+    the run or the Hugging Face directory, else inferred from shapes; GDES in the released
+    layout); `config_file` where it came from (None: given or inferred); `run` the
+    pre-training config when the path is in one of our runs. `shapes`: {TF1 name: shape}
+    of every tensor (weights, optimizer slots, global_step), read lazily by `arrays`."""
+    kind: str
+    path: str
+    config: ModelConfig
+    config_file: Optional[str]
+    run: Optional[PretrainingConfig]
+    shapes: Dict[str, Tuple[int, ...]]
+    read: Callable[[str], np.ndarray]
+    ignored: List[str]  # Hugging Face parameters without a TF1 name (pooler, heads)
+
+    def arrays(self, names=None, slots: bool = True) -> Dict[str, np.ndarray]:
+        """{TF1 name: array} of those of `names` it holds (default: everything; the
+        optimizer's `/adam_m|v` slots only with `slots`)."""
+        return {n: self.read(n) for n in (self.shapes if names is None else names)
+                if n in self.shapes and (slots or not n.endswith(formats.SLOT_SUFFIXES))}
+
+    @property
+    def has_generator(self) -> bool:
+        return any(n.startswith(("generator/", "generator_predictions/")) for n in self.shapes)
+
+
+def _label(path: str, what: str) -> str:
+    return f"{what}={path}" if what else path
+
+
+def checkpoint_prefix(path: str, what: str = "") -> str:
+    """The checkpoint `path` names: a prefix (asked first: on ram:// `isdir` is true of a
+    prefix too), else the newest complete one in directory `path` (or in its
+    `discriminator/` export); a damaged newer one is one warning line, nothing is moved."""
+    if tf.io.gfile.exists(path + ".index"):
+        problem = checkpoints.checkpoint_problem(path)
+        if problem:
+            raise ConvertError(f"{_label(path, what)}: the checkpoint is damaged ({problem})")
+        return path
+    if not tf.io.gfile.isdir(path):
+        raise ConvertError(f"{_label(path, what)} does not exist (neither a directory nor a "
+                           f"checkpoint prefix with {path}.index)")
+    try:
+        for directory in (path, fileio.join(path, "discriminator")):
+            latest = checkpoints.newest_complete(directory, what)
+            if latest is not None:
+                return latest
+    except checkpoints.CheckpointError as e:
+        raise ConvertError(str(e)) from None
+    raise ConvertError(f"{what + ': ' if what else ''}no checkpoint in directory {path}")
+
+
+def _open(path: str, what: str = ""):
+    """(prefix, reader) of the checkpoint at `path` (`checkpoint_prefix`); a ConvertError
+    naming it when unreadable."""
+    prefix = checkpoint_prefix(path, what)
+    try:
+        return prefix, checkpoints.checkpoint_reader(prefix)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConvertError(f"{_label(path, what)}: cannot read checkpoint {prefix}: "
+                           f"{str(e).splitlines()[0]}") from None
+
+
+def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> formats.Report:
+    """What a TF1 (name-based) checkpoint prefix or directory holds; raises ConvertError."""
+    reader = _open(ckpt_path)[1]
+    shapes = reader.get_variable_to_shape_map()
+    config, has_generator = formats.infer_model_config(shapes, num_heads)
+    mapped, missing, unmapped, slots = formats.classify(shapes, config, has_generator)
+    step = int(reader.get_tensor("global_step")) if "global_step" in shapes else None
+    return formats.Report(config, has_generator, mapped, missing, unmapped, slots, step)
+
+
+def find_run_config(path: str) -> Optional[Tuple[str, PretrainingConfig]]:
+    """(config.json, its config) of the pre-training run a checkpoint belongs to: looked
+    for in `path` (a directory) or beside it (a prefix) and up to two directories above,
+    not above a bucket. None when there is none."""
+    here = path if fileio.isdir(path) and not fileio.exists(path + ".index") else \
+        os.path.dirname(path)
+    for _ in range(3):
+        config_path = fileio.join(here, "config.json")
+        if fileio.exists(config_path):
+            try:
+                return config_path, load_config(config_path)
+            except (ConfigError, ValueError, OSError) as e:
+                raise ConvertError(f"{config_path}: {e}") from None
+        parent = os.path.dirname(here.rstrip("/")) or "."
+        if fileio.is_remote(here) and not fileio.is_remote(parent):
+            break  # above the bucket
+        here = parent
+    return None
+
+
+def _object_names(reader) -> Dict[str, str]:
+    """{TF1 name: checkpoint key} of an object-based checkpoint's variables under the TF1
+    roots (weights and their slots) and its `global_step` (the object, whatever its
+    variable's name)."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        reader.get_tensor(_GRAPH_KEY))
+    out = {a.full_name: a.checkpoint_key for node in graph.nodes for a in node.attributes
+           if a.name == "VARIABLE_VALUE" and a.full_name.split("/")[0] in TF1_ROOTS}
+    step = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
+    return dict(out, global_step=step) if reader.has_tensor(step) else out
+
+
+def _fold_gdes(shapes: Dict, read: Callable) -> Tuple[Dict, Callable]:
+    """A GDES run's names in the released layout: each `electra/embeddings/<table>_delta`
+    becomes `electra/embeddings/<table>` = the generator's table + the delta."""
+    folded = {f"electra/embeddings/{t}": (f"generator/embeddings/{t}",
+                                          f"electra/embeddings/{t}{DELTA_SUFFIX}")
+              for t in TABLES}
+    shapes = {n: s for n, s in shapes.items()
+              if n not in {d for _, d in folded.values()}}
+    shapes.update({n: shapes[table] for n, (table, _) in folded.items()})
+
+    def read_folded(name):
+        if name in folded:
+            table, delta = folded[name]
+            return read(table) + read(delta)
+        return read(name)
+    return shapes, read_folded
+
+
+def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
+            num_heads: Optional[int] = None) -> Source:
+    """The Source at `path`. `config`: the model the caller already knows (else the run's
+    or Hugging Face config.json, else inferred from the shapes, heads = `num_heads` or
+    hidden // 64). `what` (a flag, e.g. "--init_checkpoint") leads every message."""
+    if formats.is_hf_dir(path):
+        try:
+            hf_config, arrays, ignored = formats.import_hf_encoder(path)
+        except ConvertError as e:
+            raise ConvertError(f"{what}: {e}" if what else str(e)) from None
+        return Source("hf", path, config or hf_config, None if config else
+                      fileio.join(path, "config.json"), None,
+                      {n: a.shape for n, a in arrays.items()}, arrays.__getitem__, ignored)
+    prefix, reader = _open(path, what)
+    shapes = reader.get_variable_to_shape_map()
+    kind, read = "tf1", reader.get_tensor
+    if _GRAPH_KEY in shapes:
+        keys = _object_names(reader)
+        shapes = {n: shapes[k] for n, k in keys.items()}
+        kind, read = "model_dir", lambda name: reader.get_tensor(keys[name])
+        if f"electra/embeddings/word_embeddings{DELTA_SUFFIX}" in shapes:
+            kind = "gdes"
+            shapes, read = _fold_gdes(shapes, read)
+    found = None if config else find_run_config(prefix)
+    run = found[1] if found else None
+    if config is None and run is not None:
+        config = run.model
+    elif config is None:
+        try:
+            config, _ = formats.infer_model_config(shapes, num_heads)
+        except ConvertError as e:
+            raise ConvertError(f"{_label(path, what)}: {e}") from None
+    return Source(kind, prefix, config.released(), found[0] if found else None, run,
+                  {n: tuple(s) for n, s in shapes.items()}, read, [])
