@@ -142,7 +142,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     from electra_tf.configs import apply_overrides
-    from electra_tf.conversion import formats
+    from electra_tf.conversion import source
     from electra_tf.finetune import tasks
     from electra_tf.finetune import trainer as ft
     from electra_tf.text import TextEncoder
@@ -166,7 +166,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
 
     data_dir = os.path.join(workdir, "data")
     init = os.path.join(workdir, "init_hf")
-    model_config = formats.read_hf_config(init)
+    model_config = source.resolve(init).config
     task = tasks.get_task("polarity", data_dir)
     strategy = distribute.make_strategy("auto")
     # --max_steps: the epochs that give exactly that many steps (trainer.num_train_steps)

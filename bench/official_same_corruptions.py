@@ -40,7 +40,8 @@ def load(runs: str, side: str, seed: int, step: int, config: str):
     model_dir = fileio.join(runs, side, f"seed{seed}", "model")
     if side == "official":
         model = ElectraPretrainingModel(load_config(config).model)
-        checkpoints.load_tf1_checkpoint(model, fileio.join(model_dir, f"model.ckpt-{step}"))
+        checkpoints.assign_arrays(model, checkpoints.read_tf1(
+            fileio.join(model_dir, f"model.ckpt-{step}")))
         return model
     return score.load_run(model_dir, fileio.join(model_dir, f"ckpt-{step}"))[1]
 

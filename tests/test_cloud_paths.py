@@ -181,7 +181,7 @@ class _Flags(types.SimpleNamespace):
 
 def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
     from electra_tf import fileio
-    from electra_tf.conversion import convert, formats
+    from electra_tf.conversion import convert, formats, source
     from electra_tf.pretraining import pretrain
     from electra_tf.configs import load_config
     from electra_tf.training.options import PretrainingOptions
@@ -377,7 +377,7 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         assert convert.main(["export-hf", pre, hf]) == 0
         for part in ("discriminator", "generator"):
             assert formats.is_hf_dir(f"{hf}/{part}"), part
-        hf_cfg = formats.read_hf_config(f"{hf}/discriminator")
+        hf_cfg = source.resolve(f"{hf}/discriminator").config
         assert (hf_cfg.hidden_size, hf_cfg.num_hidden_layers) == (128, 1)
         hf_disc = load_safetensors(fileio.read_bytes(f"{hf}/discriminator/model.safetensors"))
         np.testing.assert_array_equal(

@@ -226,7 +226,7 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
             with open(os.path.join(local_dir, name), "rb") as f:
                 assert fileio.read_bytes(f"{root}/hf/{part}/{name}") == f.read(), name
     assert formats.is_hf_dir(f"{root}/hf/discriminator") and not formats.is_hf_dir(prefix)
-    assert formats.read_hf_config(f"{root}/hf/discriminator").hidden_size == 32
+    assert source.resolve(f"{root}/hf/discriminator").config.hidden_size == 32
 
     back = f"{root}/back/model.ckpt"
     assert convert.main(["import-hf", f"{root}/hf/discriminator", back, "--generator_dir",
@@ -338,10 +338,10 @@ def test_transformers_bert_as_our_encoder(tmp_path):
                                  max_position_embeddings=16, type_vocab_size=2)
     bert = transformers.BertModel(hc).eval()
     bert.save_pretrained(str(tmp_path / "bert"), safe_serialization=True)
-    config = formats.read_hf_config(str(tmp_path / "bert"))
-    encoder = build_discriminator_encoder(config)
+    src = source.resolve(str(tmp_path / "bert"))
+    encoder = build_discriminator_encoder(src.config)
     init_encoder(encoder, str(tmp_path / "bert"))
-    ignored = source.resolve(str(tmp_path / "bert")).ignored
+    ignored = src.ignored
     assert any("pooler" in n for n in ignored)
     ids, seg, mask, inputs = _torch_inputs(torch)
     with torch.no_grad():
@@ -504,7 +504,7 @@ def test_gdes_exports_fold_the_deltas_into_the_released_layout(tmp_path):
     prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "disc" / "model.ckpt"),
                                              modeling.discriminator_variables(model))
     encoder = modeling.build_discriminator_encoder(config.released())
-    checkpoints.load_tf1_checkpoint(encoder, prefix, allow_missing=False)
+    checkpoints.assign_arrays(encoder, checkpoints.read_tf1(prefix))
     np.testing.assert_allclose(encoder(ids, mask, seg).numpy(),
                                model.discriminator_hidden(ids, mask, seg).numpy(), atol=1e-5)
     # A full export loads into an untied model with the same discriminator and generator.

@@ -362,19 +362,6 @@ def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
         raise ConvertError(f"{path}: config.json has no {e.args[0]}") from None
 
 
-def read_hf_config(path: str) -> ModelConfig:
-    """hf_model_config of the config.json in a transformers ELECTRA / BERT directory."""
-    try:
-        cfg = fileio.read_json(fileio.join(path, "config.json"))
-    except (OSError, ValueError, tf.errors.OpError) as e:
-        raise ConvertError(f"cannot read {fileio.join(path, 'config.json')}: "
-                           f"{fileio.error_reason(e)}") from None
-    if cfg.get("model_type") not in ("electra", "bert"):
-        raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r} is not electra "
-                           "or bert")
-    return hf_model_config(cfg, path)
-
-
 def hf_encoder_map(config: ModelConfig, prefix: str) -> Dict[str, Tuple[str, bool]]:
     """{TF1 name: (transformers name, transpose)} of the discriminator encoder
     (`electra/embeddings...`, `electra/encoder/layer_N/...`); `prefix` is the transformers

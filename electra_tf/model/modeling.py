@@ -500,7 +500,8 @@ def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
     """A built discriminator encoder (`electra/...`) with its own embeddings.
 
     What fine-tuning needs: its variable paths are the TF1 names, so
-    `checkpoints.load_tf1_checkpoint(encoder, released_ckpt)` loads a released model into it.
+    `checkpoints.assign_arrays(encoder, checkpoints.read_tf1(released_ckpt))` loads a released
+    model into it.
     """
     encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
                       config.num_attention_heads, config.intermediate_size,

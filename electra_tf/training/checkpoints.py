@@ -11,7 +11,7 @@ import os
 import re
 import struct
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -343,44 +343,20 @@ def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None
     return write_tf1(model_arrays(model, variables), prefix)
 
 
-def _assign(model, variables, shapes: Mapping[str, Sequence[int]],
-            read: Callable[[str], np.ndarray], allow_missing: bool,
-            source: Optional[str]) -> List[str]:
-    """Assigns each of `variables` the tensor of its TF1 name (shapes must match);
-    returns the names `shapes` lacks. `source` names a checkpoint in the errors."""
-    missing = []
-    for name, v in tf1_variables(model, variables).items():
-        if name not in shapes:
-            missing.append(name)
-            continue
-        if tuple(shapes[name]) != tuple(v.shape):
-            what = "checkpoint shape" if source else "shape"
-            raise ValueError(f"{name}: {what} {list(shapes[name])} != variable shape "
-                             f"{list(v.shape)}")
-        v.assign(read(name))
-    if missing and not allow_missing:
-        if source:
-            raise ValueError(f"{len(missing)} variables not in {source}: {missing[:5]}")
-        raise ValueError(f"{len(missing)} variables missing (first: {missing[0]})")
-    return missing
-
-
 def assign_arrays(model, arrays: Dict[str, np.ndarray], variables: Optional[Sequence] = None,
                   allow_missing: bool = False) -> List[str]:
     """Assigns {TF1 name: array} to `variables` (default: every trainable variable of
-    `model`); returns the names not in `arrays` (a ValueError unless `allow_missing`)."""
-    shapes = {name: np.shape(a) for name, a in arrays.items()}
-    return _assign(model, variables, shapes, arrays.__getitem__, allow_missing, None)
-
-
-def load_tf1_checkpoint(model, ckpt_path: str, variables: Optional[Sequence] = None,
-                        allow_missing: bool = False) -> List[str]:
-    """Assigns variables from a name-based (TF1) checkpoint, e.g. a released one, reading
-    only the tensors it needs.
-
-    Shapes must match exactly. Returns the names not found in the checkpoint (an error
-    unless `allow_missing`). Extra checkpoint entries (global_step, adam slots) are ignored.
-    """
-    reader = checkpoint_reader(ckpt_path)
-    return _assign(model, variables, reader.get_variable_to_shape_map(), reader.get_tensor,
-                   allow_missing, ckpt_path)
+    `model`; shapes must match exactly); returns the names not in `arrays` (a ValueError
+    unless `allow_missing`). Extra arrays (global_step, Adam slots) are ignored."""
+    missing = []
+    for name, v in tf1_variables(model, variables).items():
+        if name not in arrays:
+            missing.append(name)
+            continue
+        if tuple(np.shape(arrays[name])) != tuple(v.shape):
+            raise ValueError(f"{name}: shape {list(np.shape(arrays[name]))} != variable shape "
+                             f"{list(v.shape)}")
+        v.assign(arrays[name])
+    if missing and not allow_missing:
+        raise ValueError(f"{len(missing)} variables missing (first: {missing[0]})")
+    return missing
