@@ -21,7 +21,6 @@ from electra_tf.conversion.formats import ConvertError
 from electra_tf.model.modeling import DELTA_SUFFIX, TABLES, TF1_ROOTS
 from electra_tf.training import checkpoints
 
-KINDS = ("model_dir", "gdes", "tf1", "hf")
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
@@ -59,7 +58,7 @@ def _label(path: str, what: str) -> str:
     return f"{what}={path}" if what else path
 
 
-def checkpoint_prefix(path: str, what: str = "") -> str:
+def _checkpoint_prefix(path: str, what: str = "") -> str:
     """The checkpoint `path` names: a prefix (asked first: on ram:// `isdir` is true of a
     prefix too), else the newest complete one in directory `path` (or in its
     `discriminator/` export); a damaged newer one is one warning line, nothing is moved."""
@@ -82,9 +81,9 @@ def checkpoint_prefix(path: str, what: str = "") -> str:
 
 
 def _open(path: str, what: str = ""):
-    """(prefix, reader) of the checkpoint at `path` (`checkpoint_prefix`); a ConvertError
+    """(prefix, reader) of the checkpoint at `path` (`_checkpoint_prefix`); a ConvertError
     naming it when unreadable."""
-    prefix = checkpoint_prefix(path, what)
+    prefix = _checkpoint_prefix(path, what)
     try:
         return prefix, checkpoints.checkpoint_reader(prefix)
     except (tf.errors.OpError, ValueError) as e:
@@ -141,8 +140,8 @@ def _fold_gdes(shapes: Dict, read: Callable) -> Tuple[Dict, Callable]:
     folded = {f"electra/embeddings/{t}": (f"generator/embeddings/{t}",
                                           f"electra/embeddings/{t}{DELTA_SUFFIX}")
               for t in TABLES}
-    shapes = {n: s for n, s in shapes.items()
-              if n not in {d for _, d in folded.values()}}
+    deltas = {delta for _, delta in folded.values()}
+    shapes = {n: s for n, s in shapes.items() if n not in deltas}
     shapes.update({n: shapes[table] for n, (table, _) in folded.items()})
 
     def read_folded(name):
@@ -163,7 +162,7 @@ def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
             hf_config, arrays, ignored = formats.import_hf_encoder(path)
         except ConvertError as e:
             raise ConvertError(f"{what}: {e}" if what else str(e)) from None
-        return Source("hf", path, config or hf_config, None if config else
+        return Source("hf", path, (config or hf_config).released(), None if config else
                       fileio.join(path, "config.json"), None,
                       {n: a.shape for n, a in arrays.items()}, arrays.__getitem__, ignored)
     prefix, reader = _open(path, what)
