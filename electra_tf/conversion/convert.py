@@ -4,7 +4,8 @@ model_dir, and our discriminator / generator <-> Hugging Face `transformers` dir
 
 Every format goes through one flat dict {TF1 name: numpy array}; our Keras variable paths
 are the TF1 names (modeling.py), so each conversion is a name map plus kernel transposes.
-CLI: `python -m electra_tf.conversion.convert {inspect,import-tf1,export-tf1,export-hf,import-hf} ...`.
+CLI: `python -m electra_tf.conversion.convert {inspect,import-tf1,export-tf1,export-hf,import-hf,
+export-keras-hub,import-keras-hub} ...` (keras-hub presets: `electra_tf.conversion.keras_hub`).
 The library: `electra_tf.conversion.formats` (TF1 / Hugging Face names, arrays, config
 inference) and `electra_tf.pretraining.model_dir` (our model_dir <-> TF1).
 """
@@ -20,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from electra_tf import fileio  # noqa: E402
 from electra_tf.training import checkpoints  # noqa: E402
 from electra_tf.configs import ConfigError  # noqa: E402
+from electra_tf.conversion import keras_hub  # noqa: E402
 from electra_tf.conversion.formats import ConvertError, export_hf, import_hf  # noqa: E402
 from electra_tf.conversion.source import inspect_tf1, resolve  # noqa: E402
 from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir  # noqa: E402
@@ -54,7 +56,25 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("discriminator_dir")
     s.add_argument("prefix")
     s.add_argument("--generator_dir")
+    s = sub.add_parser("export-keras-hub", help="Our model_dir, a TF1 checkpoint or a Hugging "
+                       "Face ELECTRA directory -> a keras-hub preset (ElectraBackbone, "
+                       "ElectraTokenizer).")
+    s.add_argument("source")
+    s.add_argument("out")
+    s.add_argument("--part", choices=("discriminator", "generator"), default="discriminator")
+    s.add_argument("--vocab_file", help="WordPiece vocab.txt (default: SOURCE's vocab.txt).")
+    s.add_argument("--cased", action="store_true", help="Do not lower-case (cased vocab).")
+    s.add_argument("--num_heads", type=int)
+    s = sub.add_parser("import-keras-hub", help="A keras-hub ELECTRA preset -> OUT/model.ckpt "
+                       "(TF1 names) and OUT/vocab.txt.")
+    s.add_argument("preset")
+    s.add_argument("out")
     return p
+
+
+def _beside(source: str, name: str) -> str:
+    """`name` in SOURCE (a directory) or beside it (a checkpoint prefix)."""
+    return fileio.join(source if fileio.isdir(source) else os.path.dirname(source), name)
 
 
 def _check_output(directory: str, what: str):
@@ -66,7 +86,8 @@ def _check_output(directory: str, what: str):
 
 # Where each command writes: (argument, whether it is a checkpoint prefix).
 _OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
-            "export-hf": ("out_dir", False), "import-hf": ("prefix", True)}
+            "export-hf": ("out_dir", False), "import-hf": ("prefix", True),
+            "export-keras-hub": ("out", True), "import-keras-hub": ("out", True)}
 
 
 def main(argv=None) -> int:
@@ -101,6 +122,19 @@ def main(argv=None) -> int:
             if unmapped:
                 print(f"unmapped ({len(unmapped)}): {', '.join(unmapped)}")
             print(checkpoints.write_tf1(arrays, args.prefix))
+        elif args.command == "export-keras-hub":
+            src = resolve(args.source, num_heads=args.num_heads)
+            if args.part == "generator" and not src.has_generator:
+                raise ConvertError(f"{args.source} holds no generator")
+            vocab = args.vocab_file or _beside(args.source, "vocab.txt")
+            print(keras_hub.export_keras_hub(src.arrays(slots=False), src.config, vocab, args.out,
+                                             args.part, not args.cased))
+        elif args.command == "import-keras-hub":
+            config, arrays, lower = keras_hub.import_keras_hub(args.preset)
+            print(json.dumps(dataclasses.asdict(config), indent=2))
+            print(f"wrote {keras_hub.write_imported(args.preset, arrays, args.out)}; fine-tune "
+                  f"with --init_checkpoint={args.out} --vocab_file={args.out}/vocab.txt "
+                  f"--do_lower_case={lower}")
     except (ConvertError, ConfigError, checkpoints.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

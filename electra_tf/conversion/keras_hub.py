@@ -1,0 +1,176 @@
+"""keras-hub ELECTRA presets as one more format of the {TF1 name: array} map: export builds
+`keras_hub.models.ElectraBackbone` and assigns its weights by layer and attribute; import reads them back.
+
+Names go through formats.hf_name_map (keras-hub's layers are Hugging Face's modules under other
+names); kernels differ only by a reshape (the heads axis of keras-hub's attention). keras-hub is
+an optional extra, imported here lazily. Differences stated in the README: keras-hub's GELU is
+the tanh approximation, and its `pooled_dense` (not in ELECTRA) is written as the identity.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from electra_tf import fileio, text
+from electra_tf.configs import ModelConfig
+from electra_tf.conversion import formats
+from electra_tf.conversion.formats import ConvertError
+from electra_tf.training import checkpoints
+
+BACKBONE = "keras_hub>ElectraBackbone"
+VOCAB_ASSET = os.path.join("assets", "tokenizer", "vocabulary.txt")
+
+
+def keras_hub_module():
+    try:
+        import keras_hub
+    except ImportError:
+        raise ConvertError('keras-hub is not installed: pip install -e ".[keras-hub]"') from None
+    return keras_hub
+
+
+def hub_variables(backbone) -> Dict[str, object]:
+    """{Hugging Face name under `electra.`: variable} of an ElectraBackbone's encoder."""
+    get, out = backbone.get_layer, {}
+
+    def put(key, layer, attrs=("kernel", "bias")):
+        out[key + ".weight"], out[key + ".bias"] = (getattr(layer, a) for a in attrs)
+
+    out["embeddings.word_embeddings.weight"] = get("token_embedding").embeddings
+    out["embeddings.position_embeddings.weight"] = get("position_embedding").position_embeddings
+    out["embeddings.token_type_embeddings.weight"] = get("segment_embedding").embeddings
+    put("embeddings.LayerNorm", get("embeddings_layer_norm"), ("gamma", "beta"))
+    if backbone.hidden_dim != backbone.embedding_dim:
+        put("embeddings_project", get("embeddings_projection"))
+    for i in range(backbone.num_layers):
+        block, p = get(f"transformer_layer_{i}"), f"encoder.layer.{i}."
+        attn = block._self_attention_layer
+        for name in ("query", "key", "value"):
+            put(p + "attention.self." + name, getattr(attn, name + "_dense"))
+        put(p + "attention.output.dense", attn.output_dense)
+        put(p + "attention.output.LayerNorm", block._self_attention_layer_norm, ("gamma", "beta"))
+        put(p + "intermediate.dense", block._feedforward_intermediate_dense)
+        put(p + "output.dense", block._feedforward_output_dense)
+        put(p + "output.LayerNorm", block._feedforward_layer_norm, ("gamma", "beta"))
+    return out
+
+
+def encoder_names(config: ModelConfig, part: str) -> Dict[str, str]:
+    """{Hugging Face name under `electra.`: TF1 name} of `part`'s encoder."""
+    return {key[len("electra."):]: name
+            for name, (key, _) in formats.hf_name_map(config, part).items()
+            if key.startswith("electra.")}
+
+
+def _vocab(path: str, lower: bool, what: str) -> Tuple[text.VocabInfo, List[str]]:
+    try:
+        return text.vocab_info(path, do_lower_case=lower), text.read_wordpiece_vocab(path)
+    except text.VocabError as e:
+        raise ConvertError(f"{what}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def _write_new_dir(out: str, write) -> str:
+    """Runs `write(tmp)` in a fresh directory beside `out`, then moves it to `out`: a failure
+    leaves nothing at `out`. Local paths (keras-hub's savers write local files)."""
+    if os.path.exists(out) and os.listdir(out):
+        raise ConvertError(f"OUT {out}: exists and is not empty")
+    parent = os.path.dirname(os.path.abspath(out))
+    tmp = tempfile.mkdtemp(prefix=".keras-hub-", dir=parent)
+    try:
+        write(tmp)
+        if os.path.exists(out):
+            os.rmdir(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_file: str,
+                     out: str, part: str = "discriminator", lower: bool = True) -> str:
+    """`part`'s encoder -> a keras-hub preset at `out` (ElectraBackbone + ElectraTokenizer).
+
+    `pooled_dense` (ELECTRA has no pooler) is written as the identity with zero bias, so
+    `pooled_output` is tanh of the [CLS] vector ELECTRA's classifiers read: the closest
+    thing to ELECTRA's own feature, rather than a random or an all-zero one."""
+    info, tokens = _vocab(vocab_file, lower, f"--vocab_file {vocab_file}")
+    if info.vocab_size != config.vocab_size:
+        raise ConvertError(f"--vocab_file {vocab_file}: {info.vocab_size} tokens but the model "
+                           f"has vocab_size={config.vocab_size}")
+    if config.layer_norm_eps != 1e-12:
+        raise ConvertError(f"layer_norm_eps={config.layer_norm_eps}: keras-hub's ElectraBackbone "
+                           "fixes it at 1e-12")
+    hub, hf = keras_hub_module(), formats.hf_config(config, part)
+    backbone = hub.models.ElectraBackbone(
+        vocab_size=hf["vocab_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], hidden_dim=hf["hidden_size"],
+        embedding_dim=hf["embedding_size"], intermediate_dim=hf["intermediate_size"],
+        dropout=hf["hidden_dropout_prob"], max_sequence_length=hf["max_position_embeddings"],
+        num_segments=hf["type_vocab_size"])
+    names = encoder_names(config, part)
+    for key, variable in hub_variables(backbone).items():
+        if names[key] not in arrays:
+            raise ConvertError(f"{names[key]} is needed for the {part} export but missing")
+        variable.assign(np.reshape(arrays[names[key]], variable.shape))
+    pooled = backbone.get_layer("pooled_dense")
+    pooled.kernel.assign(np.eye(hf["hidden_size"], dtype=np.float32))
+    pooled.bias.assign(np.zeros(hf["hidden_size"], np.float32))
+    tokenizer = hub.models.ElectraTokenizer(vocabulary=tokens, lowercase=lower,
+                                            strip_accents=lower)
+
+    def write(tmp):
+        backbone.save_to_preset(tmp)
+        tokenizer.save_to_preset(tmp)
+    return _write_new_dir(out, write)
+
+
+def check_preset(preset: str) -> str:
+    """The vocabulary of a keras-hub ELECTRA preset directory, every file checked first."""
+    cfg_path = os.path.join(preset, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            name = json.load(f).get("registered_name")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConvertError(f"{cfg_path}: not a keras-hub preset ({fileio.error_reason(e)})") \
+            from None
+    if name != BACKBONE:
+        raise ConvertError(f"{cfg_path}: registered_name {name!r} is not {BACKBONE} "
+                           "(not an ELECTRA preset)")
+    for need in ("model.weights.h5", "tokenizer.json", VOCAB_ASSET):
+        if not os.path.isfile(os.path.join(preset, need)):
+            raise ConvertError(f"{os.path.join(preset, need)}: missing from the preset")
+    return os.path.join(preset, VOCAB_ASSET)
+
+
+def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
+    """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the discriminator
+    encoder `electra/...`, the tokenizer's lowercase). The pooler is dropped."""
+    vocab = check_preset(preset)
+    hub = keras_hub_module()
+    with open(os.path.join(preset, "tokenizer.json"), encoding="utf-8") as f:
+        lower = bool(json.load(f).get("config", {}).get("lowercase", False))
+    _vocab(vocab, lower, vocab)
+    backbone = hub.models.ElectraBackbone.from_preset(preset)
+    c = backbone.get_config()
+    config = formats.hf_model_config(dict(
+        vocab_size=c["vocab_size"], embedding_size=c["embedding_dim"], hidden_size=c["hidden_dim"],
+        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+        intermediate_size=c["intermediate_dim"], hidden_dropout_prob=c["dropout"],
+        attention_probs_dropout_prob=c["dropout"], type_vocab_size=c["num_segments"],
+        max_position_embeddings=c["max_sequence_length"]), preset)
+    names, shapes = encoder_names(config, "discriminator"), formats.expected_shapes(config, False)
+    arrays = {names[key]: np.reshape(v.numpy(), shapes[names[key]]).astype(np.float32)
+              for key, v in hub_variables(backbone).items()}
+    return config, arrays, lower
+
+
+def write_imported(preset: str, arrays: Dict[str, np.ndarray], out: str) -> str:
+    """`out`/model.ckpt (TF1 names, the released layout) and `out`/vocab.txt."""
+    def write(tmp):
+        checkpoints.write_tf1(arrays, os.path.join(tmp, "model.ckpt"))
+        shutil.copyfile(os.path.join(preset, VOCAB_ASSET), os.path.join(tmp, "vocab.txt"))
+    return os.path.join(_write_new_dir(out, write), "model.ckpt")
