@@ -33,7 +33,11 @@ setup(
                  "tensorflow-datasets>=4.9,<5", "apache-beam>=2.60", "google-crc32c>=1.5",
                  "matplotlib>=3.7",
                  # tests/test_gcs_emulator.py: gs:// against a local Cloud Storage emulator.
-                 "gcp-storage-emulator==2026.7.19", "cryptography>=42"],
+                 "gcp-storage-emulator==2026.7.19", "cryptography>=42",
+                 "keras-hub==0.32.0"],
+        # keras-hub presets (electra_tf/conversion/keras_hub.py); the pin is the release
+        # whose ElectraBackbone layer names the converter reads.
+        "keras-hub": ["keras-hub==0.32.0"],
         # One NVIDIA GPU node: TensorFlow with its CUDA libraries from PyPI.
         "gpu": ["tensorflow[and-cuda]>=2.20,<2.22"],
         # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.
