@@ -142,12 +142,14 @@ def test_exported_tokenizer_gives_our_ids_but_where_keras_hub_case_folds(exporte
 
 def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
     from electra_tf.finetune.tasks import get_task
-    from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
+    from electra_tf.configs import FinetuneConfig, apply_overrides
+    from electra_tf.finetune.trainer import Finetuner, train_trial
     config, task, encoder = finetune_tiny_model(), get_task("polarity"), TextEncoder(VOCAB)
     data = os.path.join(REPO, "data")
-    cfg = FinetuneConfig(learning_rate=3e-3, num_train_epochs=4, train_batch_size=16,
-                         eval_batch_size=8, max_seq_length=32, steps_per_loop=10,
-                         save_checkpoints_steps=1000).resolved(config, task).check()
+    cfg = apply_overrides(FinetuneConfig(), dict(
+        learning_rate=3e-3, num_train_epochs=4, train_batch_size=16, eval_batch_size=8,
+        max_seq_length=32, steps_per_loop=10, save_checkpoints_steps=1000)
+    ).resolved(config, task).check()
     train = task.train_split(data, encoder, 32)
     dev = task.eval_splits(data, encoder, 32)[0]
     ft = Finetuner(task, config, cfg, tf.distribute.get_strategy(), 40, None, 1)
@@ -243,3 +245,23 @@ def test_without_keras_hub_the_cli_names_the_extra(exported, tmp_path, capsys, m
     monkeypatch.setitem(__import__("sys").modules, "keras_hub", None)  # import fails
     err = _bad(tmp_path, capsys, ["export-keras-hub", str(exported[0] / "disc_src")])
     assert err == 'error: keras-hub is not installed: pip install -e ".[keras-hub]"'
+
+
+def test_presets_on_a_remote_filesystem_go_both_ways(exported, tmp_path):
+    """OUT and PRESET on TensorFlow's filesystems (ram:// here, gs:// alike): staged
+    locally for keras-hub, copied with fileio, every array back."""
+    from ram_paths import forget
+    tmp, arrays, disc, _ = exported
+    root = "ram://keras_hub_test"
+    try:
+        src = str(tmp / "disc_src")
+        assert convert.main(["export-keras-hub", src, f"{root}/preset", "--num_heads", "2"]) == 0
+        assert sorted(tf.io.gfile.listdir(f"{root}/preset")) == [
+            "assets", "config.json", "metadata.json", "model.weights.h5", "tokenizer.json"]
+        assert convert.main(["import-keras-hub", f"{root}/preset", f"{root}/back"]) == 0
+        back = checkpoints.read_tf1(f"{root}/back/model.ckpt")
+        assert len(back) == 39
+        for name, value in back.items():
+            np.testing.assert_array_equal(value, arrays[name], name)
+    finally:
+        forget(root)

@@ -22,7 +22,8 @@ from electra_tf import fileio  # noqa: E402
 from electra_tf.training import checkpoints  # noqa: E402
 from electra_tf.configs import ConfigError  # noqa: E402
 from electra_tf.conversion import keras_hub  # noqa: E402
-from electra_tf.conversion.formats import ConvertError, export_hf, import_hf  # noqa: E402
+from electra_tf.conversion.formats import (ConvertError, export_hf, import_hf,  # noqa: E402
+                                           is_hf_dir)
 from electra_tf.conversion.source import inspect_tf1, resolve  # noqa: E402
 from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir  # noqa: E402
 
@@ -123,6 +124,11 @@ def main(argv=None) -> int:
                 print(f"unmapped ({len(unmapped)}): {', '.join(unmapped)}")
             print(checkpoints.write_tf1(arrays, args.prefix))
         elif args.command == "export-keras-hub":
+            if is_hf_dir(args.source):  # the resolver takes BERT too (fine-tuning does)
+                hf_json = fileio.join(args.source, "config.json")
+                model_type = fileio.read_json(hf_json).get("model_type")
+                if model_type != "electra":
+                    raise ConvertError(f"{hf_json}: model_type {model_type!r} is not electra")
             src = resolve(args.source, num_heads=args.num_heads)
             if args.part == "generator" and not src.has_generator:
                 raise ConvertError(f"{args.source} holds no generator")

@@ -7,13 +7,11 @@ an optional extra, imported here lazily. Differences stated in the README: keras
 the tanh approximation, and its `pooled_dense` (not in ELECTRA) is written as the identity.
 """
 
-import json
 import os
-import shutil
-import tempfile
 from typing import Dict, List, Tuple
 
 import numpy as np
+import tensorflow as tf
 
 from electra_tf import fileio, text
 from electra_tf.configs import ModelConfig
@@ -73,20 +71,15 @@ def _vocab(path: str, lower: bool, what: str) -> Tuple[text.VocabInfo, List[str]
         raise ConvertError(f"{what}: {str(e).split(': ', 1)[-1]}") from None
 
 
-def _write_new_dir(out: str, write) -> str:
-    """Runs `write(tmp)` in a fresh directory beside `out`, then moves it to `out`: a failure
-    leaves nothing at `out`. Local paths (keras-hub's savers write local files)."""
-    if os.path.exists(out) and os.listdir(out):
+def _write_new_dir(out: str, write, last: str = "config.json") -> str:
+    """Runs `write(local)` in a local staging directory (keras-hub's savers write local
+    files), then copies it to `out` (any filesystem, gs:// too) with `last` copied last: a
+    failure before the copy leaves nothing at `out`."""
+    if fileio.isdir(out) and fileio.listdir(out):
         raise ConvertError(f"OUT {out}: exists and is not empty")
-    parent = os.path.dirname(os.path.abspath(out))
-    tmp = tempfile.mkdtemp(prefix=".keras-hub-", dir=parent)
-    try:
+    with fileio.local_staging_dir(".keras-hub-") as tmp:
         write(tmp)
-        if os.path.exists(out):
-            os.rmdir(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        fileio.copy_tree(tmp, out, last=[last])
     return out
 
 
@@ -130,20 +123,19 @@ def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_f
 
 def check_preset(preset: str) -> str:
     """The vocabulary of a keras-hub ELECTRA preset directory, every file checked first."""
-    cfg_path = os.path.join(preset, "config.json")
+    cfg_path = fileio.join(preset, "config.json")
     try:
-        with open(cfg_path, encoding="utf-8") as f:
-            name = json.load(f).get("registered_name")
-    except (OSError, ValueError, AttributeError) as e:
+        name = fileio.read_json(cfg_path).get("registered_name")
+    except (OSError, ValueError, AttributeError, tf.errors.OpError) as e:
         raise ConvertError(f"{cfg_path}: not a keras-hub preset ({fileio.error_reason(e)})") \
             from None
     if name != BACKBONE:
         raise ConvertError(f"{cfg_path}: registered_name {name!r} is not {BACKBONE} "
                            "(not an ELECTRA preset)")
     for need in ("model.weights.h5", "tokenizer.json", VOCAB_ASSET):
-        if not os.path.isfile(os.path.join(preset, need)):
-            raise ConvertError(f"{os.path.join(preset, need)}: missing from the preset")
-    return os.path.join(preset, VOCAB_ASSET)
+        if not fileio.isfile(fileio.join(preset, need)):
+            raise ConvertError(f"{fileio.join(preset, need)}: missing from the preset")
+    return fileio.join(preset, VOCAB_ASSET)
 
 
 def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
@@ -151,10 +143,15 @@ def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], b
     encoder `electra/...`, the tokenizer's lowercase). The pooler is dropped."""
     vocab = check_preset(preset)
     hub = keras_hub_module()
-    with open(os.path.join(preset, "tokenizer.json"), encoding="utf-8") as f:
-        lower = bool(json.load(f).get("config", {}).get("lowercase", False))
+    tokenizer = fileio.read_json(fileio.join(preset, "tokenizer.json"))
+    lower = bool(tokenizer.get("config", {}).get("lowercase", False))
     _vocab(vocab, lower, vocab)
-    backbone = hub.models.ElectraBackbone.from_preset(preset)
+    if fileio.is_remote(preset):  # keras-hub reads presets from local files
+        with fileio.local_staging_dir(".keras-hub-") as local:
+            fileio.copy_tree(preset, local)
+            backbone = hub.models.ElectraBackbone.from_preset(local)
+    else:
+        backbone = hub.models.ElectraBackbone.from_preset(preset)
     c = backbone.get_config()
     config = formats.hf_model_config(dict(
         vocab_size=c["vocab_size"], embedding_size=c["embedding_dim"], hidden_size=c["hidden_dim"],
@@ -172,5 +169,5 @@ def write_imported(preset: str, arrays: Dict[str, np.ndarray], out: str) -> str:
     """`out`/model.ckpt (TF1 names, the released layout) and `out`/vocab.txt."""
     def write(tmp):
         checkpoints.write_tf1(arrays, os.path.join(tmp, "model.ckpt"))
-        shutil.copyfile(os.path.join(preset, VOCAB_ASSET), os.path.join(tmp, "vocab.txt"))
-    return os.path.join(_write_new_dir(out, write), "model.ckpt")
+        fileio.copy(fileio.join(preset, VOCAB_ASSET), os.path.join(tmp, "vocab.txt"))
+    return fileio.join(_write_new_dir(out, write, last="model.ckpt.index"), "model.ckpt")
