@@ -1,4 +1,4 @@
-"""Throughput of electra_tf.data.input_pipeline on the bundled Wikipedia sample.
+"""Throughput of electra_tf.data.dataset on the bundled Wikipedia sample.
 
 Reads with repeat=True, as the trainer does, and compares the rate with how fast a trainer
 consumes sequences (--trainer_seqs_per_s), to show whether input could ever be the limit.
@@ -20,7 +20,8 @@ import electra_tf  # noqa: E402,F401  (first: the version check; no TPU runtime 
 
 import tensorflow as tf  # noqa: E402
 
-from electra_tf.data import input_pipeline as ip  # noqa: E402
+from electra_tf.data.dataset import InputConfig, make_dataset  # noqa: E402
+from electra_tf.data.files import check_data, resolve_files  # noqa: E402
 
 DEFAULT_DATA = os.path.join(REPO, "cache", "tfrecords", "enwiki_sample-seq128")
 CORPUS = os.path.join(REPO, "data", "corpus", "enwiki_sample.txt")
@@ -35,8 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--batch_sizes", default="128,32", help="comma-separated global batches")
     p.add_argument("--num_batches", type=int, default=3000, help="timed batches per size")
     p.add_argument("--warmup", type=int, default=200, help="untimed batches first")
-    p.add_argument("--shuffle_buffer", type=int, default=ip.InputConfig.shuffle_buffer)
-    p.add_argument("--cycle_length", type=int, default=ip.InputConfig.cycle_length)
+    p.add_argument("--shuffle_buffer", type=int, default=InputConfig.shuffle_buffer)
+    p.add_argument("--cycle_length", type=int, default=InputConfig.cycle_length)
     p.add_argument("--trainer_seqs_per_s", type=float, default=13.0,
                    help="the trainer's consumption rate to compare with (ELECTRA-Small "
                    "train steps on this CPU, fp32: roughly 13 sequences/s)")
@@ -50,11 +51,11 @@ def _build_sample(output_dir: str, max_seq_length: int):
 
 
 def measure(pattern: str, batch_size: int, args) -> dict:
-    cfg = ip.InputConfig(file_pattern=pattern, max_seq_length=args.max_seq_length,
-                         batch_size=batch_size, shuffle_buffer=args.shuffle_buffer,
-                         cycle_length=args.cycle_length, repeat=True)
+    cfg = InputConfig(file_pattern=pattern, max_seq_length=args.max_seq_length,
+                      batch_size=batch_size, shuffle_buffer=args.shuffle_buffer,
+                      cycle_length=args.cycle_length, repeat=True)
     t0 = time.perf_counter()
-    it = iter(ip.make_dataset(cfg))
+    it = iter(make_dataset(cfg))
     next(it)
     first_s = time.perf_counter() - t0
     for _ in range(args.warmup):
@@ -82,8 +83,8 @@ def main(argv=None):
             _build_sample(pattern, args.max_seq_length)
             print(f"built the sample into {pattern} in {time.perf_counter() - t:.1f} s")
     try:
-        manifest = ip.check_data(pattern, max_seq_length=args.max_seq_length)
-        files = ip.resolve_files(pattern)
+        manifest = check_data(pattern, max_seq_length=args.max_seq_length)
+        files = resolve_files(pattern)
         examples = manifest["examples"] if manifest else "unknown"
         print(f"data: {pattern} ({examples} examples in {len(files)} files)")
         print(f"host: {os.cpu_count()} CPUs, tensorflow {tf.__version__}; repeat=True, "

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import fileio
-from electra_tf.data import input_pipeline as ip  # noqa: E402
+from electra_tf.data.dataset import InputConfig, make_dataset  # noqa: E402
 from electra_tf.data import manifest as manifest_lib  # noqa: E402
 
 
@@ -71,21 +71,21 @@ def write_build(directory: str, args) -> int:
 
 
 def _config(directory, args, skip_batches):
-    return ip.InputConfig(file_pattern=directory, max_seq_length=args.max_seq_length,
-                          batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
-                          seed=1, deterministic=True, check_data=False,
-                          skip_batches=skip_batches)
+    return InputConfig(file_pattern=directory, max_seq_length=args.max_seq_length,
+                       batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
+                       seed=1, deterministic=True, check_data=False,
+                       skip_batches=skip_batches)
 
 
 def time_resume(directory, args, step) -> float:
     t0 = time.perf_counter()
-    next(iter(ip.make_dataset(_config(directory, args, step))))
+    next(iter(make_dataset(_config(directory, args, step))))
     return time.perf_counter() - t0
 
 
 def time_read_through(directory, args, step) -> float:
     t0 = time.perf_counter()
-    next(iter(ip.make_dataset(_config(directory, args, 0)).skip(step)))
+    next(iter(make_dataset(_config(directory, args, 0)).skip(step)))
     return time.perf_counter() - t0
 
 

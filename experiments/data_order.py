@@ -33,14 +33,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import fileio  # noqa: E402
-from electra_tf.data import input_pipeline  # noqa: E402
+from electra_tf.data.files import resolve_files  # noqa: E402
 
 MANIFEST = "manifest.json"
 
 
 def permute_shards(in_dir: str, out_dir: str, seed: int = 0) -> List[int]:
     """Writes IN's records permuted into as many shards under OUT; returns their counts."""
-    files = input_pipeline.resolve_files(in_dir, on_bad_shard="stop")
+    files = resolve_files(in_dir, on_bad_shard="stop")
     records = [r.numpy() for f in files for r in tf.data.TFRecordDataset(f)]
     order = np.random.default_rng(seed).permutation(len(records))
     fileio.makedirs(out_dir)

@@ -44,7 +44,8 @@ from absl import logging  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from electra_tf import configs, fileio, rng  # noqa: E402
-from electra_tf.data import input_pipeline  # noqa: E402
+from electra_tf.data import files as data_files  # noqa: E402
+from electra_tf.data.dataset import make_dataset  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
 from electra_tf.pretraining import losses as obj  # noqa: E402
 from electra_tf.pretraining import objectives, pretrain, score  # noqa: E402
@@ -101,15 +102,15 @@ def draw(judge_model_dir: str, eval_data: Optional[str], out_path: str,
     if eval_data is None:
         from tfrecord_builder.sample import bundled_sample
         eval_data = bundled_sample(length)[1]
-    files = input_pipeline.resolve_files(eval_data, "stop")
-    manifest = input_pipeline.check_data(eval_data, vocab_size=cfg.model.vocab_size,
-                                         max_seq_length=length, on_bad_shard="stop")
-    input_pipeline.check_sequence_length(files[:1], length, "stop")
+    files = data_files.resolve_files(eval_data, "stop")
+    manifest = data_files.check_data(eval_data, vocab_size=cfg.model.vocab_size,
+                                     max_seq_length=length, on_bad_shard="stop")
+    data_files.check_sequence_length(files[:1], length, "stop")
     special, _ = pretrain.special_ids_and_counts(manifest, files, cfg)
     objective = objectives.build_objective(cfg, special)
     icfg = dataclasses.replace(pretrain.input_config(files, cfg, batch_size, training=False),
                                repeat=False, on_bad_shard="stop")
-    dataset = input_pipeline.make_dataset(icfg)
+    dataset = make_dataset(icfg)
     if num_batches is not None:
         dataset = dataset.take(num_batches)
 
@@ -336,7 +337,7 @@ def main(argv: Sequence[str]) -> int:
         else:
             out = judge(args.corruptions, args.model_dir, args.config, args.checkpoint,
                         args.params_override or None, args.init_seed, args.batch_size)
-    except (FixedCorruptionError, configs.ConfigError, input_pipeline.InputDataError,
+    except (FixedCorruptionError, configs.ConfigError, data_files.InputDataError,
             BuildError, ValueError, OSError, tf.errors.OpError) as e:
         message = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"fixed_corruptions: error: {message}", file=sys.stderr)

@@ -11,7 +11,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import electra_tf  # noqa: E402,F401
 
 
-
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "xla_cpu: checks XLA-compiled code on the CPU; skipped under a TensorFlow "
@@ -54,6 +53,70 @@ def sample_build(tmp_path_factory):
     manifest = build(BuildConfig(output_dir=out, inputs=(WIKI,), vocab_file=VOCAB,
                                  num_workers=1))
     return out, manifest
+
+
+# A small build of the pipeline tests (test_files.py, test_dataset.py).
+SMALL_SEQ = 128
+SMALL_SHARDS = 4
+
+
+def _records_of(path):
+    """(input_ids, input_mask, segment_ids) of every record of `path`, in file order."""
+    import numpy as np
+    import tensorflow as tf
+    from electra_tf.data.files import FEATURE_NAMES
+    rows = []
+    for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        f = tf.train.Example.FromString(raw).features.feature
+        rows.append(tuple(np.array(f[n].int64_list.value, np.int64) for n in FEATURE_NAMES))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A manifest build of ~250 KB of the Wikipedia sample (data/files, dataset tests)."""
+    from tfrecord_builder.build import BuildConfig, build
+    root = tmp_path_factory.mktemp("input_pipeline")
+    # ~250 KB of whole lines: about 450 examples, enough for several batches per shard.
+    lines, size = [], 0
+    with open(WIKI, encoding="utf-8") as f:
+        for line in f:
+            lines.append(line)
+            size += len(line)
+            if size > 250_000:
+                break
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(lines), encoding="utf-8")
+    out = root / "build"
+    build(BuildConfig(output_dir=str(out), inputs=(str(corpus),), vocab_file=VOCAB,
+                      max_seq_length=SMALL_SEQ, num_shards=SMALL_SHARDS, num_workers=1))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def manifest(data_dir):
+    import json
+    with open(os.path.join(data_dir, "manifest.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def records(data_dir, manifest):
+    """{shard path: [row tuples in file order]}."""
+    return {os.path.join(data_dir, s["name"]): _records_of(os.path.join(data_dir, s["name"]))
+            for s in manifest["shards"]}
+
+
+@pytest.fixture(scope="session")
+def official_dir(data_dir, tmp_path_factory):
+    import shutil
+    """The same shards without manifest.json, like the official builder's output."""
+    d = tmp_path_factory.mktemp("official")
+    for name in os.listdir(data_dir):
+        if name.startswith("pretrain_data.tfrecord"):
+            shutil.copy(os.path.join(data_dir, name), d / name)
+    (d / "vocab.txt").write_text("[PAD]\n")  # must not be taken for a shard
+    return str(d)
 
 
 def read_examples(directory, manifest):

@@ -505,7 +505,7 @@ def test_more_shards_than_examples_writes_empty_shards(tmp_path, caplog):
     examples, one warning says so, and the input pipeline reads the 17 examples. The
     shards with data hold what a 17-shard build's shards hold, byte for byte."""
     import logging
-    from electra_tf.data import input_pipeline as ip
+    from electra_tf.data.dataset import InputConfig, make_dataset
     corpus = _small_corpus(tmp_path, 60)
     with caplog.at_level(logging.WARNING):
         m = build(_cfg(tmp_path / "out", [corpus], num_shards=24, chunk_bytes=4096))
@@ -524,9 +524,9 @@ def test_more_shards_than_examples_writes_empty_shards(tmp_path, caplog):
     exact = build(_cfg(tmp_path / "exact", [corpus], num_shards=17, chunk_bytes=4096))
     assert _shard_bytes(out, m)[:17] == _shard_bytes(tmp_path / "exact", exact)
 
-    cfg = ip.InputConfig(file_pattern=str(out), batch_size=1, repeat=False, shuffle_buffer=0,
-                         vocab_size=30522, on_bad_shard="stop")
-    got = [b["input_ids"][0].tolist() for b in ip.make_dataset(cfg).as_numpy_iterator()]
+    cfg = InputConfig(file_pattern=str(out), batch_size=1, repeat=False, shuffle_buffer=0,
+                      vocab_size=30522, on_bad_shard="stop")
+    got = [b["input_ids"][0].tolist() for b in make_dataset(cfg).as_numpy_iterator()]
     want = [ids.tolist() for ids, _, _ in read_examples(str(tmp_path / "exact"), exact)]
     assert sorted(got) == sorted(want) and len(got) == 17
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.data import input_pipeline
+from electra_tf.data.dataset import InputConfig, make_dataset
 from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import load_config
 from electra_tf.pretraining.trainer import Pretrainer, summarize
@@ -21,9 +21,9 @@ from conftest import REPO
 
 
 def _batch(directory, batch_size=16, seed=3):
-    cfg = input_pipeline.InputConfig(file_pattern=directory, batch_size=batch_size,
-                                     deterministic=True, seed=seed)
-    return next(iter(input_pipeline.make_dataset(cfg)))
+    cfg = InputConfig(file_pattern=directory, batch_size=batch_size, deterministic=True,
+                      seed=seed)
+    return next(iter(make_dataset(cfg)))
 
 
 def _trainer(overrides="", strategy=None, jit_compile=None):

@@ -246,7 +246,8 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
     """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
     its own file shards, end with the weights of one process that trains on the same
     global batches (worker 0's rows, then worker 1's). Only the chief writes model_dir."""
-    from electra_tf.data import input_pipeline
+    from electra_tf.data.dataset import make_dataset
+    from electra_tf.data.files import resolve_files
     from electra_tf.pretraining.trainer import Pretrainer
 
     data = sample_build[0]
@@ -274,8 +275,8 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
     # One process, one device, the same global batches.
     cfg = load_config("tiny", {k: str(v) for k, v in overrides.items()})
     one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
-    icfg = pretrain.input_config(input_pipeline.resolve_files(data), cfg, 8, True)
-    halves = [input_pipeline.make_dataset(icfg, tf.distribute.InputContext(2, w, 2))
+    icfg = pretrain.input_config(resolve_files(data), cfg, 8, True)
+    halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2))
               for w in range(2)]
     global_batches = tf.data.Dataset.zip(tuple(halves)).map(
         lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})

@@ -1,1 +1,1 @@
-"""The input side: TFRecords -> batches (`input_pipeline.py`)."""
+"""The input side: TFRecords -> batches (files.py, shards.py, order.py, dataset.py)."""

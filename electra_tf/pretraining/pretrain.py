@@ -17,7 +17,8 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.data import input_pipeline
+from electra_tf.data import dataset, shards
+from electra_tf.data import files as data_files
 from electra_tf.pretraining import flops
 from electra_tf.training import distribute, hardware
 from electra_tf.pretraining import losses as obj
@@ -46,16 +47,16 @@ def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
             raise RunError("no training data: give --train_data (TFRecord globs or a "
                            "tfrecord_builder output directory)")
         train_pattern = eval_pattern  # evaluation only: its data gives the manifest
-    files = input_pipeline.resolve_files(train_pattern, tc.on_bad_shard)
-    manifest = input_pipeline.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
-                                         max_seq_length=tc.max_seq_length,
-                                         on_bad_shard=tc.on_bad_shard)
-    input_pipeline.check_sequence_length(files[:1], tc.max_seq_length, tc.on_bad_shard)
+    files = data_files.resolve_files(train_pattern, tc.on_bad_shard)
+    manifest = data_files.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
+                                     max_seq_length=tc.max_seq_length,
+                                     on_bad_shard=tc.on_bad_shard)
+    data_files.check_sequence_length(files[:1], tc.max_seq_length, tc.on_bad_shard)
     if eval_pattern:
-        eval_files = input_pipeline.resolve_files(eval_pattern, tc.on_bad_shard)
-        input_pipeline.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
-                                  max_seq_length=tc.max_seq_length,
-                                  on_bad_shard=tc.on_bad_shard)
+        eval_files = data_files.resolve_files(eval_pattern, tc.on_bad_shard)
+        data_files.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
+                              max_seq_length=tc.max_seq_length,
+                              on_bad_shard=tc.on_bad_shard)
     elif options.do_eval:
         raise RunError("--do_eval needs --eval_data (held-out shards)")
     else:
@@ -64,21 +65,21 @@ def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
 
 
 def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
-                 skip_batches: int = 0) -> input_pipeline.InputConfig:
+                 skip_batches: int = 0) -> dataset.InputConfig:
     """The input pipeline of a run: deterministic for the seed, so it can be resumed.
 
     tf.data's shuffles also depend on TensorFlow's global seed, which `Pretrainer` sets
     from the same seed: make the dataset after the trainer, as `run` does."""
-    return input_pipeline.InputConfig(
+    return dataset.InputConfig(
         file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
         batch_size=batch_size, repeat=True, deterministic=True, seed=cfg.train.seed,
         check_data=False, shuffle_buffer=10_000 if training else 1,
         skip_batches=skip_batches, on_bad_shard=cfg.train.on_bad_shard)
 
 
-def _dataset(strategy, icfg: input_pipeline.InputConfig, log: input_pipeline.ShardLog):
+def _dataset(strategy, icfg: dataset.InputConfig, log: shards.ShardLog):
     return strategy.distribute_datasets_from_function(
-        lambda ctx: input_pipeline.make_dataset(icfg, ctx, log))
+        lambda ctx: dataset.make_dataset(icfg, ctx, log))
 
 
 def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
@@ -232,7 +233,7 @@ class ShardInputs(loop.InputWatch):
 
     def __init__(self, files: Sequence[str]):
         self.files = files
-        self.log = input_pipeline.ShardLog()
+        self.log = shards.ShardLog()
         self.reported = 0  # bad shards skipped and logged so far
 
     @contextlib.contextmanager
@@ -242,7 +243,7 @@ class ShardInputs(loop.InputWatch):
         try:
             yield
         except tf.errors.OpError as e:
-            bad = input_pipeline.explain_read_error(e, self.files, self.log)
+            bad = shards.explain_read_error(e, self.files, self.log)
             if bad is None:
                 raise
             last = manager.latest_checkpoint if manager is not None else None

@@ -1,4 +1,5 @@
-"""Bad shards: corrupted, truncated, deleted mid-run, and the up-front checks.
+"""electra_tf.data.shards: bad shards corrupted, truncated, deleted mid-run, and the
+up-front checks (data/files.py) under each on_bad_shard policy.
 
 Tiny TFRecord shards written here (records of SEQ int64 ids whose first two ids name the
 shard and the record), so each test reads a few hundred records at most and all reads
@@ -12,7 +13,12 @@ import tensorflow as tf
 
 from electra_tf.training.options import PretrainingOptions
 from electra_tf.training.loop import RunError
-from electra_tf.data import input_pipeline as ip
+from electra_tf.data.files import (FEATURE_NAMES, BadShardError, InputDataError, check_data,
+                                   check_sequence_length, resolve_files)
+from electra_tf.data.dataset import InputConfig, make_dataset
+from electra_tf.data import shards
+from electra_tf.data.shards import ShardEnd, ShardLog, count_records, explain_read_error
+from electra_tf.data.order import StreamOrder
 from electra_tf.data import manifest as manifest_lib
 
 SEQ = 8
@@ -23,7 +29,7 @@ BAD_AT = 5  # 0-based index of the record a test spoils
 def _example(shard: int, index: int) -> bytes:
     ids = [shard, index] + [7] * (SEQ - 2)
     feature = {name: tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
-               for name in ip.FEATURE_NAMES}
+               for name in FEATURE_NAMES}
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -71,8 +77,8 @@ def _truncate(path, index=BAD_AT):
 def _cfg(pattern, policy, **kw):
     kw.setdefault("batch_size", 1)
     kw.setdefault("repeat", False)
-    return ip.InputConfig(file_pattern=pattern, max_seq_length=SEQ, shuffle_buffer=0,
-                          on_bad_shard=policy, **kw)
+    return InputConfig(file_pattern=pattern, max_seq_length=SEQ, shuffle_buffer=0,
+                       on_bad_shard=policy, **kw)
 
 
 def _ids(batch):
@@ -93,9 +99,9 @@ def _stop_error(ds, files, log, limit=1000):
 
     with pytest.raises(tf.errors.OpError) as e:
         loop(iterator, tf.constant(limit))
-    assert "\n" not in ip._SHARD_END_MESSAGE and files[0] not in e.value.message
-    err = ip.explain_read_error(e.value, files, log)
-    assert isinstance(err, ip.BadShardError), (type(err), e.value.message[-500:])
+    assert "\n" not in shards._SHARD_END_MESSAGE and files[0] not in e.value.message
+    err = explain_read_error(e.value, files, log)
+    assert isinstance(err, BadShardError), (type(err), e.value.message[-500:])
     assert "\n" not in str(err)
     return err
 
@@ -108,15 +114,15 @@ def _stop_error(ds, files, log, limit=1000):
 def test_bad_shard_stop_names_the_file(tmp_path, spoil, words):
     files = _write_shards(tmp_path)
     spoil(files[1])
-    log = ip.ShardLog()
-    ds = ip.make_dataset(_cfg(str(tmp_path), "stop", check_data=False), log=log)
+    log = ShardLog()
+    ds = make_dataset(_cfg(str(tmp_path), "stop", check_data=False), log=log)
     err = _stop_error(ds, files, log)
     msg = str(err)
     assert err.path == files[1] and msg.startswith(files[1] + ": "), msg
     assert words in msg and f"after {BAD_AT} good records" in msg, msg
     assert f"read {BAD_AT} of {RECORDS} records" in msg and "on_bad_shard=stop" in msg, msg
     assert log.skipped() == []
-    assert log.stopped == ip.ShardEnd(files[1], BAD_AT, RECORDS, log.stopped.bytes, -1)
+    assert log.stopped == ShardEnd(files[1], BAD_AT, RECORDS, log.stopped.bytes, -1)
     assert log.stopped.bytes == BAD_AT * (os.path.getsize(files[0]) // RECORDS)
 
 
@@ -126,8 +132,8 @@ def test_bad_shard_stop_names_the_file(tmp_path, spoil, words):
 def test_bad_shard_skip_reads_the_other_shards(tmp_path, caplog, spoil, words, manifest):
     files = _write_shards(tmp_path, manifest=manifest)
     spoil(files[1])
-    log = ip.ShardLog()
-    got = [i for b in ip.make_dataset(_cfg(str(tmp_path / "pretrain_data.tfrecord-*"), "skip"),
+    log = ShardLog()
+    got = [i for b in make_dataset(_cfg(str(tmp_path / "pretrain_data.tfrecord-*"), "skip"),
                                       log=log)
            for i in _ids(b)]
     want = {(s, i) for s in (0, 2) for i in range(RECORDS)} | {(1, i) for i in range(BAD_AT)}
@@ -146,11 +152,11 @@ def test_bad_shard_skip_reads_the_other_shards(tmp_path, caplog, spoil, words, m
 def test_skip_without_manifest_uses_file_sizes(tmp_path):
     """No manifest: a shard that ends before its size is bad; whole shards are not."""
     files = _write_shards(tmp_path, manifest=False)
-    log = ip.ShardLog()
-    got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path), "skip"), log=log))
+    log = ShardLog()
+    got = sum(len(_ids(b)) for b in make_dataset(_cfg(str(tmp_path), "skip"), log=log))
     assert got == 3 * RECORDS and log.skipped() == []
     _truncate(files[2])
-    got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path), "skip",
+    got = sum(len(_ids(b)) for b in make_dataset(_cfg(str(tmp_path), "skip",
                                                          check_data=False), log=log))
     assert got == 2 * RECORDS + BAD_AT
     assert [s.path for s in log.skipped()] == [files[2]]
@@ -161,9 +167,9 @@ def test_skip_without_manifest_uses_file_sizes(tmp_path):
 
 def _delete_during_first_epoch(tmp_path, policy, records):
     files = _write_shards(tmp_path, records=records)
-    log = ip.ShardLog()
-    ds = ip.make_dataset(_cfg(str(tmp_path), policy, repeat=True, deterministic=True, seed=1,
-                              check_data=False), log=log)
+    log = ShardLog()
+    ds = make_dataset(_cfg(str(tmp_path), policy, repeat=True, deterministic=True, seed=1,
+                           check_data=False), log=log)
     it = iter(ds)
     head = [i for _ in range(5) for i in _ids(next(it))]  # every shard is open by now
     os.remove(files[0])
@@ -195,25 +201,25 @@ def test_shard_deleted_mid_run_stop(tmp_path):
     with pytest.raises(tf.errors.OpError) as e:
         for _ in range(2 * 3 * records):
             next(it)
-    err = ip.explain_read_error(e.value, files, log)
-    assert isinstance(err, ip.BadShardError) and err.path == files[0]
+    err = explain_read_error(e.value, files, log)
+    assert isinstance(err, BadShardError) and err.path == files[0]
     assert str(err).startswith(f"{files[0]}: missing") and "read 0 of 100 records" in str(err)
     assert "\n" not in str(err)
     # A new run: the up-front check names the file (stop) or leaves it out (skip).
-    with pytest.raises(ip.InputDataError, match=os.path.basename(files[0])):
-        ip.resolve_files(str(tmp_path))
-    with pytest.raises(ip.BadShardError, match="no such file"):
-        ip.resolve_files(",".join(files))
-    assert ip.resolve_files(",".join(files), "skip") == files[1:]
-    assert ip.resolve_files(str(tmp_path), "skip") == files[1:]
+    with pytest.raises(InputDataError, match=os.path.basename(files[0])):
+        resolve_files(str(tmp_path))
+    with pytest.raises(BadShardError, match="no such file"):
+        resolve_files(",".join(files))
+    assert resolve_files(",".join(files), "skip") == files[1:]
+    assert resolve_files(str(tmp_path), "skip") == files[1:]
 
 
 def test_too_many_bad_shards_stop_even_with_skip(tmp_path):
     files = _write_shards(tmp_path)
     _corrupt(files[0])
     _truncate(files[2])
-    log = ip.ShardLog()
-    err = _stop_error(ip.make_dataset(_cfg(str(tmp_path), "skip", check_data=False,
+    log = ShardLog()
+    err = _stop_error(make_dataset(_cfg(str(tmp_path), "skip", check_data=False,
                                            deterministic=True, seed=0), log=log), files, log)
     assert "2 bad shard(s)" in str(err) and "lost data" in str(err), str(err)
     assert sorted(s.path for s in log.skipped()) == [files[0], files[2]]
@@ -227,27 +233,27 @@ def test_separate_logs_do_not_share_skipped_shards(tmp_path):
     a, b = _write_shards(tmp_path / "a"), _write_shards(tmp_path / "b")
     _corrupt(a[1])
     _truncate(b[2])
-    log_a, log_b = ip.ShardLog(), ip.ShardLog()
-    got_a = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "a"), "skip"),
+    log_a, log_b = ShardLog(), ShardLog()
+    got_a = sum(len(_ids(x)) for x in make_dataset(_cfg(str(tmp_path / "a"), "skip"),
                                                       log=log_a))
-    got_b = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "b"), "skip"),
+    got_b = sum(len(_ids(x)) for x in make_dataset(_cfg(str(tmp_path / "b"), "skip"),
                                                       log=log_b))
-    got = sum(len(_ids(x)) for x in ip.make_dataset(_cfg(str(tmp_path / "a"), "skip")))
+    got = sum(len(_ids(x)) for x in make_dataset(_cfg(str(tmp_path / "a"), "skip")))
     assert got_a == got_b == got == 2 * RECORDS + BAD_AT
     assert [(s.path, s.times) for s in log_a.skipped()] == [(a[1], 1)]
     assert [(s.path, s.times) for s in log_b.skipped()] == [(b[2], 1)]
-    err = ip.explain_read_error(tf.errors.OutOfRangeError(None, None, "End of sequence"), a,
-                                log_a)
+    err = explain_read_error(tf.errors.OutOfRangeError(None, None, "End of sequence"), a,
+                             log_a)
     assert str(err) == (f"the input ran out of records: 1 shard(s) were skipped as "
                         f"unreadable ({a[1]})")
 
-    log_c = ip.ShardLog()
+    log_c = ShardLog()
     with pytest.raises(tf.errors.OpError) as e:
-        list(ip.make_dataset(_cfg(str(tmp_path / "b"), "stop", check_data=False), log=log_c))
+        list(make_dataset(_cfg(str(tmp_path / "b"), "stop", check_data=False), log=log_c))
     assert log_c.stopped.path == b[2] and log_b.stopped is None
-    err = ip.explain_read_error(e.value, b, log_b)  # not the log it reported into
+    err = explain_read_error(e.value, b, log_b)  # not the log it reported into
     assert err.path == b[2] and str(err).startswith(f"{b[2]}: truncated: record 6")
-    assert str(err).endswith(f"({ip._SHARD_END_MESSAGE})")
+    assert str(err).endswith(f"({shards._SHARD_END_MESSAGE})")
 
 
 # ----------------------------------------------------------------------------- explain
@@ -261,16 +267,16 @@ def test_explain_raw_reader_errors(tmp_path):
     with pytest.raises(tf.errors.DataLossError) as e:
         list(tf.data.TFRecordDataset(files))
     assert files[2] not in e.value.message  # what the check has to make up for
-    err = ip.explain_read_error(e.value, files)
+    err = explain_read_error(e.value, files)
     assert err.path == files[2] and "corrupted record 6" in str(err) and "\n" not in str(err)
     os.remove(files[1])
     with pytest.raises(tf.errors.NotFoundError) as e:
         list(tf.data.TFRecordDataset(files[1]))
-    assert str(ip.explain_read_error(e.value, files)).startswith(f"{files[1]}: missing")
-    assert ip.explain_read_error(tf.errors.ResourceExhaustedError(None, None, "OOM"),
-                                 files) is None
-    err = ip.explain_read_error(tf.errors.OutOfRangeError(None, None, "End of sequence"), files)
-    assert type(err) is ip.InputDataError and "ran out of records" in str(err)
+    assert str(explain_read_error(e.value, files)).startswith(f"{files[1]}: missing")
+    assert explain_read_error(tf.errors.ResourceExhaustedError(None, None, "OOM"),
+                              files) is None
+    err = explain_read_error(tf.errors.OutOfRangeError(None, None, "End of sequence"), files)
+    assert type(err) is InputDataError and "ran out of records" in str(err)
 
 
 # ----------------------------------------------------------------------------- up front
@@ -280,36 +286,37 @@ def test_up_front_checks_name_the_file(tmp_path):
     # Empty file without a manifest.
     files = _write_shards(tmp_path / "a", manifest=False)
     open(files[0], "wb").close()
-    with pytest.raises(ip.BadShardError) as e:
-        ip.make_dataset(_cfg(files[0], "stop"))
+    with pytest.raises(BadShardError) as e:
+        make_dataset(_cfg(files[0], "stop"))
     assert str(e.value).startswith(f"{files[0]}: empty file (0 bytes)") and "\n" not in str(e.value)
     # Skip: warned and passed over, the other shards are checked and read.
-    got = sum(len(_ids(b)) for b in ip.make_dataset(_cfg(str(tmp_path / "a"), "skip")))
+    got = sum(len(_ids(b)) for b in make_dataset(_cfg(str(tmp_path / "a"), "skip")))
     assert got == 2 * RECORDS
 
     # Zero-length shard that the manifest lists with records.
     files = _write_shards(tmp_path / "b")
     open(files[1], "wb").close()
-    with pytest.raises(ip.BadShardError) as e:
-        ip.check_data(str(tmp_path / "b"), max_seq_length=SEQ)
+    with pytest.raises(BadShardError) as e:
+        check_data(str(tmp_path / "b"), max_seq_length=SEQ)
     assert str(e.value).startswith(f"{files[1]}: empty file (0 bytes) but manifest.json "
                                    f"says it holds {RECORDS} records")
     # ... a shard the manifest lists with 0 records may be empty.
     _write_manifest(tmp_path / "b", files, [RECORDS, 0, RECORDS])
-    assert ip.check_data(str(tmp_path / "b"), max_seq_length=SEQ)["examples"] == 2 * RECORDS
-    ip.check_sequence_length([files[1], files[0]], SEQ)
+    assert check_data(str(tmp_path / "b"), max_seq_length=SEQ)["examples"] == 2 * RECORDS
+    check_sequence_length([files[1], files[0]], SEQ)
 
     # Truncated first record (and header).
     files = _write_shards(tmp_path / "c", manifest=False)
     data = open(files[0], "rb").read()
     open(files[0], "wb").write(data[:30])
-    with pytest.raises(ip.BadShardError) as e:
-        ip.check_sequence_length(files, SEQ)
-    assert str(e.value).startswith(f"{files[0]}: truncated first record") and e.value.path == files[0]
+    with pytest.raises(BadShardError) as e:
+        check_sequence_length(files, SEQ)
+    assert str(e.value).startswith(f"{files[0]}: truncated first record")
+    assert e.value.path == files[0]
     open(files[0], "wb").write(data[:7])
-    with pytest.raises(ip.BadShardError, match="truncated TFRecord header"):
-        ip.check_sequence_length(files, SEQ)
-    ip.check_sequence_length(files, SEQ, on_bad_shard="skip")  # the next file is fine
+    with pytest.raises(BadShardError, match="truncated TFRecord header"):
+        check_sequence_length(files, SEQ)
+    check_sequence_length(files, SEQ, on_bad_shard="skip")  # the next file is fine
 
     with pytest.raises(ValueError, match="on_bad_shard"):
         _cfg(files[0], "ignore")
@@ -357,10 +364,10 @@ def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, mon
 
 
 def _resume_cfg(directory, skip_batches, on_bad_shard="stop"):
-    return ip.InputConfig(file_pattern=str(directory), max_seq_length=SEQ, batch_size=2,
-                          repeat=True, deterministic=True, seed=3, cycle_length=2,
-                          shuffle_buffer=1, skip_batches=skip_batches,
-                          on_bad_shard=on_bad_shard)
+    return InputConfig(file_pattern=str(directory), max_seq_length=SEQ, batch_size=2,
+                       repeat=True, deterministic=True, seed=3, cycle_length=2,
+                       shuffle_buffer=1, skip_batches=skip_batches,
+                       on_bad_shard=on_bad_shard)
 
 
 @pytest.mark.parametrize("listed, words", [(8, "holds 10 records but manifest.json says 8"),
@@ -370,12 +377,12 @@ def test_a_resume_checks_the_manifest_counts_of_the_shards_it_opens(tmp_path, li
     position that runs past its count, or ends before it, stops the run naming it (an
     uninterrupted run would have read other records there)."""
     paths = _write_shards(tmp_path, num_shards=4)
-    order = ip.StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
+    order = StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
     group = [paths[i] for i in order.group_shards(0, 0)]
     _write_manifest(tmp_path, paths, [listed if p == group[0] else RECORDS for p in paths])
-    ip.make_dataset(_resume_cfg(tmp_path, 0))  # from the start: nothing to position by
-    with pytest.raises(ip.InputDataError) as e:
-        ip.make_dataset(_resume_cfg(tmp_path, 3))  # record 6: in the first group
+    make_dataset(_resume_cfg(tmp_path, 0))  # from the start: nothing to position by
+    with pytest.raises(InputDataError) as e:
+        make_dataset(_resume_cfg(tmp_path, 3))  # record 6: in the first group
     assert str(e.value) == (
         f"{group[0]}: {words}; the resume position is computed from manifest.json's counts, "
         "so this run would continue on other data than it would have uninterrupted: rebuild "
@@ -384,21 +391,21 @@ def test_a_resume_checks_the_manifest_counts_of_the_shards_it_opens(tmp_path, li
 
 def test_a_resume_reads_through_only_the_shards_it_opens(tmp_path, monkeypatch):
     paths = _write_shards(tmp_path, num_shards=4)
-    order = ip.StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
+    order = StreamOrder(num_shards=4, cycle_length=2, window=1, key=(3, 0))
     second = [paths[i] for i in order.group_shards(0, 1)]
     # A wrong count in the group not yet open is not read (it is found when reached).
     _write_manifest(tmp_path, paths, [RECORDS + (p == second[0]) for p in paths])
     seen = []
-    real = ip.count_records
-    monkeypatch.setattr(ip, "count_records", lambda ps: seen.extend(ps) or real(ps))
-    ip.make_dataset(_resume_cfg(tmp_path, 3))
+    real = count_records
+    monkeypatch.setattr(shards, "count_records", lambda ps: seen.extend(ps) or real(ps))
+    make_dataset(_resume_cfg(tmp_path, 3))
     assert sorted(seen) == sorted(paths[i] for i in order.group_shards(0, 0))
 
 
 def test_a_corrupted_shard_at_the_resume_position_follows_on_bad_shard(tmp_path, caplog):
     paths = _write_shards(tmp_path, num_shards=2)
     _corrupt(paths[1])
-    with pytest.raises(ip.BadShardError, match="corrupted record 6"):
-        ip.make_dataset(_resume_cfg(tmp_path, 3))
-    ip.make_dataset(_resume_cfg(tmp_path, 3, on_bad_shard="skip"))
+    with pytest.raises(BadShardError, match="corrupted record 6"):
+        make_dataset(_resume_cfg(tmp_path, 3))
+    make_dataset(_resume_cfg(tmp_path, 3, on_bad_shard="skip"))
     assert "Skipping bad shard" in caplog.text and paths[1] in caplog.text

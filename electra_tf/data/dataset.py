@@ -1,0 +1,181 @@
+"""The tf.data pipeline of pre-training: the shards of one host read in their resumable
+order, batched and parsed into static-shape int32 input dicts for each replica.
+"""
+
+import dataclasses
+import os
+import random
+import time
+from typing import Dict, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from electra_tf.data import files, shards
+from electra_tf.data import order as order_lib
+from electra_tf.data.files import FEATURE_NAMES
+
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+    """What to read and how to batch it.
+
+    batch_size is the GLOBAL batch (all replicas together); each input pipeline yields
+    per-replica batches of `input_context.get_per_replica_batch_size(batch_size)`, or of
+    batch_size itself when no input context is given (one replica).
+    """
+    file_pattern: str  # comma-separated globs and/or build directories
+    max_seq_length: int = 128
+    batch_size: int = 128
+    shuffle_buffer: int = 10_000  # examples; 0 or 1 reads records in file order
+    cycle_length: int = 8  # shards read at once by each input pipeline
+    deterministic: bool = False  # same element order on every run; needs `seed`
+    seed: Optional[int] = None
+    repeat: bool = True
+    # Global batches to pass over first (resuming a run where it stopped): each pipeline
+    # skips its replicas' share of them, before parsing, so it costs reading only.
+    skip_batches: int = 0
+    vocab_size: Optional[int] = None  # checked against the manifest when given
+    check_data: bool = True  # manifest and first-record checks before building
+    # A shard that turns out unreadable (missing, truncated, a corrupted record): "skip"
+    # warns naming it, counts it and reads on; "stop" ends the read with an error naming
+    # it. Why skip is the default and what it does to the data: see data/shards.py.
+    on_bad_shard: str = "skip"
+
+    def __post_init__(self):
+        if not self.file_pattern or not self.file_pattern.strip(" ,"):
+            raise ValueError("InputConfig.file_pattern is empty")
+        if self.skip_batches < 0:
+            raise ValueError(f"InputConfig.skip_batches={self.skip_batches}: must be >= 0")
+        for name in ("max_seq_length", "batch_size", "cycle_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"InputConfig.{name}={getattr(self, name)}: must be at least 1")
+        if self.shuffle_buffer < 0:
+            raise ValueError(f"InputConfig.shuffle_buffer={self.shuffle_buffer}: must be >= 0")
+        if self.deterministic and self.seed is None:
+            # Unseeded shuffles differ per run, so "deterministic" would silently not be.
+            raise ValueError("InputConfig.deterministic=True needs a seed")
+        files.check_policy(self.on_bad_shard, "InputConfig.")
+
+
+def feature_spec(max_seq_length: int) -> Dict[str, tf.io.FixedLenFeature]:
+    return {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in FEATURE_NAMES}
+
+
+def element_spec(batch_size: int, max_seq_length: int) -> Dict[str, tf.TensorSpec]:
+    """The model's input dict as TensorSpecs, e.g. for tf.function input signatures."""
+    return {name: tf.TensorSpec([batch_size, max_seq_length], tf.int32)
+            for name in FEATURE_NAMES}
+
+
+def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tensor]:
+    """A batch of serialized examples -> the model's input dict of int32 tensors."""
+    parsed = tf.io.parse_example(serialized, feature_spec(max_seq_length))
+    # int64 is slow or unsupported on TPU and ids fit easily in int32.
+    return {name: tf.cast(parsed[name], tf.int32) for name in FEATURE_NAMES}
+
+
+def make_dataset(config: InputConfig,
+                 input_context: Optional[tf.distribute.InputContext] = None,
+                 log: Optional[shards.ShardLog] = None) -> tf.data.Dataset:
+    """The batched dataset of one input pipeline (one host).
+
+    With an input context (from distribute_datasets_from_function) the pipeline reads its
+    share of the files and yields per-replica batches; without one it reads every file and
+    yields config.batch_size. Batches are always full (drop_remainder) so shapes are static
+    for XLA. With repeat=False one pass reads every example of its files exactly once,
+    minus fewer than one batch left at the end.
+
+        cfg = InputConfig(file_pattern="cache/tfrecords/enwiki_sample-seq128",
+                          max_seq_length=128, batch_size=128, vocab_size=30522)
+        dist_ds = strategy.distribute_datasets_from_function(lambda ctx: make_dataset(cfg, ctx))
+
+    Each element is the model's input dict {"input_ids", "input_mask", "segment_ids"},
+    int32 [per_replica_batch, max_seq_length] (see `element_spec`).
+
+    A shard that turns out unreadable while it is read (see InputConfig.on_bad_shard) is
+    reported into `log` (a fresh one of this dataset's own when none is given): skipped
+    and listed in `log.skipped()`, or it fails the read with an error that
+    `shards.explain_read_error(error, files, log)` turns into a one-line BadShardError
+    naming it. The report needs the pipeline to run in this Python process (see ShardLog).
+    """
+    paths = files.resolve_files(config.file_pattern, config.on_bad_shard)
+    if config.check_data:
+        files.check_data(config.file_pattern, vocab_size=config.vocab_size,
+                         max_seq_length=config.max_seq_length, on_bad_shard=config.on_bad_shard)
+
+    num_pipelines, pipeline_id, batch_size = 1, 0, config.batch_size
+    if input_context is not None:
+        num_pipelines = input_context.num_input_pipelines
+        pipeline_id = input_context.input_pipeline_id
+        batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+    paths = files.shard_files(paths, num_pipelines, pipeline_id)
+    logging.info("Input pipeline %d of %d: %d file(s), %s", pipeline_id, num_pipelines,
+                 len(paths), ", ".join(os.path.basename(f) for f in paths[:8]) +
+                 (", ..." if len(paths) > 8 else ""))
+    if config.check_data:
+        files.check_sequence_length(paths, config.max_seq_length, config.on_bad_shard)
+
+    # Hosts hold disjoint files; their own keys keep their orders from being lockstep.
+    seed = config.seed
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 31)  # a fresh order per pipeline
+    key = (seed % (1 << 31), pipeline_id)
+
+    # What each shard should yield, to tell a shard that ended early (a read error,
+    # skipped or stopped on in shards.read_shard) from one read through: the manifest's
+    # record count, or else the file's size now (one stat per file without a manifest).
+    counts = files.manifest_counts(paths)
+    unlisted = [f for f in paths if f not in counts]
+    sizes = dict(zip(unlisted, files.stat_lengths(unlisted)))
+    expected_records = [counts.get(f, -1) for f in paths]
+    expected_bytes = [-1 if f in counts else (sizes[f] if sizes[f] is not None else 1)
+                      for f in paths]
+    log = log if log is not None else shards.ShardLog()
+    pipeline = log.new_pipeline(len(paths))
+
+    order = order_lib.StreamOrder(num_shards=len(paths),
+                                  cycle_length=min(config.cycle_length, len(paths)),
+                                  window=max(config.shuffle_buffer, 1), key=key)
+    replicas_per_pipeline = 1 if input_context is None else max(
+        1, input_context.num_replicas_in_sync // num_pipelines)
+    records = config.skip_batches * replicas_per_pipeline * batch_size
+    if records and unlisted:
+        # The position needs every shard's record count: without a manifest they are
+        # counted once, a read of the data (not of the `records` consumed before).
+        start = time.perf_counter()
+        found = shards.count_records(unlisted)
+        logging.warning("No manifest.json lists %d of the %d input files: counted their "
+                        "records to find the resume position (%.1f s; a manifest would "
+                        "spare this read).", len(unlisted), len(paths),
+                        time.perf_counter() - start)
+        counts = dict(counts, **found)
+    position = order.locate(records, [counts.get(f, -1) for f in paths]) if records else None
+    if position is not None:
+        open_shards = order.group_shards(position.epoch, position.group)
+        shards.check_resume_shards([paths[i] for i in open_shards], counts, set(unlisted),
+                                   config.on_bad_shard)
+
+    files_t = tf.constant(paths)
+    expected_records = tf.constant(expected_records, tf.int64)
+    expected_bytes = tf.constant(expected_bytes, tf.int64)
+
+    def read(i):
+        return shards.read_shard(tf.gather(files_t, i), tf.gather(expected_records, i),
+                                 tf.gather(expected_bytes, i), config.on_bad_shard, log,
+                                 pipeline)
+
+    ds = order.dataset([counts.get(f, -1) for f in paths], read, position,
+                       repeat=config.repeat)
+    # Parsing a whole batch in one parse_example call is much cheaper than per record.
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda s: parse_batch(s, config.max_seq_length),
+                num_parallel_calls=tf.data.AUTOTUNE)
+
+    options = tf.data.Options()
+    # The record order is fixed by the seed; a non-deterministic map may still hand the
+    # parsed batches over out of order, which lets a slow batch not stall the others.
+    options.deterministic = config.deterministic
+    ds = ds.with_options(options)
+    return ds.prefetch(tf.data.AUTOTUNE)

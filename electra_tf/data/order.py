@@ -1,0 +1,179 @@
+"""The resumable record order of one input pipeline: a per-epoch shard permutation, a
+round robin within groups of shards and windowed shuffles, each drawn from a key and epoch.
+"""
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from electra_tf.data.files import InputDataError
+
+
+# The count a shard without a manifest is given (it is read to its end).
+_UNKNOWN_COUNT = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPosition:
+    """Where record `records` of a pipeline's stream is, found from the shards' record
+    counts alone (`StreamOrder.locate`): the epoch; the group of shards being read, with
+    the round of its round robin (records each of its shards had given) and how many of
+    that round's records were taken; the shuffle window and how many of its records were
+    consumed."""
+    epoch: int
+    group: int
+    round: int
+    slot: int
+    window: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOrder:
+    """The order of (shard, record) in one input pipeline, a function of its key and the
+    epoch, so that the position of any record is found without reading what precedes it.
+
+    Epoch e reads the shards in a permutation drawn from (key, e), `cycle_length` at a
+    time: the shards of a group give one record each in turn (round robin; a shard that
+    has run out leaves the turn) until all are done, then the next group opens. The
+    epoch's stream is then shuffled in consecutive windows of `window` records, each by a
+    permutation drawn from (key, e, window index); window 1 is no shuffle. The next epoch
+    follows with fresh draws. Resuming at record p therefore costs the shard counts'
+    arithmetic, reading the current group's shards up to their place (never the shards
+    before them) and one window; not the p records before.
+
+    With the manifest's counts exact, a shard that ends early (skipped as bad) leaves the
+    other shards' order unchanged; the stream after it is shorter, so a resumed run
+    reproduces the order only if the same shards are bad at the same points.
+    """
+    num_shards: int
+    cycle_length: int
+    window: int
+    key: Tuple[int, int]
+
+    def _epoch_seed(self, epoch) -> tf.Tensor:
+        return tf.random.experimental.stateless_fold_in(
+            tf.constant(self.key, tf.int32), tf.cast(epoch, tf.int32), alg="philox")
+
+    def _permutation(self, size, seed) -> tf.Tensor:
+        return tf.argsort(tf.random.stateless_uniform(size, seed=seed, alg="philox"),
+                          stable=True)
+
+    def shard_order(self, epoch) -> tf.Tensor:
+        """The epoch's permutation of the shards, int32 [num_shards] (graph or eager)."""
+        seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), 0,
+                                                        alg="philox")
+        return self._permutation([self.num_shards], seed)
+
+    def group_shards(self, epoch: int, group: int) -> List[int]:
+        """The shards (indices) of group `group` of epoch `epoch`."""
+        with tf.init_scope():
+            order = self.shard_order(epoch).numpy()
+        c = self.cycle_length
+        return [int(i) for i in order[group * c:(group + 1) * c]]
+
+    def locate(self, records: int, counts: Sequence[int]) -> StreamPosition:
+        """The position of record `records` (0-based, counted over repeated epochs) of the
+        stream whose shards hold `counts` records; arithmetic on the counts only."""
+        counts = np.asarray(counts, np.int64)
+        if counts.shape != (self.num_shards,) or (counts < 0).any():
+            raise ValueError(f"locate needs the record count of each of the "
+                             f"{self.num_shards} shards, got {counts.tolist()[:8]}")
+        total = int(counts.sum())
+        if total == 0:
+            raise InputDataError(f"the {self.num_shards} input file(s) hold no records")
+        epoch, within = divmod(int(records), total)
+        window, offset = divmod(within, self.window)
+        start = window * self.window  # the stream is read from the window's start
+        with tf.init_scope():  # eager even when called while a graph is built
+            ordered = counts[self.shard_order(epoch).numpy()]
+        c = self.cycle_length
+        groups = [ordered[i:i + c] for i in range(0, self.num_shards, c)]
+        ends = np.cumsum([g.sum() for g in groups])
+        group = int(np.searchsorted(ends, start, side="right"))
+        into = start - (int(ends[group - 1]) if group else 0)
+        m = groups[group]
+        lo, hi = 0, int(m.max())  # the last round r with sum(min(m, r)) <= into
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(np.minimum(m, mid).sum()) <= into:
+                lo = mid
+            else:
+                hi = mid - 1
+        return StreamPosition(epoch, group, lo, into - int(np.minimum(m, lo).sum()),
+                              window, offset)
+
+    def dataset(self, counts: Sequence[int], read,
+                position: Optional[StreamPosition] = None,
+                repeat: bool = True) -> tf.data.Dataset:
+        """The stream of serialized records from `position` (the start by default).
+
+        counts: each shard's record count for the order (-1: unknown, read to its end);
+        read(i): the dataset of shard i's records (given as an int64 tensor).
+        """
+        c, num_groups = self.cycle_length, -(-self.num_shards // self.cycle_length)
+        pad = num_groups * c - self.num_shards
+        counts_t = tf.constant(list(counts), tf.int64)
+        slots_range = tf.range(c, dtype=tf.int64)
+
+        def group_records(shards, n, active, r, j):
+            # The turn is TF's deterministic interleave over the group's shards (one
+            # record from each in order; an exhausted shard leaves the cycle). Resuming
+            # after the first j records of round r (j counted over the shards still in
+            # the turn), the cycle starts at the shard with rank j, those before it one
+            # record further on: a rotation of a round robin is the same sequence.
+            n = tf.where(n < 0, _UNKNOWN_COUNT, n)  # no manifest: read to its end
+            alive = n > r
+            rank = tf.cumsum(tf.cast(alive, tf.int64)) - 1
+            start = tf.where(j > 0, tf.argmax(tf.cast(alive & (rank == j), tf.int64),
+                                              output_type=tf.int64), 0)
+            skips = tf.where(slots_range >= start, tf.minimum(n, r), tf.minimum(n, r + 1))
+            rotation = tf.roll(slots_range, shift=-start, axis=0)
+            keep = tf.gather(active, rotation)
+            ds = tf.data.Dataset.from_tensor_slices(
+                (tf.boolean_mask(tf.gather(shards, rotation), keep),
+                 tf.boolean_mask(tf.gather(skips, rotation), keep)))
+            return ds.interleave(lambda i, k: read(i).skip(k), cycle_length=c,
+                                 block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=True)
+
+        def epoch_records(epoch, group, r, j, window):
+            grid = tf.reshape(tf.concat([tf.cast(self.shard_order(epoch), tf.int64),
+                                         tf.fill([pad], tf.constant(-1, tf.int64))], 0),
+                              [num_groups, c])
+
+            def group_args(g):
+                shards = grid[g]
+                active = shards >= 0
+                shards = tf.maximum(shards, 0)
+                first = tf.equal(g, group)
+                n = tf.where(active, tf.gather(counts_t, shards), 0)
+                return (shards, n, active, tf.where(first, r, tf.constant(0, tf.int64)),
+                        tf.where(first, j, tf.constant(0, tf.int64)))
+
+            ds = tf.data.Dataset.range(group, num_groups).map(group_args).flat_map(
+                group_records)
+            if self.window > 1:
+                seed = self._epoch_seed(epoch)
+
+                def shuffle(k, records):
+                    s = tf.random.experimental.stateless_fold_in(
+                        seed, tf.cast(k, tf.int32) + 1, alg="philox")
+                    return tf.gather(records, self._permutation(tf.shape(records), s))
+
+                ds = ds.batch(self.window).enumerate(start=window).map(shuffle)
+                ds = ds.prefetch(2).unbatch()  # windows ahead hide a group's opening reads
+            return ds
+
+        p = position or StreamPosition(0, 0, 0, 0, 0, 0)
+        as_int = lambda v: tf.constant(v, tf.int64)  # noqa: E731
+        first = epoch_records(as_int(p.epoch), as_int(p.group), as_int(p.round),
+                              as_int(p.slot), as_int(p.window)).skip(p.offset)
+        if not repeat:
+            return first if p.epoch == 0 else first.take(0)
+        zero = as_int(0)
+        rest = tf.data.Dataset.counter(p.epoch + 1).flat_map(
+            lambda e: epoch_records(e, zero, zero, zero, zero))
+        return first.concatenate(rest)
