@@ -12,10 +12,8 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.data.dataset import InputConfig, make_dataset
-from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import load_config
 from electra_tf.pretraining.trainer import Pretrainer, summarize
-from electra_tf.training.trainer import default_jit
 
 from conftest import REPO
 
@@ -100,43 +98,6 @@ def test_gradient_accumulation_equals_one_big_batch(sample_build):
     assert a.loss == pytest.approx(b.loss, rel=1e-5)
     for x, y in zip(one.variables, four.variables):
         np.testing.assert_allclose(x.numpy(), y.numpy(), atol=2e-6)
-
-
-def test_default_jit_choice():
-    """On a CPU each job takes its measured choice: XLA for pre-training, graph execution
-    for fine-tuning (README, Benchmarks)."""
-    from electra_tf.finetune.trainer import Finetuner
-    cpu = tf.distribute.OneDeviceStrategy("/cpu:0")
-    # The TPU build has no XLA:CPU: there every CPU-only step runs as a graph.
-    assert default_jit(cpu) is xla_cpu_available() and default_jit(cpu, on_cpu=False) is False
-    assert Pretrainer.xla_on_cpu is True and Finetuner.xla_on_cpu is False
-
-
-def test_jit_compile_on_a_cpu_without_xla_cpu_is_one_line(monkeypatch):
-    """The TPU build cannot XLA-compile for the CPU: --jit_compile=true there is refused in
-    one line (what StrategyError reaches the CLIs as), not a NotFoundError from the step;
-    left to the default, the step runs as a graph."""
-    from electra_tf import compat
-    from electra_tf.training.distribute import StrategyError
-    monkeypatch.setattr(compat, "xla_cpu_available", lambda: False)
-    with pytest.raises(StrategyError, match=r"^--jit_compile=true: this TensorFlow build "
-                                            r"cannot XLA-compile for the CPU"):
-        _trainer(jit_compile=True)
-    assert _trainer().jit_compile is False
-
-
-def test_host_loop_runs_exactly_num_steps(sample_build):
-    """The host loop (a tf.while_loop, no autograph) runs `num_steps` steps, whatever
-    integer type the count comes in, and sums their metrics."""
-    trainer = _trainer(jit_compile=False)
-    ds = tf.data.Dataset.from_tensors(_batch(sample_build[0])).repeat()
-    loop, iterator = trainer.make_train_loop(), iter(ds)
-    for n, dtype in ((1, tf.int32), (3, tf.int64), (2, tf.int32)):
-        before = int(trainer.global_step.numpy())
-        sums = loop(iterator, tf.constant(n, dtype))
-        assert int(trainer.global_step.numpy()) - before == n
-        assert float(sums["steps"]) == n
-    assert trainer.trace_count == 1
 
 
 REPLICA_SCRIPT = textwrap.dedent("""
@@ -226,15 +187,3 @@ def test_mixed_precision_step(sample_build, precision, name):
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, trainer.model.get_weights()))
     assert moved > 1e-4
     assert rest.loss < first.loss
-
-
-def test_float16_overflow_skips_the_step_and_halves_the_scale(sample_build, precision):
-    precision("float16")
-    trainer = _trainer("precision=float16", jit_compile=False)  # see test_mixed_precision_step
-    trainer.loss_scale.assign(3e38)  # the scaled loss overflows float32: inf gradients
-    before = [v.numpy().copy() for v in trainer.variables]
-    out = _run_steps(trainer, _batch(sample_build[0]), 1)
-    assert out.skipped_steps == 1
-    assert int(trainer.global_step.numpy()) == 0
-    assert float(trainer.loss_scale.numpy()) == pytest.approx(1.5e38)
-    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, trainer.variables))
