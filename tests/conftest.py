@@ -15,6 +15,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "xla_cpu: checks XLA-compiled code on the CPU; skipped under a TensorFlow "
         "build without XLA:CPU (the TPU build, CI's second leg), which runs the step as a graph")
+    # The tiers (docs/testing.md): `-m "not subprocess and not e2e"` is the fast unit tier.
+    config.addinivalue_line(
+        "markers", "subprocess: starts Python processes or the command lines")
+    config.addinivalue_line(
+        "markers", "e2e: runs a whole pre-training or fine-tuning job (train, save, resume)")
 
 
 def pytest_runtest_setup(item):

@@ -183,6 +183,8 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
         tmp_path, base, data, damage):
     """The newest checkpoint of a finished run damaged, the same command with more steps:
@@ -224,6 +226,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
     assert fi.latest_step(d) == 8 and fi.checkpoint_problem(d) is None
 
 
+@pytest.mark.subprocess
 def test_no_complete_checkpoint_stops_the_run_and_changes_nothing(tmp_path, base, data):
     """Every checkpoint damaged: exit 1, one line listing each and what is wrong; no file
     moved, deleted or added among the checkpoints, nothing trained."""
@@ -253,6 +256,8 @@ def test_no_complete_checkpoint_stops_the_run_and_changes_nothing(tmp_path, base
 # ------------------------------- 2. fine-tuning and conversion from a damaged run directory
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_finetuning_from_a_run_dir_uses_the_checkpoint_before_a_damaged_newest(
         tmp_path, base, truncated_run, tsv):
     d = truncated_run
@@ -277,6 +282,7 @@ def test_finetuning_from_a_run_dir_uses_the_checkpoint_before_a_damaged_newest(
     assert not os.path.exists(os.path.join(d, "damaged_checkpoints"))
 
 
+@pytest.mark.subprocess
 def test_export_hf_from_a_run_dir_uses_the_checkpoint_before_a_damaged_newest(
         tmp_path, base, truncated_run):
     import tensorflow as tf
@@ -358,6 +364,8 @@ def _stopped_at(last, d, reason):
     return int(match.group(1))
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_second_run_on_a_busy_model_dir_stops_and_the_first_saves_on_sigterm(
         tmp_path, base, data):
     """A second run on a directory a live run trains into: exit 1, one line naming the
@@ -403,6 +411,8 @@ def test_a_second_run_on_a_busy_model_dir_stops_and_the_first_saves_on_sigterm(
     assert fi.latest_step(d) == step
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_lease_left_by_a_sigkilled_run_is_taken_over_at_once(tmp_path, base, data):
     """lease.json of a run SIGKILLed on this host does not block the rerun (no waiting for
     it to go stale): a warning naming the dead pid, then the usual resume."""
@@ -428,6 +438,8 @@ def test_a_lease_left_by_a_sigkilled_run_is_taken_over_at_once(tmp_path, base, d
     assert not os.path.exists(os.path.join(d, "lease.json"))
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_ctrl_c_saves_a_checkpoint_exits_130_and_the_rerun_resumes(tmp_path, base, data):
     """SIGINT while training: a checkpoint at the step reached, exit 130 and a last line
     saying where it saved; the rerun resumes from exactly that checkpoint."""
@@ -465,6 +477,7 @@ def _build(corpus, out, num_shards):
         return done, json.load(f)
 
 
+@pytest.mark.subprocess
 def test_builder_with_more_shards_than_examples_writes_every_shard(tmp_path):
     out = str(tmp_path / "b")
     done, manifest = _build(NEWS, out, 1000)
@@ -490,6 +503,7 @@ MIXED = (b"The first line is text.\nA second line of text here.\n\x00\x00\x00 nu
 
 
 @pytest.mark.parametrize("kind", ["text_and_bytes", "executable"])
+@pytest.mark.subprocess
 def test_builder_on_binary_input_says_how_many_lines_it_skipped_and_why(tmp_path, kind):
     path = str(tmp_path / "corpus.txt")
     if kind == "executable":
@@ -524,6 +538,7 @@ def test_builder_on_binary_input_says_how_many_lines_it_skipped_and_why(tmp_path
 # --------------------------------------------------------- 5. user TSV rows and labels
 
 
+@pytest.mark.subprocess
 def test_a_user_tsv_row_with_three_columns_names_file_and_line(tmp_path, base):
     rows = _rows(8)
     rows.insert(2, "a stray\ttab\tpos")  # line 4, after the header and two rows
@@ -536,6 +551,7 @@ def test_a_user_tsv_row_with_three_columns_names_file_and_line(tmp_path, base):
     assert _no_checkpoint_under(model_dir)
 
 
+@pytest.mark.subprocess
 def test_a_dev_label_unseen_in_training_names_file_line_and_label(tmp_path, base):
     data_dir = _write_task(str(tmp_path / "tsv"), _rows(8), _rows(8) + ["what a film\tmaybe"])
     model_dir = str(tmp_path / "ft")
@@ -550,6 +566,8 @@ def test_a_dev_label_unseen_in_training_names_file_line_and_label(tmp_path, base
 # -------------------------------------------- 6. a manifest that under-counts an open shard
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_manifest_that_undercounts_an_open_shard_stops_the_resume(tmp_path, base, data):
     """The base run's data with shard 1's count in manifest.json lowered by 6: the resume
     at ckpt-6 (24 records in, every one of the 4 shards open with cycle_length 8) reads
@@ -619,6 +637,7 @@ PRETRAIN_ERRORS = [
 
 
 @pytest.mark.parametrize("flags, message", PRETRAIN_ERRORS)
+@pytest.mark.subprocess
 def test_pretraining_bad_flags_are_one_line_errors(tmp_path, base, data, afile, flags,
                                                    message):
     d = _copy_run(base, tmp_path)
@@ -674,6 +693,7 @@ FINETUNE_ERRORS = [
 
 
 @pytest.mark.parametrize("change, message", FINETUNE_ERRORS)
+@pytest.mark.subprocess
 def test_finetuning_bad_flags_are_one_line_errors(tmp_path, base, truncated_run, tsv, afile,
                                                   change, message):
     as_regex = "config" in change  # the first mismatching variable is not pinned down
@@ -709,6 +729,7 @@ def test_finetuning_bad_flags_are_one_line_errors(tmp_path, base, truncated_run,
         assert f.read() == "not a directory\n"
 
 
+@pytest.mark.subprocess
 def test_export_hf_into_a_file_is_one_line(tmp_path, base, afile):
     done = _run(CONVERT, "export-hf", base["dir"], afile)
     last = _last_line(done, 1, "error: ")
@@ -718,6 +739,7 @@ def test_export_hf_into_a_file_is_one_line(tmp_path, base, afile):
     assert _checkpoint_files(base["dir"]) == base["sha"]
 
 
+@pytest.mark.subprocess
 def test_export_hf_from_a_damaged_prefix_is_one_line(tmp_path, base, truncated_run):
     out = str(tmp_path / "hf")
     done = _run(CONVERT, "export-hf", f"{truncated_run}/ckpt-6", out)
@@ -728,6 +750,7 @@ def test_export_hf_from_a_damaged_prefix_is_one_line(tmp_path, base, truncated_r
     assert not os.path.exists(os.path.join(out, "discriminator"))
 
 
+@pytest.mark.subprocess
 def test_builder_with_a_missing_vocab_file_is_one_line(tmp_path):
     out, vocab = str(tmp_path / "b"), str(tmp_path / "no_vocab.txt")
     done = _run(BUILDER, f"--input={NEWS}", f"--vocab_file={vocab}", f"--output_dir={out}",
@@ -738,6 +761,7 @@ def test_builder_with_a_missing_vocab_file_is_one_line(tmp_path):
     assert not os.path.exists(os.path.join(out, "manifest.json"))
 
 
+@pytest.mark.subprocess
 def test_score_refuses_a_run_that_is_not_electric_in_one_line(tmp_path, base):
     text = tmp_path / "texts.txt"
     text.write_text("a sentence to score .\n")

@@ -190,6 +190,7 @@ def test_interrupted_build_leaves_nothing_final_and_resumes(tmp_path, monkeypatc
     assert not (out / ".building").exists()
 
 
+@pytest.mark.subprocess
 def test_kill_9_then_rerun_completes(tmp_path):
     """SIGKILL a real build process mid-way; the directory never looks finished and the
     same command then completes it with the same bytes as an uninterrupted build."""
@@ -270,6 +271,7 @@ def test_flag_errors():
 # ------------------------------------------------------------------ the CLI
 
 
+@pytest.mark.subprocess
 def test_cli_defaults_build_the_bundled_sample(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=2"],
                           capture_output=True, text=True, cwd=tmp_path)
@@ -284,6 +286,7 @@ def test_cli_defaults_build_the_bundled_sample(tmp_path):
     (["--vocab_file=/no/vocab.txt"], "/no/vocab.txt"),
     (["--max_seq_length=3"], "--max_seq_length"),
 ])
+@pytest.mark.subprocess
 def test_cli_errors_are_one_line(tmp_path, args, needle):
     done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=1",
                            f"--output_dir={tmp_path / 'o'}"] + args,
@@ -531,6 +534,7 @@ def test_more_shards_than_examples_writes_empty_shards(tmp_path, caplog):
     assert sorted(got) == sorted(want) and len(got) == 17
 
 
+@pytest.mark.subprocess
 def test_cli_readme_example_with_1000_shards(tmp_path):
     """The README's flags on the bundled news sample (756 examples) with
     --num_shards=1000: the build succeeds and says how many shards are empty."""
@@ -684,6 +688,7 @@ def test_out_of_space_errors_which_and_where(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.subprocess
 def test_cli_full_disk_is_one_line_then_the_rerun_completes(tmp_path):
     """A real ENOSPC (the shards written to /dev/full) through the CLI: exit 1, one line
     naming --output_dir, no traceback; the same command then completes the build."""
@@ -757,6 +762,7 @@ def test_summary_says_how_many_lines_were_skipped_and_why(tmp_path):
     assert "\n" not in cli.summary(clean, str(out))
 
 
+@pytest.mark.subprocess
 def test_cli_summary_of_a_binary_file(tmp_path):
     corpus = tmp_path / "mixed.txt"
     corpus.write_bytes(b"good line one.\n\x00\xff\xfe binary\n\xff\xfe more junk\n"

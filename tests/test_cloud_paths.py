@@ -179,6 +179,7 @@ class _Flags(types.SimpleNamespace):
 
 # ----------------------------------------------------------------------------- the test
 
+@pytest.mark.e2e
 def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
     from electra_tf import fileio
     from electra_tf.conversion import convert, formats, source

@@ -142,6 +142,7 @@ def fake_old_tensorflow(tmp_path_factory):
 
 
 @pytest.mark.parametrize("cli", CLIS, ids=lambda c: c[-1] if c[0] != "-m" else c[1])
+@pytest.mark.subprocess
 def test_every_cli_stops_with_one_line_on_unsupported_tensorflow(cli, fake_old_tensorflow):
     root, name = fake_old_tensorflow
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, REPO]))
@@ -154,6 +155,7 @@ def test_every_cli_stops_with_one_line_on_unsupported_tensorflow(cli, fake_old_t
     assert proc.stdout == ""
 
 
+@pytest.mark.subprocess
 def test_check_install_reports_this_install():
     """`python -m electra_tf.check_install`, the README's install check, on this machine:
     the versions read from metadata, the owner of `tensorflow/`, libtpu where the TPU build

@@ -168,6 +168,7 @@ def test_clean_lines_marks_documents():
 @pytest.mark.parametrize("content, needle", [
     (b"\n\n\n", "blank.txt"),
 ])
+@pytest.mark.subprocess
 def test_cli_bad_input_is_one_line(tmp_path, content, needle):
     path = tmp_path / "blank.txt"
     path.write_bytes(content)

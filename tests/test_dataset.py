@@ -211,6 +211,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_mirrored_strategy_two_cpu_replicas(data_dir):
     # A subprocess: logical devices can only be configured before TF initializes them,
     # which other tests in this process have already done.

@@ -305,6 +305,7 @@ def test_make_strategy_auto_on_this_machine(no_network):
      "run_finetuning: error: --strategy=cpu contradicts --tpu_zone=us-central2-b "
      "--gcp_project=p"),
 ])
+@pytest.mark.subprocess
 def test_the_clis_pass_the_tpu_flags_on(tmp_path, script, flags, needle):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "KUBE_"))}
     done = subprocess.run([sys.executable, script, f"--model_dir={tmp_path / 'm'}", *flags],

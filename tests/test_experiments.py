@@ -292,6 +292,7 @@ def test_outputs_from_markers_and_resume_without_rerunning(tmp_path, monkeypatch
         cm.run_experiment(other, small)
 
 
+@pytest.mark.e2e
 def test_commands():
     args = cm.parse_args(["--variants=electra", "--extra_pretrain_flags=--seed 3"])
     v = cm.plan_variants("tiny", ["electra"], "electra", 40, [0.5, 1.0])["variants"]["electra"]
@@ -333,6 +334,7 @@ def test_dry_run_prints_the_plan(capsys):
     assert "budget" in out and "all_tokens_mlm" in out and "estimated wall time" in out
 
 
+@pytest.mark.subprocess
 def test_outputs_and_logs_on_a_remote_filesystem(monkeypatch):
     """--out_dir on a bucket: markers, results.json, report.md, the plot and the job logs
     go through TensorFlow's filesystem layer (ram:// here, as gs:// would)."""

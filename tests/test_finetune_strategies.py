@@ -81,6 +81,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_two_replicas_equal_one_device(tmp_path):
     """One fine-tuning step under MirroredStrategy on 2 logical CPUs (8 rows each) == one
     step on one device with the same global batch of 16 and the same weights (dropout off;
@@ -142,6 +143,8 @@ def test_bfloat16_finetuning(tmp_path, precision):
 
 # ----------------------------------------------------------------------------- SIGTERM
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     data = str(tmp_path / "data")
     rng = np.random.default_rng(1)

@@ -172,6 +172,7 @@ def test_profiler_agrees_with_the_analytic_count(preset):
     assert total == pytest.approx(graph["total"], rel=0.005)  # measured: 0.1%
 
 
+@pytest.mark.subprocess
 def test_count_flops_cli_prints_the_library_numbers():
     args = ["--config", "small", "--num_train_steps", "2000", "--train_batch_size", "64",
             "--params_override", "model.generator_hidden_size=0.5", "--count_flops"]

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gcs_emulator import gcs_emulator  # noqa: F401  (pytest fixture)
 
 BUCKET = "electra-test"
@@ -102,6 +104,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+@pytest.mark.subprocess
 def test_tf_gcs_filesystem_on_emulator(gcs_emulator, tmp_path):  # noqa: F811
     root = f"gs://{BUCKET}/run"
     script = tmp_path / "workload.py"
@@ -196,6 +199,8 @@ def _corpus_head() -> bytes:
     return data[:end + 2] if end >= 0 else data
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_cli_flow_on_gs(gcs_emulator, tmp_path):  # noqa: F811
     """Issue 15, "run the same flow against it as well": the project's own command lines
     (README, Cloud TPU quickstart, with --strategy=cpu for --tpu=local and tiny sizes), each

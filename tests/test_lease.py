@@ -70,6 +70,7 @@ def test_a_live_holder_on_another_host_is_refused_until_stale(tmp_path):
         held.release()
 
 
+@pytest.mark.subprocess
 def test_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path, caplog):
     import socket
     root = str(tmp_path)

@@ -224,6 +224,7 @@ def test_ram_paths(tmp_path):
         forget(root)
 
 
+@pytest.mark.subprocess
 def test_download_runs_pip(tmp_path, monkeypatch):
     calls = []
 

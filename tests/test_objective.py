@@ -512,6 +512,7 @@ print("MIRRORED_OK", float(one[0]))
 '''
 
 
+@pytest.mark.subprocess
 def test_two_mirrored_replicas_equal_one_device():
     """Real MirroredStrategy over 2 logical CPUs (a fresh process: devices are set at start)."""
     import os

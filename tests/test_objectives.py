@@ -26,6 +26,7 @@ def test_every_spec_has_a_class_and_every_class_a_spec():
         assert cls.name == name and cls.__doc__ and cls.heads == SPECS[name].heads
 
 
+@pytest.mark.subprocess
 def test_specs_are_tensorflow_free_and_well_formed():
     code = "import sys, electra_tf.objective_specs; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

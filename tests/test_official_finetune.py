@@ -45,6 +45,7 @@ def test_checkpoint_files_of_a_prefix_and_of_a_directory(tmp_path):
         of.checkpoint_files(str(tmp_path / "nothing"))
 
 
+@pytest.mark.e2e
 def test_the_launcher_runs_the_official_finetuning_script():
     source = of.launcher_source()
     assert 'script = os.path.join(official_dir, "run_finetuning.py")' in source

@@ -464,6 +464,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_mirrored_strategy_matches_single_device():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))

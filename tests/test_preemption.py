@@ -160,6 +160,7 @@ def test_unreachable_metadata_server_is_no_notice(monkeypatch):
         assert watch.notices == [] and watch._metadata_failed
 
 
+@pytest.mark.e2e
 def test_pretraining_stops_on_a_maintenance_event(tmp_path, sample_build, monkeypatch):
     """A run started during a pending TERMINATE maintenance saves after its first host
     loop and raises Preempted (the rerun resumes from that checkpoint as after SIGTERM:

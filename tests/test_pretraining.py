@@ -131,6 +131,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_two_replicas_equal_one_device(sample_build):
     """One step under MirroredStrategy on 2 logical CPUs == one step on one device with
     the same global batch: losses are divided by global denominators, and masking and

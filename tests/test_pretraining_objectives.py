@@ -167,6 +167,7 @@ def test_no_discriminator_gradient_reaches_the_generator(name, batch):
     assert gen_only and not leaking
 
 
+@pytest.mark.e2e
 def test_two_stage_run_freezes_the_generator_and_starts_from_it(tmp_path, sample_build):
     """4 steps, switch at 2: phase 0 trains the generator alone; at step 2 the
     discriminator becomes a copy of it; then the generator stays bit-identical."""
@@ -436,6 +437,7 @@ def test_fixed_generator_loads_from_tf1_and_model_dirs(tmp_path):
             pretrain.load_fixed_generator(model, path)
 
 
+@pytest.mark.e2e
 def test_fixed_generator_run_keeps_the_loaded_generator(tmp_path, sample_build):
     source, tf1_dir, _ = _source_generator(tmp_path)
     cfg = load_config("tiny", {**FIXED, "objective.generator_checkpoint": tf1_dir,

@@ -60,6 +60,7 @@ def _defined_flags(cli):
     return set(re.findall(r"^\s+--(?:\[no\])?([a-z_0-9]+)", _help(cli), re.M))
 
 
+@pytest.mark.subprocess
 def test_readme_commands_use_defined_flags():
     commands = _readme_commands()
     # The quickstart's commands are among them: build, pre-train (TPU VM, slice, Node),
@@ -80,6 +81,7 @@ def test_the_check_catches_an_unknown_flag(monkeypatch, tmp_path):
     assert _readme_commands() == [("run_pretraining.py", ["tpu", "no_such_flag"])]
 
 
+@pytest.mark.subprocess
 def test_objectives_in_readme_and_help_are_the_specs():
     """The README's objective table has one row per spec, in order; --objective's help
     gives each with its description; docs/objectives.md is linked where the tables are."""

@@ -323,6 +323,7 @@ def test_up_front_checks_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
+@pytest.mark.e2e
 def test_training_run_with_a_corrupted_shard(tmp_path, sample_build, caplog, monkeypatch,
                                               policy):
     """Through `pretrain.run`: stop -> one RunError naming the shard and the last good

@@ -42,6 +42,7 @@ def _final_weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
+@pytest.mark.e2e
 def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
     """6 steps straight == 3 steps, a crash right after the checkpoint, then a rerun of
     the same command: same weights, bit for bit (data position and RNG are restored)."""
@@ -70,6 +71,7 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.e2e
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_the_same(
         tmp_path, sample_build, caplog):
     """The newest checkpoint truncated (a torn copy): the rerun names it, moves it to
@@ -104,6 +106,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_the_same(
     assert sorted(os.listdir(run)) == before
 
 
+@pytest.mark.e2e
 def test_a_second_run_on_the_same_model_dir_stops_before_writing(tmp_path, sample_build):
     from electra_tf.training import lease
     run = tmp_path / "run"
@@ -114,6 +117,7 @@ def test_a_second_run_on_the_same_model_dir_stops_before_writing(tmp_path, sampl
         assert sorted(os.listdir(run)) == [lease.LEASE_FILE]  # not even config.json
 
 
+@pytest.mark.e2e
 def test_outputs_of_a_run(tmp_path, sample_build):
     out = tmp_path / "run"
     metrics = pretrain.run(_cfg(), _options(out, sample_build[0], do_eval=True,
@@ -141,6 +145,7 @@ def _learn(tmp_path, data, steps, **overrides):
                                    jit_compile=None))
 
 
+@pytest.mark.e2e
 def test_learning_on_the_bundled_sample(tmp_path, sample_build):
     """ELECTRA on the tiny preset: within 100 steps the generator's MLM loss falls by
     several nats, it starts sampling the original token, and the discriminator's loss
@@ -154,6 +159,7 @@ def test_learning_on_the_bundled_sample(tmp_path, sample_build):
     assert after["sampled_masked_lm_accuracy"] > 0.005
 
 
+@pytest.mark.e2e
 def test_discriminator_learns_to_detect_replacements(tmp_path, sample_build):
     """With uniform replacements the discriminator must read the context: within 120 steps
     it beats the all-"original" baseline clearly and ranks replaced tokens first."""
@@ -178,6 +184,7 @@ def _cli(*args, cwd=REPO):
     (["--config=huge"], "presets:"),
     (["--grad_accum_steps=3", "--train_batch_size=32"], "not a multiple"),
 ])
+@pytest.mark.subprocess
 def test_bad_flags_are_one_line_errors(tmp_path, sample_build, args, needle):
     data = [] if any(a.startswith("--train_data") for a in args) else \
         [f"--train_data={sample_build[0]}"]
@@ -242,6 +249,8 @@ def _finish(procs, timeout=420):
                 p.kill()
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_two_workers_equal_one_process(tmp_path, sample_build):
     """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
     its own file shards, end with the weights of one process that trains on the same
@@ -299,6 +308,7 @@ def test_two_workers_equal_one_process(tmp_path, sample_build):
 
 @pytest.mark.parametrize("on_nan, needle", [("stop", "on_nan=stop"),
                                             ("skip", "in a row, the run cannot recover")])
+@pytest.mark.e2e
 def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monkeypatch,
                                                    on_nan, needle):
     """A learning rate of 1e30 blows the weights up after one step; the next step's loss
@@ -317,6 +327,8 @@ def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monke
     assert all(np.all(np.isfinite(w)) for w in weights.values())
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build):
     args = [f"--model_dir={tmp_path / 'pre'}", f"--train_data={sample_build[0]}",
             "--num_train_steps=400", "--train_batch_size=8", "--steps_per_loop=2",
@@ -338,6 +350,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build
     assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step + 2}")
 
 
+@pytest.mark.e2e
 def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sample_build,
                                                                     monkeypatch):
     """A checkpoint write that fails (here: ENOSPC from the second save on) stops the run
@@ -362,6 +375,8 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
     assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-3")
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build):
     """Multi-worker: SIGTERM to worker 1 -> the workers' notice flags, summed after each
     host loop, make both save at the same step and exit 75; the same command then
@@ -433,6 +448,7 @@ def ram_root():
         tf.io.gfile.rmtree(root)
 
 
+@pytest.mark.e2e
 def test_a_run_with_model_dir_and_data_on_a_remote_filesystem(tmp_path, sample_build,
                                                               monkeypatch, ram_root):
     """model_dir and the training data under ram:// (the filesystem layer gs:// goes

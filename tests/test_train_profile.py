@@ -36,6 +36,7 @@ def _scalars(logdir):
     return values
 
 
+@pytest.mark.e2e
 def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog):
     """--profile_steps=1,3 with steps_per_loop 3: host loops of 1, 2 and 1 steps, the
     middle one traced into train/plugins/profile; the log line, the scalars and the
@@ -111,6 +112,7 @@ def test_bad_peak_flops_is_a_run_error(tmp_path):
                                            peak_flops="-5"))
 
 
+@pytest.mark.subprocess
 def test_bad_profile_steps_flag_is_a_one_line_error(tmp_path):
     done = subprocess.run([sys.executable, "run_pretraining.py", f"--model_dir={tmp_path}",
                            "--profile_steps=10,5"], capture_output=True, text=True, cwd=REPO,

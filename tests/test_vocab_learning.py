@@ -272,6 +272,7 @@ def _cli(*args):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.subprocess
 def test_cli_missing_input(tmp_path):
     r = _cli("--input", "/nonexistent", "--vocab_output", str(tmp_path / "v.txt"))
     assert r.returncode != 0
@@ -281,6 +282,7 @@ def test_cli_missing_input(tmp_path):
     assert not os.path.exists(tmp_path / "v.txt")
 
 
+@pytest.mark.subprocess
 def test_cli_sentencepiece(tmp_path, corpus_slice):
     r = _cli("--input", corpus_slice, "--vocab_type", "sentencepiece", "--vocab_size", "500",
              "--max_sentences", "1500", "--vocab_output", str(tmp_path / "m" / "sp.model"))
