@@ -164,7 +164,7 @@ def test_unreachable_metadata_server_is_no_notice(monkeypatch):
 def test_pretraining_stops_on_a_maintenance_event(tmp_path, sample_build, monkeypatch):
     """A run started during a pending TERMINATE maintenance saves after its first host
     loop and raises Preempted (the rerun resumes from that checkpoint as after SIGTERM:
-    test_train)."""
+    test_pretrain)."""
     cfg = load_config("tiny", {"train_batch_size": "8", "num_train_steps": "6",
                                "save_checkpoints_steps": "100", "steps_per_loop": "2",
                                "log_every_steps": "2", "warmup_steps": "2"})

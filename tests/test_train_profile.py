@@ -19,11 +19,11 @@ from electra_tf.training import hardware
 from electra_tf.pretraining.trainer import Pretrainer
 
 from conftest import REPO
-from test_train import _cfg as train_cfg
+from test_pretrain import _cfg as train_cfg
 
 
 def _cfg():
-    """test_train's tiny run, 4 steps with one log line and one checkpoint at the end."""
+    """test_pretrain's tiny run, 4 steps with one log line and one checkpoint at the end."""
     return train_cfg(num_train_steps=4, save_checkpoints_steps=4, log_every_steps=4)
 
 

@@ -137,7 +137,7 @@ def test_outputs_of_a_run(tmp_path, sample_build):
 def _learn(tmp_path, data, steps, **overrides):
     """Eval metrics after `steps` steps of batch 32 (20 held-in batches), under XLA (the
     default on the CPU). The metrics at initialisation are known: an MLM loss of ln V and
-    a discriminator loss near ln 2 (test_pretraining.test_losses_at_initialisation; on
+    a discriminator loss near ln 2 (test_pretraining_trainer.test_losses_at_initialisation; on
     these 20 batches 10.36 and 0.72, measured), a sampled-original rate near 1/V."""
     cfg = _cfg(train_batch_size=32, num_train_steps=steps, save_checkpoints_steps=steps,
                steps_per_loop=40, log_every_steps=40, **overrides)

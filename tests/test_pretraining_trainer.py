@@ -107,7 +107,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     sys.path.insert(0, {tests!r})
-    from test_pretraining import _batch, _trainer, _run_steps
+    from test_pretraining_trainer import _batch, _trainer, _run_steps
     batch = _batch({data!r}, 16)
     no_dropout = "hidden_dropout_prob=0,attention_probs_dropout_prob=0,warmup_steps=0"
     one = _trainer(no_dropout)
