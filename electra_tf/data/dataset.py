@@ -105,11 +105,12 @@ def make_dataset(config: InputConfig,
         files.check_data(config.file_pattern, vocab_size=config.vocab_size,
                          max_seq_length=config.max_seq_length, on_bad_shard=config.on_bad_shard)
 
-    num_pipelines, pipeline_id, batch_size = 1, 0, config.batch_size
+    num_pipelines, pipeline_id, batch_size, replicas = 1, 0, config.batch_size, 1
     if input_context is not None:
         num_pipelines = input_context.num_input_pipelines
         pipeline_id = input_context.input_pipeline_id
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+        replicas = max(1, input_context.num_replicas_in_sync // num_pipelines)
     paths = files.shard_files(paths, num_pipelines, pipeline_id)
     logging.info("Input pipeline %d of %d: %d file(s), %s", pipeline_id, num_pipelines,
                  len(paths), ", ".join(os.path.basename(f) for f in paths[:8]) +
@@ -138,9 +139,7 @@ def make_dataset(config: InputConfig,
     order = order_lib.StreamOrder(num_shards=len(paths),
                                   cycle_length=min(config.cycle_length, len(paths)),
                                   window=max(config.shuffle_buffer, 1), key=key)
-    replicas_per_pipeline = 1 if input_context is None else max(
-        1, input_context.num_replicas_in_sync // num_pipelines)
-    records = config.skip_batches * replicas_per_pipeline * batch_size
+    records = config.skip_batches * replicas * batch_size  # replicas: this pipeline's
     if records and unlisted:
         # The position needs every shard's record count: without a manifest they are
         # counted once, a read of the data (not of the `records` consumed before).

@@ -142,11 +142,8 @@ def resolve_files(file_pattern: str, on_bad_shard: str = "stop") -> List[str]:
 def _manifest_dirs(file_pattern: str) -> List[str]:
     dirs = []
     for pattern in _split_patterns(file_pattern):
-        if tf.io.gfile.isdir(pattern):
-            candidates = [pattern]
-        else:
-            candidates = sorted({os.path.dirname(f) for f in _resolve_one(pattern, "quiet")})
-        for d in candidates:
+        for d in ([pattern] if tf.io.gfile.isdir(pattern) else
+                  sorted({os.path.dirname(f) for f in _resolve_one(pattern, "quiet")})):
             if d not in dirs and _has_manifest(d):
                 dirs.append(d)
     return dirs

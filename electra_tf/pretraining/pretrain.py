@@ -17,8 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.data import dataset, shards
-from electra_tf.data import files as data_files
+from electra_tf.data import dataset, files as data_files, shards
 from electra_tf.pretraining import flops
 from electra_tf.training import distribute, hardware
 from electra_tf.pretraining import losses as obj
