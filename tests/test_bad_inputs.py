@@ -611,10 +611,10 @@ def afile(tmp_path):
 # flags comes later on the command line and wins. {afile}: a file, to survive as well.
 PRETRAIN_ERRORS = [
     pytest.param(["--model_dir={afile}"],
-                 "--model_dir={afile}: cannot write there (it is a file, not a directory)",
+                 "--model_dir={afile}: cannot write there: it is a file, not a directory",
                  id="model_dir_is_a_file"),
     pytest.param(["--model_dir={afile}/run"],
-                 "--model_dir={afile}/run: cannot write there ({afile} is not a directory)",
+                 "--model_dir={afile}/run: cannot write there: {afile} is not a directory",
                  id="model_dir_under_a_file"),
     pytest.param(["--params_override=hidden_size=-64"],
                  "model.hidden_size=-64 must be at least 1", id="negative_hidden_size"),

@@ -14,6 +14,7 @@ from electra_tf.configs import ConfigError
 from electra_tf.finetune import cli
 from electra_tf.conversion.formats import ConvertError
 from electra_tf.finetune.model import InitError
+from electra_tf.training.loop import RunError
 
 from conftest import REPO, finetune_tiny_model, write
 
@@ -115,7 +116,7 @@ def test_an_unwritable_export_dir_is_refused_before_any_training_step(pretrained
     afile.write_text("not a directory")  # chmod would not stop root: a file as parent
     model_dir = str(tmp_path / "model")
     message = refused(mine(data, pretrained[0], model_dir,
-                           export_dir=str(afile / "export")), ConfigError)
+                           export_dir=str(afile / "export")), RunError)
     assert message.startswith(f"--export_dir={afile}/export: cannot write there: "), message
     assert "not a directory" in message, message
     assert untrained(model_dir)
@@ -126,10 +127,10 @@ def test_an_unwritable_export_dir_is_refused_before_any_training_step(pretrained
 def test_an_unwritable_model_dir_is_refused(pretrained, data, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
-    message = refused(mine(data, pretrained[0], str(afile / "model")), ConfigError)
+    message = refused(mine(data, pretrained[0], str(afile / "model")), RunError)
     assert message.startswith(f"--model_dir={afile}/model: cannot write there: "), message
     assert "not a directory" in message, message
-    assert refused(mine(data, pretrained[0], str(afile)), ConfigError) == \
+    assert refused(mine(data, pretrained[0], str(afile)), RunError) == \
         f"--model_dir={afile}: cannot write there: it is a file, not a directory"
 
 

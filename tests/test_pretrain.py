@@ -46,6 +46,28 @@ def _final_weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
+def test_schedule_of_a_train_config():
+    """Pre-training logs every log_every_steps; fine-tuning gives its own step count and
+    logs after every host loop (loops then end at steps_per_loop multiples)."""
+    tc = _cfg(num_train_steps=10, steps_per_loop=4, log_every_steps=8,
+              save_checkpoints_steps=6, on_nan="stop").train
+    assert loop.Schedule.of(tc) == loop.Schedule(10, 8, 4, 8, 6, "stop", False)
+    assert loop.Schedule.of(tc, 30, log_each_loop=True) == \
+        loop.Schedule(30, 8, 4, 4, 6, "stop", True)
+
+
+@pytest.mark.parametrize("asked, resolved", [("auto", "float32"), ("bfloat16", "bfloat16")])
+def test_setup_resolves_and_sets_the_precision(tmp_path, asked, resolved):
+    from electra_tf.training import distribute
+    try:
+        strategy, cfg, chief = loop.setup(_options(tmp_path, None), _cfg(precision=asked))
+        assert chief and distribute.is_cpu_only(strategy)
+        assert cfg.train.precision == distribute.active_precision() == resolved
+        assert cfg.model == _cfg().model
+    finally:
+        distribute.set_precision("float32")
+
+
 @pytest.mark.e2e
 def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
     """6 steps straight == 3 steps, a crash right after the checkpoint, then a rerun of

@@ -26,6 +26,7 @@ from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
 from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.text import TextEncoder
+from electra_tf.training.checkpoints import newest_complete
 from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import loop
 from electra_tf.training.options import FinetuneOptions
@@ -82,14 +83,6 @@ def init_or_explain(encoder, init_checkpoint: str) -> str:
         f"{theirs} in the checkpoint but {ours} in the model (hidden_size="
         f"{config.hidden_size}, embedding_size={config.embedding_size}, "
         f"num_hidden_layers={config.num_hidden_layers})")
-
-
-def check_writable(path: str, flag: str):
-    """Creates directory `path` and probes it with a small file, so that an output that
-    cannot be written fails at the start of a run, not after training."""
-    problem = fileio.writable_dir_problem(path)
-    if problem:
-        raise ConfigError(f"{flag}={path}: cannot write there: {problem}")
 
 
 def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
@@ -212,15 +205,6 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
     return paths
 
 
-def schedule(cfg: FinetuneConfig, num_train_steps: int) -> loop.Schedule:
-    """A log line (and TensorBoard point) after every host loop."""
-    t = cfg.train
-    return loop.Schedule(num_train_steps=num_train_steps, batch_size=t.train_batch_size,
-                         steps_per_loop=t.steps_per_loop, log_every_steps=t.steps_per_loop,
-                         save_checkpoints_steps=t.save_checkpoints_steps, on_nan=t.on_nan,
-                         log_each_loop=True)
-
-
 def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
                 logdir: Optional[str] = None, profile_steps=None, chief: bool = True,
                 run_lease=None) -> None:
@@ -231,8 +215,9 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
     manager = loop.open_checkpoints(finetuner, trial_dir, max_to_keep=1)
     skip = int(finetuner.data_batches.numpy())
     iterator = iter(finetuner.train_dataset(train, seed, skip_batches=skip))
-    loop.train(finetuner, iterator, manager,
-               schedule(finetuner.cfg, finetuner.num_train_steps),
+    # A log line (and TensorBoard point) after every host loop.
+    loop.train(finetuner, iterator, manager, loop.Schedule.of(
+                   finetuner.cfg.train, finetuner.num_train_steps, log_each_loop=True),
                writer=loop.summary_writer(logdir, chief and logdir is not None),
                profile_steps=profile_steps, profile_dir=logdir or "",
                chief=chief and logdir is not None, what="trial", lease=run_lease)
@@ -264,17 +249,11 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     (`write_predictions`). Returns the results dict."""
 
     cfg.train.check(model_config)
-    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
-                                        options.gcp_project)
-    cfg = cfg.resolved(model_config, task).check()
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, precision=distribute.resolve_precision(cfg.train.precision, strategy)))
-    distribute.set_precision(cfg.train.precision)
-    chief = distribute.is_chief(strategy)
+    strategy, cfg, chief = loop.setup(options, cfg.resolved(model_config, task).check())
     # Outputs first: a directory that cannot be written fails now, not after training.
-    check_writable(options.model_dir, "--model_dir")
+    loop.check_writable(options.model_dir, "--model_dir")
     if options.export_dir and chief:
-        check_writable(options.export_dir, "--export_dir")
+        loop.check_writable(options.export_dir, "--export_dir")
     # One writer per run directory, from before its first write (training/lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
         return _run(task, model_config, cfg, options, strategy, chief, run_lease)
@@ -349,8 +328,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
         # Each worker restores its own copy: predicting runs on all of them.
         ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
                                          strategy)
-        finetuner.checkpoint().restore(
-            tf.train.latest_checkpoint(ckpt_dir)).assert_existing_objects_matched()
+        finetuner.restore(newest_complete(ckpt_dir))
         if tests:
             results["predictions"] = write_predictions(
                 task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)

@@ -8,7 +8,6 @@ released TF1 layout for fine-tuning.
 """
 
 import contextlib
-import dataclasses
 import os
 from typing import Dict, Optional, Sequence
 
@@ -96,12 +95,6 @@ def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConf
 # ----------------------------------------------------------------------------- run
 
 
-def resolve_precision(cfg: PretrainingConfig, strategy) -> PretrainingConfig:
-    """`train.precision=auto` -> bfloat16 on TPU, float32 elsewhere."""
-    precision = distribute.resolve_precision(cfg.train.precision, strategy)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-
-
 def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]:
     """Trains and/or evaluates; returns the last logged (or eval) metrics.
 
@@ -114,18 +107,10 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
             hardware.parse_flops(options.peak_flops)
         except ValueError as e:
             raise RunError(f"--peak_flops={options.peak_flops}: {e}") from None
-    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
-                                        options.gcp_project)
-    cfg = resolve_precision(cfg, strategy)
-    tc = cfg.train
-    distribute.set_precision(tc.precision)
-    chief = distribute.is_chief(strategy)
+    strategy, cfg, chief = loop.setup(options, cfg)
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = special_ids_and_counts(manifest, files, cfg)
-    problem = fileio.writable_dir_problem(options.model_dir) if chief else None
-    if problem:
-        raise RunError(f"--model_dir={options.model_dir}: cannot write there ({problem})")
-    fileio.makedirs(options.model_dir)
+    loop.check_writable(options.model_dir, "--model_dir")
     # One writer per run directory, from before its first write (lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
         return _run(cfg, options, strategy, chief, files, eval_files, special, counts,
@@ -158,7 +143,7 @@ def _run(cfg: PretrainingConfig, options: PretrainingOptions, strategy, chief: b
         per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
         logdir = fileio.join(options.model_dir, "train")
         result = loop.train(
-            trainer, iter(train_ds), manager, schedule(cfg), what="",
+            trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
             writer=loop.summary_writer(logdir, chief), chief=chief,
             perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
             profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
@@ -216,13 +201,6 @@ def export_discriminator(model, model_dir: str) -> str:
                                  discriminator_variables(model))
     logging.info("Discriminator-only checkpoint (released TF1 layout): %s", prefix)
     return prefix
-
-
-def schedule(cfg: PretrainingConfig) -> loop.Schedule:
-    tc = cfg.train
-    return loop.Schedule(num_train_steps=tc.num_train_steps, batch_size=tc.train_batch_size,
-                         steps_per_loop=tc.steps_per_loop, log_every_steps=tc.log_every_steps,
-                         save_checkpoints_steps=tc.save_checkpoints_steps, on_nan=tc.on_nan)
 
 
 class ShardInputs(loop.InputWatch):

@@ -55,6 +55,37 @@ class Schedule:
     on_nan: str = "skip"
     log_each_loop: bool = False  # also log at the end of every host loop
 
+    @classmethod
+    def of(cls, train, num_train_steps: Optional[int] = None,
+           log_each_loop: bool = False) -> "Schedule":
+        """A job's schedule from its `TrainConfig` (`num_train_steps` when the job computes
+        it); `log_each_loop`: a log line after every host loop, not every log_every_steps."""
+        return cls(num_train_steps or train.num_train_steps, train.train_batch_size,
+                   train.steps_per_loop,
+                   train.steps_per_loop if log_each_loop else train.log_every_steps,
+                   train.save_checkpoints_steps, train.on_nan, log_each_loop)
+
+
+def setup(options, cfg):
+    """The start both jobs share: the strategy `options` name, `cfg.train.precision`
+    resolved for it (auto: bfloat16 on TPU) and set as the Keras dtype policy, and whether
+    this process is the chief (it writes the run's outputs).
+    -> (strategy, cfg with the resolved precision, chief)."""
+    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
+                                        options.gcp_project)
+    precision = distribute.resolve_precision(cfg.train.precision, strategy)
+    distribute.set_precision(precision)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+    return strategy, cfg, distribute.is_chief(strategy)
+
+
+def check_writable(path: str, flag: str):
+    """Creates directory `path` and probes it with a small file, so that an output that
+    cannot be written fails at the start of a run, not after training."""
+    problem = fileio.writable_dir_problem(path)
+    if problem:
+        raise RunError(f"{flag}={path}: cannot write there: {problem}")
+
 
 def parse_profile_steps(value) -> Optional[Tuple[int, int]]:
     """--profile_steps "START,END" (or a pair) -> (START, END), 0 <= START < END."""
