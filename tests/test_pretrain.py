@@ -68,6 +68,20 @@ def test_setup_resolves_and_sets_the_precision(tmp_path, asked, resolved):
         distribute.set_precision("float32")
 
 
+def test_write_results_sorts_keys_and_checks_the_lease_first(tmp_path):
+    from electra_tf.training.lease import LeaseError
+
+    class Taken:
+        def check(self):
+            raise LeaseError("taken")
+    path = str(tmp_path / "results.json")
+    with pytest.raises(LeaseError):
+        loop.write_results(path, {"b": 1}, Taken())
+    assert os.listdir(tmp_path) == []
+    loop.write_results(path, {"b": 1, "a": 0.5})
+    assert open(path).read() == '{\n  "a": 0.5,\n  "b": 1\n}\n'
+
+
 @pytest.mark.e2e
 def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
     """6 steps straight == 3 steps, a crash right after the checkpoint, then a rerun of

@@ -306,8 +306,7 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
         logging.info("Trial %d (seed %d) dev: %s", trial, seed,
                      ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seed"))
         if chief:
-            run_lease.check()
-            fileio.write_json_atomic(result_path, metrics, sort_keys=True)
+            loop.write_results(result_path, metrics, run_lease)
         trials.append(metrics)
     scores = [t[task.primary_metric] for t in trials]
     best = median_trial(scores)
@@ -337,7 +336,5 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
                                                   cfg.train.max_seq_length, options.export_dir)
             logging.info("Exported %s", results["export"])
     if chief:
-        run_lease.check()
-        fileio.write_json_atomic(os.path.join(options.model_dir, "results.json"), results,
-                                 sort_keys=True)
+        loop.write_results(os.path.join(options.model_dir, "results.json"), results, run_lease)
     return results

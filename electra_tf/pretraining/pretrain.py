@@ -152,7 +152,8 @@ def _run(cfg: PretrainingConfig, options: PretrainingOptions, strategy, chief: b
             run_lease.check()
             export_discriminator(trainer.model, options.model_dir)
     if options.do_eval and eval_files:
-        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief)
+        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief,
+                          run_lease)
     if not chief:
         fileio.rmtree(manager.directory)
     return result
@@ -236,8 +237,8 @@ class ShardInputs(loop.InputWatch):
         return {"input/skipped_shards": self.reported}
 
 
-def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
-             chief: bool = True) -> Dict[str, float]:
+def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir, chief: bool = True,
+             run_lease=None) -> Dict[str, float]:
     """The objective's metrics over held-out shards, no dropout, `max_eval_steps` batches."""
     tc = cfg.train
     inputs = ShardInputs(files)
@@ -252,6 +253,6 @@ def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir,
     if chief:
         loop.write_scalars(loop.summary_writer(fileio.join(model_dir, "eval"), chief), step,
                            out, {})
-        fileio.write_json_atomic(fileio.join(model_dir, "eval_results.json"),
-                                 dict(metrics, step=step))
+        loop.write_results(fileio.join(model_dir, "eval_results.json"),
+                           dict(metrics, step=step), run_lease)
     return metrics

@@ -137,6 +137,14 @@ def write_scalars(writer, step: int, out, extra: Dict[str, float]):
     writer.flush()
 
 
+def write_results(path: str, results: Dict, lease=None):
+    """A run's results (evaluation metrics) as JSON with sorted keys, in one rename (never
+    torn), after `lease` (lease.RunLease) confirms this process still holds the run."""
+    if lease is not None:
+        lease.check()
+    fileio.write_json_atomic(path, results, sort_keys=True)
+
+
 def summary_writer(logdir: str, chief: bool):
     """TensorBoard events under `logdir` (any filesystem); a no-op on other workers."""
     if not chief:
