@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import configs, fileio
-from electra_tf.data import input_pipeline, manifest
+from electra_tf.data import files, manifest
 from electra_tf.text import VocabError
 from electra_tf.training import distribute, hardware
 from electra_tf.training.checkpoints import (CheckpointError, newest_complete,
@@ -32,7 +32,7 @@ class RunError(ValueError):
 
 
 # What a CLI reports as one line (exit code 1) rather than a traceback; a job adds its own.
-USER_ERRORS = (configs.ConfigError, RunError, input_pipeline.InputDataError, VocabError,
+USER_ERRORS = (configs.ConfigError, RunError, files.InputDataError, VocabError,
                manifest.ManifestError, distribute.StrategyError, CheckpointError, LeaseError)
 
 
