@@ -1,6 +1,9 @@
-"""The README's command lines use flags the CLIs define (the Cloud TPU quickstart included:
-tests/test_gcs_emulator.py runs those commands against a Cloud Storage emulator)."""
+"""The README and the docs/ pages: their command lines use flags the CLIs define (the Cloud
+TPU quickstart in docs/cloud-tpu.md included: tests/test_gcs_emulator.py runs those commands
+against a Cloud Storage emulator); the README is a front page under 200 lines that links
+every docs/ page and keeps the two commands .ci/run reads; relative links resolve."""
 
+import glob
 import os
 import re
 import shlex
@@ -38,13 +41,24 @@ def _commands_in(words):
     return found
 
 
-def _readme_commands():
-    """(cli, [flag names]) of every README command line that runs one of CLIS."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        text = f.read()
+def _pages():
+    """README.md and every docs/*.md page, as paths relative to REPO."""
+    docs = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+    return ["README.md"] + docs
+
+
+def _read(page):
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        return f.read()
+
+
+def _doc_commands():
+    """(cli, [flag names]) of every command line in the README and docs/ that runs one of
+    CLIS."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        commands += _commands_in(_tokens(block.replace("\\\n", " ")))
+    for page in _pages():
+        for block in re.findall(r"```bash\n(.*?)```", _read(page), re.S):
+            commands += _commands_in(_tokens(block.replace("\\\n", " ")))
     return commands
 
 
@@ -61,8 +75,8 @@ def _defined_flags(cli):
 
 
 @pytest.mark.subprocess
-def test_readme_commands_use_defined_flags():
-    commands = _readme_commands()
+def test_doc_commands_use_defined_flags():
+    commands = _doc_commands()
     # The quickstart's commands are among them: build, pre-train (TPU VM, slice, Node),
     # fine-tune.
     assert sum(cli == "run_pretraining.py" and "tpu" in names for cli, names in commands) >= 3
@@ -71,31 +85,101 @@ def test_readme_commands_use_defined_flags():
     defined = {cli: _defined_flags(cli) for cli in CLIS}
     unknown = sorted({(cli, n) for cli, names in commands for n in names
                       if n not in defined[cli]})
-    assert not unknown, f"README flags the CLIs do not define: {unknown}"
+    assert not unknown, f"README/docs flags the CLIs do not define: {unknown}"
 
 
 def test_the_check_catches_an_unknown_flag(monkeypatch, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("```bash\npython run_pretraining.py --tpu=local --no_such_flag=1\n```\n")
+    (tmp_path / "README.md").write_text(
+        "```bash\npython run_pretraining.py --tpu=local --no_such_flag=1\n```\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "data.md").write_text(
+        "```bash\npython -m tfrecord_builder \\\n  --output_dir=x --bad_flag\n```\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
-    assert _readme_commands() == [("run_pretraining.py", ["tpu", "no_such_flag"])]
+    assert _doc_commands() == [("run_pretraining.py", ["tpu", "no_such_flag"]),
+                               ("tfrecord_builder", ["output_dir", "bad_flag"])]
 
 
 @pytest.mark.subprocess
-def test_objectives_in_readme_and_help_are_the_specs():
-    """The README's objective table has one row per spec, in order; --objective's help
-    gives each with its description; docs/objectives.md is linked where the tables are."""
+def test_objectives_in_docs_and_help_are_the_specs():
+    """docs/objectives.md's objective table has one row per spec, in order; --objective's
+    help gives each with its description; the page is linked from the README and
+    docs/architecture.md."""
     from electra_tf.objective_specs import SPECS
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    table = readme[readme.index("| `--objective` |"):].split("\n\n")[0]
+    page = _read(os.path.join("docs", "objectives.md"))
+    table = page[page.index("| `--objective` |"):].split("\n\n")[0]
     assert re.findall(r"^\| `(\w+)`", table, re.M) == list(SPECS)
     flat = re.sub(r"\s+", "", _help("run_pretraining.py"))  # the help is wrapped
     for spec in SPECS.values():
         assert re.sub(r"\s+", "", f"{spec.name}: {spec.description}") in flat, spec.name
-    with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as f:
-        assert "(objectives.md)" in f.read()
-    assert "(docs/objectives.md)" in readme
+    assert "(objectives.md)" in _read(os.path.join("docs", "architecture.md"))
+    assert "(docs/objectives.md)" in _read("README.md")
+
+
+# The two commands at the top of the README, byte for byte: .ci/run runs the line under
+# "**Run the tests:**", and a newcomer copies both.
+MAIN_JOB = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
+            "python run_pretraining.py && python run_finetuning.py")
+TESTS = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e \".[test]\" && "
+         "python -m pytest -q -n 2 --dist worksteal tests")
+
+
+def _command_under(text, heading):
+    """The first line of the first ```bash block after the line starting with heading."""
+    rest = text[text.index("\n" + heading):]
+    return re.search(r"^```bash\n(.*)$", rest, re.M).group(1)
+
+
+def test_readme_is_a_front_page():
+    readme = _read("README.md")
+    assert len(readme.splitlines()) < 200
+    assert _command_under(readme, "**Run the main job on the bundled sample**") == MAIN_JOB
+    assert _command_under(readme, "**Run the tests:**") == TESTS
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[\w-]*)?\)", readme))
+    pages = {p for p in _pages() if p != "README.md"}
+    assert pages and not pages - linked, f"docs pages the README does not link: {pages - linked}"
+
+
+def _anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"[`*_]|\[|\]\([^)]*\)", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page):
+    text = re.sub(r"```.*?```", "", _read(page), flags=re.S)
+    return {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def _broken_links():
+    broken = []
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", _read(page), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(os.path.join(REPO, dest)):
+                broken.append((page, target))
+            elif anchor and dest.endswith(".md") and anchor not in _anchors(dest):
+                broken.append((page, target))
+    return broken
+
+
+def test_relative_links_resolve():
+    assert not _broken_links()
+
+
+def test_the_link_check_catches_a_missing_file_and_anchor(monkeypatch, tmp_path):
+    (tmp_path / "README.md").write_text(
+        "[a](docs/a.md#two-words) [b](docs/a.md#gone) [c](docs/missing.md) [d](https://x.org)\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(
+        "# Two words\n\n```bash\n# not a heading\n```\n[up](../README.md) [self](#not-a-heading)\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+    assert sorted(_broken_links()) == [("README.md", "docs/a.md#gone"),
+                                       ("README.md", "docs/missing.md"),
+                                       ("docs/a.md", "#not-a-heading")]
 
 
 if __name__ == "__main__":
