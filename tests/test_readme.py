@@ -88,13 +88,18 @@ def test_doc_commands_use_defined_flags():
     assert not unknown, f"README/docs flags the CLIs do not define: {unknown}"
 
 
-def test_the_check_catches_an_unknown_flag(monkeypatch, tmp_path):
-    (tmp_path / "README.md").write_text(
-        "```bash\npython run_pretraining.py --tpu=local --no_such_flag=1\n```\n")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "data.md").write_text(
-        "```bash\npython -m tfrecord_builder \\\n  --output_dir=x --bad_flag\n```\n")
+def _fake_repo(monkeypatch, tmp_path, pages):
+    """A repository of these {path: text} pages stands in for REPO."""
+    for page, text in pages.items():
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text(text)
     monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+
+
+def test_the_check_catches_an_unknown_flag(monkeypatch, tmp_path):
+    _fake_repo(monkeypatch, tmp_path, {
+        "README.md": "```bash\npython run_pretraining.py --tpu=local --no_such_flag=1\n```\n",
+        "docs/data.md": "```bash\npython -m tfrecord_builder \\\n  --output_dir=x --bad_flag\n```\n"})
     assert _doc_commands() == [("run_pretraining.py", ["tpu", "no_such_flag"]),
                                ("tfrecord_builder", ["output_dir", "bad_flag"])]
 
@@ -171,12 +176,11 @@ def test_relative_links_resolve():
 
 
 def test_the_link_check_catches_a_missing_file_and_anchor(monkeypatch, tmp_path):
-    (tmp_path / "README.md").write_text(
-        "[a](docs/a.md#two-words) [b](docs/a.md#gone) [c](docs/missing.md) [d](https://x.org)\n")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.md").write_text(
-        "# Two words\n\n```bash\n# not a heading\n```\n[up](../README.md) [self](#not-a-heading)\n")
-    monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+    _fake_repo(monkeypatch, tmp_path, {
+        "README.md": "[a](docs/a.md#two-words) [b](docs/a.md#gone) [c](docs/missing.md) "
+                     "[d](https://x.org)\n",
+        "docs/a.md": "# Two words\n\n```bash\n# not a heading\n```\n"
+                     "[up](../README.md) [self](#not-a-heading)\n"})
     assert sorted(_broken_links()) == [("README.md", "docs/a.md#gone"),
                                        ("README.md", "docs/missing.md"),
                                        ("docs/a.md", "#not-a-heading")]
