@@ -175,6 +175,14 @@ def test_relative_links_resolve():
     assert not _broken_links()
 
 
+def test_code_blocks_are_closed():
+    """Every ``` fence that opens a block has its closing fence (a lost one would swallow
+    the page's text into a command block, or a command into the text)."""
+    for page in _pages():
+        fences = re.findall(r"^```(\w*)$", _read(page), re.M)
+        assert len(fences) % 2 == 0 and not any(fences[1::2]), page
+
+
 def test_the_link_check_catches_a_missing_file_and_anchor(monkeypatch, tmp_path):
     _fake_repo(monkeypatch, tmp_path, {
         "README.md": "[a](docs/a.md#two-words) [b](docs/a.md#gone) [c](docs/missing.md) "
