@@ -44,7 +44,8 @@ def demo_request(export_path: str, text: str = DEMO_REQUEST) -> dict:
     served = tf.saved_model.load(export_path)
     out = served.signatures["serving_default"](sentence=tf.constant([text]))
     decode = lambda x: x.decode("utf-8", "replace") if isinstance(x, bytes) else x
-    return {k: [decode(x) for x in v.numpy().tolist()] for k, v in out.items()}
+    # Sorted: a loaded signature's outputs come in an order that varies between processes.
+    return {k: [decode(x) for x in out[k].numpy().tolist()] for k in sorted(out)}
 
 
 def use_tfds(data_source: str, tfds_data_dir: Optional[str]) -> bool:
