@@ -415,7 +415,7 @@ def test_metrics_hand_made_and_accumulable():
     args = dict(disc_logits=disc_logits, disc_labels=labels, input_mask=mask,
                 masked_ids=masked_ids, masked_weights=w, sampled_ids=sampled,
                 mlm_logits=mlm_logits)
-    m = {k: float(v) for k, v in jit(lambda a: obj.compute_metrics(**a))(args).items()}
+    m = {k: float(v) for k, v in jit(lambda a: obj.metrics_from_sums(obj.metric_sums(**a)))(args).items()}
     # Real tokens: preds (logit > 0) 1 0 1 0 1 | 0 1 0 0 ; labels 0 0 1 0 1 | 0 1 1 0
     assert m["disc_accuracy"] == pytest.approx(7 / 9)
     assert m["disc_precision"] == pytest.approx(3 / 4)
@@ -430,7 +430,7 @@ def test_metrics_hand_made_and_accumulable():
     # Sums over two half-batches give the metrics of the whole batch.
     halves = [obj.metric_sums(**{k: v[s] for k, v in args.items()})
               for s in (slice(0, 1), slice(1, 2))]
-    acc = obj.accumulate_metric_sums(obj.accumulate_metric_sums(None, halves[0]), halves[1])
+    acc = {k: halves[0][k] + halves[1][k] for k in halves[0]}
     for k, v in obj.metrics_from_sums(acc).items():
         assert float(v) == pytest.approx(m[k], abs=1e-6), k
 
@@ -449,10 +449,10 @@ def test_full_step_under_xla_matches_eager():
         mlm, _ = obj.mlm_loss(logits, m["masked_ids"], m["masked_weights"])
         disc = obj.disc_loss(disc_logits, labels, mask)
         return dict(m, fake=fake, labels=labels, mlm=mlm, disc=disc,
-                    **obj.compute_metrics(disc_logits=disc_logits, disc_labels=labels,
-                                          input_mask=mask, masked_ids=m["masked_ids"],
-                                          masked_weights=m["masked_weights"],
-                                          sampled_ids=sampled, mlm_logits=logits))
+                    **obj.metrics_from_sums(obj.metric_sums(
+                        disc_logits=disc_logits, disc_labels=labels, input_mask=mask,
+                        masked_ids=m["masked_ids"], masked_weights=m["masked_weights"],
+                        sampled_ids=sampled, mlm_logits=logits)))
 
     seed = rng.step_seed(tf.constant([0, 1]), tf.constant(10, tf.int64), 3)
     assert not np.array_equal(seed.numpy(), rng.step_seed([0, 1], 10, 2).numpy())
@@ -773,13 +773,12 @@ def test_max_probability_histogram_and_hp_correlation():
     x = rng.normal(size=(2, 40)).astype(np.float32)
     y = (0.5 * x + rng.normal(size=(2, 40))).astype(np.float32)
     sampled = rng.integers(0, 2, size=(2, 40))
-    total = None
-    for half in (slice(0, 1), slice(1, 2)):
-        total = obj.accumulate_metric_sums(total, obj.metric_sums(
-            input_mask=tf.ones([1, 4], tf.int32), masked_ids=tf.zeros([1, 40], tf.int32),
-            masked_weights=tf.ones([1, 40]), sampled_ids=tf.constant(sampled[half]),
-            hp_estimate=tf.constant(x[half]), hp_actual=tf.constant(y[half])))
-    m = obj.metrics_from_sums(total)
+    halves = [obj.metric_sums(
+        input_mask=tf.ones([1, 4], tf.int32), masked_ids=tf.zeros([1, 40], tf.int32),
+        masked_weights=tf.ones([1, 40]), sampled_ids=tf.constant(sampled[half]),
+        hp_estimate=tf.constant(x[half]), hp_actual=tf.constant(y[half]))
+        for half in (slice(0, 1), slice(1, 2))]
+    m = obj.metrics_from_sums({k: halves[0][k] + halves[1][k] for k in halves[0]})
     assert float(m["hp_loss_corr"]) == pytest.approx(np.corrcoef(x.ravel(), y.ravel())[0, 1],
                                                       abs=1e-4)
     orig = sampled.ravel() == 0

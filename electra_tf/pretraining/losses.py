@@ -11,31 +11,21 @@ Conventions
 * Prediction slots: `masked_positions [B,P]` int32, `masked_ids [B,P]` int32 (the original
   tokens) and `masked_weights [B,P]` float32 (1.0 real slot, 0.0 padding slot). Real slots
   come first, in increasing position order; padding slots point at position 0 with id 0.
-* Randomness: only stateless ops with an explicit `seed`, a `[3]` int32 tensor (key and
-  the global index of the batch's first row, see `electra_tf.rng`; a `[2]` seed means
-  row 0). The same seed gives the same result; give every call its own seed
-  (`split_seed`) and every step its own stream (`step_seed(base_seed, step, first_row)`);
-  a replica's rows draw what the same rows of the whole global batch would. Random bits come
-  from the Philox algorithm (not 'auto_select', which picks per device) and are turned into
-  floats here, because TF's own bits-to-float conversion differs between eager and XLA: a
-  seed gives identical draws eagerly and under XLA (tested on CPU; Philox bits are
-  device-independent by design, other devices not tested).
+* Randomness: only stateless ops with an explicit `seed` (`electra_tf.rng`: a `[3]` int32
+  key + the global index of the batch's first row; `[2]` means row 0), so a replica's rows
+  draw what the same rows of the whole global batch would, and a seed gives identical
+  draws eagerly and under XLA (Philox bits turned into floats here; tested on CPU).
+  Give every call its own seed (`rng.split`), every step its own stream (`rng.step_seed`).
 * Replica aggregation (losses): each loss has a `*_sums` form returning
-  `(numerator, denominator, per_item)`. With N replicas, each replica computes
-  `local_numerator / global_denominator`, where `global_denominator` is the sum of the
-  local denominators over replicas (and over micro-batches when accumulating gradients),
-  e.g. `cross_replica_sum(denominator)`. The denominators need no randomness: the MLM one
-  is `sum(num_to_mask(...)[1])`, the discriminator one `sum(input_mask)`, so they can be
-  computed for a whole batch before masking or splitting it into micro-batches. Gradients
-  are then SUM-reduced across replicas (what `tf.distribute` / Keras optimizers do). The
-  summed per-replica losses and gradients then equal those of one device on the whole
-  global batch exactly, even when replicas hold different numbers of masked slots or real
-  tokens. `mlm_loss` and `disc_loss` take
-  that denominator as `global_denominator=`; without it they give the local mean. Do not
-  divide by the number of replicas on top of this.
+  `(numerator, denominator, per_item)`. Each replica computes
+  `local_numerator / global_denominator`, the denominator summed over replicas (and
+  micro-batches), e.g. `cross_replica_sum(denominator)`; it needs no randomness (MLM:
+  `sum(num_to_mask(...)[1])`, discriminator: `sum(input_mask)`). With SUM-reduced
+  gradients the replicas then give exactly one device's loss and gradients on the global
+  batch. `mlm_loss` / `disc_loss` take it as `global_denominator=` (default: the local
+  mean). Do not divide by the number of replicas on top of this.
 * Metrics: `metric_sums` returns float32 sums (counts, loss sums, AUC histograms) that add
-  up across steps and replicas (`accumulate_metric_sums`, or a SUM all-reduce);
-  `metrics_from_sums` turns them into the reported values.
+  up across steps and replicas; `metrics_from_sums` turns them into the reported values.
 """
 
 import math
@@ -45,7 +35,6 @@ import tensorflow as tf
 
 from electra_tf import rng
 
-RNG_ALG = "philox"
 AUC_BUCKETS = 1000
 _EPS = 1e-5
 _DISALLOW_PENALTY = 1000.0
@@ -58,15 +47,6 @@ def _shape(x: tf.Tensor):
     static = x.shape.as_list()
     dynamic = tf.shape(x)
     return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
-
-
-def _as_seed(seed) -> tf.Tensor:
-    return rng.as_seed(seed)
-
-
-def _random_uniform(shape, seed) -> tf.Tensor:
-    """float32 uniform on [0, 1) (see `electra_tf.rng`: rows are split-invariant)."""
-    return rng.uniform(shape, seed)
 
 
 def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
@@ -171,14 +151,14 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
         # Slot j picks the candidate of rank floor(u * #candidates): uniform, independent.
         ranks = tf.cumsum(tf.cast(candidates, tf.int32), axis=-1)           # [B,L]
         n = ranks[:, -1:]                                                    # [B,1]
-        u = _random_uniform([batch, max_predictions], seeds[0])
+        u = rng.uniform([batch, max_predictions], seeds[0])
         target = tf.minimum(tf.cast(u * tf.cast(n, tf.float32), tf.int32), n - 1)
         top = tf.reduce_sum(tf.cast(ranks[:, None, :] <= target[..., None], tf.int32), -1)
         k = max_predictions
     else:
         # Uniform scores in [0,1) for candidates, -1 elsewhere: the top `count` are a
         # uniform sample without replacement of the candidates (count <= #candidates).
-        scores = tf.where(candidates, _random_uniform([batch, length], seeds[0]), -1.0)
+        scores = tf.where(candidates, rng.uniform([batch, length], seeds[0]), -1.0)
         k = max_predictions
         if isinstance(length, int):
             k = min(k, length)
@@ -193,7 +173,7 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
         real = tf.pad(real, pad)
     masked_ids = tf.where(real, tf.gather(input_ids, positions, batch_dims=1), 0)
 
-    uniform = _random_uniform([batch, max_predictions], seeds[1])
+    uniform = rng.uniform([batch, max_predictions], seeds[1])
     new_values = tf.where(uniform < mask_token_prob, mask_id, masked_ids)
     changed = uniform < mask_token_prob  # the slots that write a token (kept ones do not)
     if random_token_prob > 0:
@@ -271,7 +251,7 @@ def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
     p = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))  # the max token has p = 1
     p = tf.reshape(tf.pad(p, [[0, 0], [0, blocks * block - vocab]]), [-1, blocks, block])
     mass = tf.reduce_sum(p, axis=-1)                                      # [N, blocks]
-    u = tf.reshape(_random_uniform(lead + [2], seed), [-1, 2])
+    u = tf.reshape(rng.uniform(lead + [2], seed), [-1, 2])
     cdf = inclusive_cumsum(mass)
     b = _pick(cdf, u[:, :1] * cdf[:, -1:], mass)                          # [N]
     inside = tf.gather(p, b, batch_dims=1)                                # [N, block]
@@ -597,7 +577,6 @@ def auc_from_histograms(pos_hist, neg_hist) -> tf.Tensor:
 
 
 MAX_PROB_BUCKETS = 10  # histogram of the sampling distribution's max probability
-CORRELATION_GROUPS = ("all", "original", "replaced")
 
 
 def _correlation_sums(x, y, groups: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
@@ -691,14 +670,6 @@ def metric_sums(*, input_mask: tf.Tensor, masked_ids: tf.Tensor, masked_weights:
     return sums
 
 
-def accumulate_metric_sums(total: Optional[Dict[str, tf.Tensor]],
-                           batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """total + batch, key by key (`total=None` starts a sum)."""
-    if total is None:
-        return dict(batch)
-    return {k: total[k] + batch[k] for k in batch}
-
-
 def _pearson(sums, group: str) -> tf.Tensor:
     """Pearson's r of a `_correlation_sums` group (0 when a variance is 0)."""
     n, x, y, xx, yy, xy = (tf.cast(sums[f"hp_corr_{group}_{k}"], tf.float32)
@@ -754,7 +725,3 @@ def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         out["hp_loss_corr_replaced"] = _pearson(sums, "replaced")
     return out
 
-
-def compute_metrics(**kwargs) -> Dict[str, tf.Tensor]:
-    """`metrics_from_sums(metric_sums(**kwargs))`: the metrics of a single batch."""
-    return metrics_from_sums(metric_sums(**kwargs))
