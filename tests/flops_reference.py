@@ -317,7 +317,7 @@ def profile_forward(cfg, batch_size: int = 1, training: bool = True,
                                        [hidden(m.embedding_size), ids], 1)
         graphs["generator_mlm_head"] = (
             lambda h, positions: model.generator_predictions(
-                modeling.gather_positions(h, positions)),
+                tf.gather(h, positions, axis=1, batch_dims=1)),
             [hidden(model.generator.hidden_size), tf.TensorSpec([b, p], tf.int32)], 1)
     graphs["discriminator_encoder"] = (encoder_fn(model.electra),
                                        [hidden(m.embedding_size), ids], 1)

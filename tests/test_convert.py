@@ -17,7 +17,7 @@ from electra_tf.conversion import convert, formats, source
 from electra_tf.pretraining import model_dir
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
-from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
+from electra_tf.model.modeling import ElectraPretrainingModel, tf1_variables
 
 from conftest import REPO
 
@@ -44,8 +44,7 @@ def _ckpt(tmp_path, config, extra=None, name="model.ckpt", variables=None):
 @pytest.mark.parametrize("config", [TINY, WIDE])
 def test_expected_shapes_match_the_model(config):
     model = ElectraPretrainingModel(config)
-    names = tf1_checkpoint_names(model)
-    got = {names[v.path]: tuple(v.shape) for v in model.trainable_variables}
+    got = {name: tuple(v.shape) for name, v in tf1_variables(model).items()}
     assert got == formats.expected_shapes(config)
 
 

@@ -14,7 +14,7 @@ from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
 from electra_tf.finetune.cli import find_config
 from electra_tf.finetune.model import FinetuningModel, InitError, init_encoder, make_head
-from electra_tf.model.modeling import ElectraPretrainingModel, tf1_checkpoint_names
+from electra_tf.model.modeling import ElectraPretrainingModel, tf1_variables
 
 H, L, I, V, P, T = 32, 2, 48, 40, 20, 2
 BERT_CONFIG = {"architectures": ["BertForPreTraining"], "model_type": "bert",
@@ -80,8 +80,7 @@ def tf1_to_bert(name: str, prefix="bert.") -> str:
 
 
 def encoder_arrays(ft):
-    names = tf1_checkpoint_names(ft.electra)
-    return {names[v.path]: v.numpy() for v in ft.electra.trainable_variables}
+    return {name: v.numpy() for name, v in tf1_variables(ft.electra).items()}
 
 
 @pytest.mark.parametrize("prefix,old_ln", [("bert.", False), ("bert.", True), ("", False)])

@@ -13,7 +13,7 @@ checkpoints, e.g.::
     generator_ltr/encoder/layer_0/attention/self/key/kernel  [h, h]   (two-tower generator)
     cloze_predictions/dense/kernel                           [2h, E]  (two-tower generator)
 
-(`tf1_variables` / `tf1_checkpoint_names` return that map and check it; `checkpoints`
+(`tf1_variables` returns that map and checks it; `checkpoints`
 reads and writes name-based checkpoints in the released format with it.)
 
 Variables are created when the objects are constructed (every size is in the config), so
@@ -141,6 +141,10 @@ class LayerNorm(keras.layers.Layer):
         return tf.cast(y, self.compute_dtype)
 
 
+TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+DELTA_SUFFIX = "_delta"
+
+
 class Embeddings(keras.layers.Layer):
     """Token + position + token-type embeddings, LayerNorm, dropout -> [B, L, E].
 
@@ -156,25 +160,19 @@ class Embeddings(keras.layers.Layer):
         self.layer_norm = LayerNorm(config.embedding_size, config.layer_norm_eps,
                                     name="LayerNorm", dtype=self.dtype_policy)
 
-    def build(self, input_shape=None):
+    def build(self, input_shape=None, suffix="", initializer=None):
         c = self.config
-        init = truncated_normal(c.initializer_range)
-        self.word_embeddings = self.add_weight(
-            name="word_embeddings", shape=(c.vocab_size, c.embedding_size),
-            initializer=init, autocast=False)
-        self.position_embeddings = self.add_weight(
-            name="position_embeddings", shape=(c.max_position_embeddings, c.embedding_size),
-            initializer=init, autocast=False)
-        self.token_type_embeddings = self.add_weight(
-            name="token_type_embeddings", shape=(c.type_vocab_size, c.embedding_size),
-            initializer=init, autocast=False)
+        initializer = initializer or truncated_normal(c.initializer_range)
+        rows = (c.vocab_size, c.max_position_embeddings, c.type_vocab_size)
+        for name, n in zip(TABLES, rows):  # attributes: tf.train.Checkpoint tracks them
+            setattr(self, name + suffix, self.add_weight(
+                name=name + suffix, shape=(n, c.embedding_size), initializer=initializer,
+                autocast=False))
         self.layer_norm.build((None, None, c.embedding_size))
 
     def tables(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """(word, position, token-type) tables as used, float32."""
-        return (tf.convert_to_tensor(self.word_embeddings),
-                tf.convert_to_tensor(self.position_embeddings),
-                tf.convert_to_tensor(self.token_type_embeddings))
+        return tuple(tf.convert_to_tensor(getattr(self, name)) for name in TABLES)
 
     def call(self, input_ids, segment_ids=None, training=False, seed=None):
         input_ids = tf.cast(input_ids, tf.int32)
@@ -187,10 +185,6 @@ class Embeddings(keras.layers.Layer):
         x = x + tf.gather(token_type, tf.cast(segment_ids, tf.int32))
         x = self.layer_norm(x)
         return dropout(x, self.config.hidden_dropout_prob, training, seed)
-
-
-TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
-DELTA_SUFFIX = "_delta"
 
 
 class DisentangledEmbeddings(Embeddings):
@@ -210,15 +204,7 @@ class DisentangledEmbeddings(Embeddings):
         self._source = weakref.ref(source)
 
     def build(self, input_shape=None):
-        c = self.config
-        shapes = {"word_embeddings": (c.vocab_size, c.embedding_size),
-                  "position_embeddings": (c.max_position_embeddings, c.embedding_size),
-                  "token_type_embeddings": (c.type_vocab_size, c.embedding_size)}
-        for name in TABLES:  # attributes, which tf.train.Checkpoint tracks (lists are not)
-            setattr(self, name + DELTA_SUFFIX, self.add_weight(
-                name=name + DELTA_SUFFIX, shape=shapes[name], initializer="zeros",
-                autocast=False))
-        self.layer_norm.build((None, None, c.embedding_size))
+        super().build(suffix=DELTA_SUFFIX, initializer="zeros")
 
     @property
     def deltas(self) -> Tuple:
@@ -491,11 +477,6 @@ class GeneratorPredictions(keras.layers.Layer):
         return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
 
 
-def gather_positions(sequence, positions):
-    """sequence [B, L, H], positions [B, P] int -> [B, P, H]."""
-    return tf.gather(sequence, tf.cast(positions, tf.int32), axis=1, batch_dims=1)
-
-
 def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
     """A built discriminator encoder (`electra/...`) with its own embeddings.
 
@@ -549,23 +530,19 @@ class ElectraPretrainingModel(keras.Model):
                                config.num_attention_heads, config.intermediate_size,
                                embeddings=disc_embeddings, name="electra", dtype=policy)
         self.embeddings = self.electra.embeddings
-        if config.disentangled_embeddings:
-            self.generator = Encoder(
-                config, config.generator_hidden, config.generator_num_layers,
-                config.generator_heads, config.generator_intermediate,
-                embeddings=generator_embeddings, name="generator", dtype=policy)
-        elif config.two_tower_generator:
-            self.generator = TwoTowerGenerator(
-                config, embeddings=self.embeddings if config.tie_embeddings else None,
-                name="two_tower_generator", dtype=policy)
+        if config.tie_embeddings and not config.disentangled_embeddings:
+            generator_embeddings = self.embeddings
+        # (config.check(): GDES has neither two towers nor tied weights.)
+        if config.two_tower_generator:
+            self.generator = TwoTowerGenerator(config, embeddings=generator_embeddings,
+                                               name="two_tower_generator", dtype=policy)
         elif config.tie_all_weights:
             self.generator = self.electra
         else:
             self.generator = Encoder(
                 config, config.generator_hidden, config.generator_num_layers,
                 config.generator_heads, config.generator_intermediate,
-                embeddings=self.embeddings if config.tie_embeddings else None,
-                name="generator", dtype=policy)
+                embeddings=generator_embeddings, name="generator", dtype=policy)
         self.discriminator_predictions = DiscriminatorPredictions(
             config, config.hidden_size, name="discriminator_predictions", dtype=policy)
         self.generator_predictions = GeneratorPredictions(
@@ -619,7 +596,8 @@ class ElectraPretrainingModel(keras.Model):
                              training=False, seed=None):
         """-> MLM logits [B, P, V], float32, only at `masked_positions` [B, P]."""
         hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training, seed)
-        return self.generator_predictions(gather_positions(hidden, masked_positions))
+        return self.generator_predictions(tf.gather(
+            hidden, tf.cast(masked_positions, tf.int32), axis=1, batch_dims=1))
 
     def baseline_logits(self, generator_hidden):
         """The adversarial baseline's logits [...] from generator hidden states [..., h]."""
@@ -646,22 +624,6 @@ def discriminator_variables(model: ElectraPretrainingModel) -> List:
     """Trainable variables the discriminator uses (shared embeddings included)."""
     return _unique(model.electra.trainable_variables +
                    model.discriminator_predictions.trainable_variables)
-
-
-def generator_variables(model: ElectraPretrainingModel) -> List:
-    """Trainable variables the generator uses (shared embeddings included)."""
-    return _unique(model.generator.trainable_variables +
-                   model.generator_predictions.trainable_variables)
-
-
-def discriminator_checkpoint(model: ElectraPretrainingModel) -> tf.train.Checkpoint:
-    """An object-based checkpoint of the discriminator only (what fine-tuning keeps).
-
-    Restores into `tf.train.Checkpoint(electra=build_discriminator_encoder(cfg))`
-    (the head is optional there: `expect_partial()`).
-    """
-    return tf.train.Checkpoint(electra=model.electra,
-                               discriminator_predictions=model.discriminator_predictions)
 
 
 def tf1_name(path: str) -> str:
@@ -704,10 +666,3 @@ def released_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np
             out[name] = np.asarray(v.numpy())
     return out
 
-
-def tf1_checkpoint_names(model, variables: Optional[Sequence] = None) -> Dict[str, str]:
-    """{variable.path: TF1 name} for every trainable variable of `model` (any layer).
-
-    Raises if two variables would get the same name.
-    """
-    return {v.path: name for name, v in tf1_variables(model, variables).items()}

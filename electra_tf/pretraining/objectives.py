@@ -19,7 +19,6 @@ from electra_tf.pretraining import losses as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
 from electra_tf.objective_specs import SPECS
-from electra_tf.model.modeling import gather_positions
 
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 _EPS = 1e-5
@@ -132,7 +131,7 @@ class Objective(abc.ABC):
         hidden = model.generator_hidden(masked["masked_input_ids"], batch["input_mask"],
                                         batch["segment_ids"], training=training and not fixed,
                                         seed=seed)
-        slots = gather_positions(hidden, masked["masked_positions"])
+        slots = obj.gather_slots(hidden, masked["masked_positions"])
         logits = model.generator_predictions(slots)
         if fixed:
             return tf.stop_gradient(logits), tf.stop_gradient(slots)
@@ -396,7 +395,7 @@ class MaskedLM(Objective):
         """-> (loss sum, per-item losses, item weights, per-item correct, denominator):
         the originals predicted at the slots."""
         ids, w = masked["masked_ids"], masked["masked_weights"]
-        logits = model.mlm_predictions(gather_positions(hidden, masked["masked_positions"]))
+        logits = model.mlm_predictions(obj.gather_slots(hidden, masked["masked_positions"]))
         loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
         correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
         return loss_sum, per_item, w, correct, denominators["mlm"]
