@@ -32,15 +32,9 @@ Conventions (what a count includes; `Convention` below):
   not part of the forward graphs).
 
 `count_config` counts what a config's objective runs and trains, per component, from its
-spec (`objective_specs.ObjectiveSpec`: the generator's towers and where their LM head
-predicts, the optional heads, the discriminator's binary head, the stages): e.g. BERT's
-MLM has no generator; replace_mlm and all_tokens_mlm put an MLM head on the
-discriminator-sized encoder (at every position for all_tokens_mlm); hp_loss / hp_dist add
-a generator-width sampling head, adversarial a baseline; electric runs two
-generator-sized towers (left-to-right, right-to-left; attention counted in full, as
-computed) with a cloze head at every position; a fixed generator (Fast-ELECTRA) is one
-`Phase` in which the generator side runs forward only; two_stage runs in two `Phase`s
-(generator only, then the generator forward only while the discriminator trains).
+spec (`objective_specs.ObjectiveSpec`; see `_config_plan`). ELECTRIC's one-sided towers
+are counted with full attention, as computed; a fixed generator (Fast-ELECTRA) and
+two_stage's stages are `Phase`s in which the generator side runs forward only.
 """
 
 import collections
@@ -329,9 +323,6 @@ class Count:
                 return p
         raise KeyError(f"no phase {name!r}; phases: {[p.name for p in self.phases]}")
 
-    def _phase_factors(self, phase: Phase) -> Dict[str, float]:
-        return {k: phase.factor(k, self.convention) for k in self.forward_per_sequence}
-
     def forward(self) -> Dict[str, float]:
         """Forward FLOPs per sequence, per component and "total" (each component once)."""
         return self._with_total(1.0)
@@ -341,7 +332,9 @@ class Count:
         backward, forward-only ones forward. With phases: of a step of `phase`, or with
         None the average step of the run (`train_per_run` / `num_train_steps`)."""
         if phase is not None:
-            return self._with_total(self.batch_size, self._phase_factors(self.phase(phase)))
+            p = self.phase(phase)
+            return self._with_total(self.batch_size, {
+                k: p.factor(k, self.convention) for k in self.forward_per_sequence})
         if not self.phases:
             return self._with_total(self.convention.train_factor * self.batch_size)
         per_run = self.train_per_run()
