@@ -47,7 +47,7 @@ def test_an_electric_run_trains_in_the_compiled_step(electric_run):
 
 def test_scores_are_minus_the_summed_energies_of_the_text_pieces(electric_run, tmp_path):
     model_dir, _ = electric_run
-    cfg, model, path = score.load_energy_model(model_dir)
+    cfg, model, path = score.load_run(model_dir, objective="electric")
     assert path.endswith("ckpt-3")
     text = TextEncoder(DEFAULT_VOCAB)
     scorer = score.Scorer(model, text, max_seq_length=16, batch_size=2)
@@ -86,11 +86,11 @@ def test_the_cli_writes_one_row_per_text_line(electric_run, tmp_path):
 
 def test_errors_name_the_run(tmp_path, electric_run):
     with pytest.raises(score.ScoreError, match="no config.json"):
-        score.load_energy_model(str(tmp_path))
+        score.load_run(str(tmp_path), objective="electric")
     other = tmp_path / "electra_run"
     fileio.makedirs(str(other))
     fileio.write_json_atomic(str(other / "config.json"), load_config("tiny").to_json())
     with pytest.raises(score.ScoreError, match="objective electra, not electric"):
-        score.load_energy_model(str(other))
+        score.load_run(str(other), objective="electric")
     with pytest.raises(score.ScoreError, match="no such file"):
         score.read_lines(str(tmp_path / "missing.txt"))

@@ -45,20 +45,17 @@ def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
             raise RunError("no training data: give --train_data (TFRecord globs or a "
                            "tfrecord_builder output directory)")
         train_pattern = eval_pattern  # evaluation only: its data gives the manifest
-    files = data_files.resolve_files(train_pattern, tc.on_bad_shard)
-    manifest = data_files.check_data(train_pattern, vocab_size=cfg.model.vocab_size,
-                                     max_seq_length=tc.max_seq_length,
-                                     on_bad_shard=tc.on_bad_shard)
+
+    def checked(pattern):  # -> (files, manifest or None)
+        return (data_files.resolve_files(pattern, tc.on_bad_shard), data_files.check_data(
+            pattern, vocab_size=cfg.model.vocab_size, max_seq_length=tc.max_seq_length,
+            on_bad_shard=tc.on_bad_shard))
+
+    files, manifest = checked(train_pattern)
     data_files.check_sequence_length(files[:1], tc.max_seq_length, tc.on_bad_shard)
-    if eval_pattern:
-        eval_files = data_files.resolve_files(eval_pattern, tc.on_bad_shard)
-        data_files.check_data(eval_pattern, vocab_size=cfg.model.vocab_size,
-                              max_seq_length=tc.max_seq_length,
-                              on_bad_shard=tc.on_bad_shard)
-    elif options.do_eval:
+    if options.do_eval and not eval_pattern:
         raise RunError("--do_eval needs --eval_data (held-out shards)")
-    else:
-        eval_files = []
+    eval_files = checked(eval_pattern)[0] if eval_pattern else []
     return files, eval_files, manifest
 
 

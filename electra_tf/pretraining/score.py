@@ -65,13 +65,6 @@ def load_run(model_dir: str, checkpoint: Optional[str] = None,
     return cfg, model, src.path
 
 
-def load_energy_model(model_dir: str, checkpoint: Optional[str] = None
-                      ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
-    """`load_run` of an `objective=electric` run: only an ELECTRIC discriminator outputs
-    energies."""
-    return load_run(model_dir, checkpoint, objective="electric")
-
-
 class Scorer:
     """Texts -> pseudo-log-likelihoods with a restored ELECTRIC model."""
 
@@ -152,7 +145,8 @@ def main(argv):
     del argv
     f = flags.FLAGS
     try:
-        cfg, model, path = load_energy_model(f.model_dir, f.checkpoint)
+        # Only an ELECTRIC discriminator outputs energies.
+        cfg, model, path = load_run(f.model_dir, f.checkpoint, objective="electric")
         vocab = None if f.spm_model else (f.vocab_file or DEFAULT_VOCAB)
         text = TextEncoder(vocab, f.do_lower_case, f.spm_model)
         if text.vocab_size != cfg.model.vocab_size:

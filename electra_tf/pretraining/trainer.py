@@ -65,10 +65,7 @@ class Pretrainer(Trainer):
     def eval_step(self, batch, phase=0):
         dens = self.step_context(batch)
         loss, sums = self.loss(batch, self.step_seed(batch, offset=1), dens, False, phase)
-        sums = dict(sums)
-        sums["loss_sum"] = loss
-        sums["steps"] = tf.constant(1.0)
-        return sums
+        return dict(sums, loss_sum=loss, steps=tf.constant(1.0))
 
     def make_eval_loop(self, phase: Optional[int] = None):
         """Eval steps of `phase` (default: the phase of the current global step)."""
