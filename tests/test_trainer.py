@@ -125,6 +125,22 @@ def test_checkpoint_round_trip(tmp_path):
     assert int(other.global_step.numpy()) == 3 and int(other.data_batches.numpy()) == 4
 
 
+def test_a_checkpoint_without_the_data_position_resumes_at_global_step(tmp_path):
+    """A checkpoint written before `data_batches` existed restores, and the input resumes
+    at global_step (the data position a run without skipped steps had)."""
+    trainer = ToyTrainer(ROWS)
+    _loop(trainer, [batch(ROWS)], 3)
+    old = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
+                              global_step=trainer.global_step, loss_scale=trainer.loss_scale,
+                              loss_scale_good_steps=trainer.good_steps)
+    path = old.save(str(tmp_path / "ckpt"))
+    other = ToyTrainer(ROWS)
+    other.data_batches.assign(7)
+    other.restore(path)
+    np.testing.assert_array_equal(other.weights(), trainer.weights())
+    assert int(other.global_step.numpy()) == 3 and int(other.data_batches.numpy()) == 3
+
+
 def test_reinitialize_starts_over_without_a_new_trace():
     trainer = ToyTrainer(ROWS)
     first = _loop(trainer, [batch(ROWS)], 2)

@@ -146,20 +146,23 @@ class Trainer(abc.ABC):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint(self) -> tf.train.Checkpoint:
+    def checkpoint(self, data_position: bool = True) -> tf.train.Checkpoint:
         """The object graph of a training checkpoint: model, optimizer slots, step, loss
-        scale and the data position (what a rerun resumes from)."""
-        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                   global_step=self.global_step, loss_scale=self.loss_scale,
-                                   loss_scale_good_steps=self.good_steps,
-                                   data_batches=self.data_batches)
+        scale and the data position (what a rerun resumes from; without it, the graph of
+        checkpoints written before `data_batches` existed)."""
+        state = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
+                     loss_scale=self.loss_scale, loss_scale_good_steps=self.good_steps)
+        if data_position:
+            state["data_batches"] = self.data_batches
+        return tf.train.Checkpoint(**state)
 
     def restore(self, path: str):
         """Restores a training checkpoint. One written before data_batches existed puts
         the data position at global_step."""
-        self.data_batches.assign(-1)
-        self.checkpoint().restore(path).assert_existing_objects_matched()
-        if int(self.data_batches.numpy()) < 0:
+        saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        data_position = "data_batches" in saved
+        self.checkpoint(data_position).restore(path).assert_existing_objects_matched()
+        if not data_position:
             self.data_batches.assign(self.global_step)
 
     def reinitialize(self, seed: int):
