@@ -422,6 +422,7 @@ for part, hf_dir, out in job["parts"]:
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_tf1_export_loads_in_transformers_tf_loader(tmp_path, legacy_transformers):
     """Our TF1 export (the CLI's export-tf1 from a training model_dir, Adam slots included)

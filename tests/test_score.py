@@ -33,6 +33,7 @@ def electric_run(tmp_path_factory, sample_build):
     return out, metrics
 
 
+@pytest.mark.e2e
 def test_an_electric_run_trains_in_the_compiled_step(electric_run):
     _, metrics = electric_run
     # A fresh cloze head is near uniform over the 30,522 pieces: -log q ~ ln V = 10.33.
@@ -45,6 +46,7 @@ def test_an_electric_run_trains_in_the_compiled_step(electric_run):
     assert 1.0 < metrics["disc_loss"] < 2.0
 
 
+@pytest.mark.e2e
 def test_scores_are_minus_the_summed_energies_of_the_text_pieces(electric_run, tmp_path):
     model_dir, _ = electric_run
     cfg, model, path = score.load_run(model_dir, objective="electric")
@@ -67,6 +69,8 @@ def test_scores_are_minus_the_summed_energies_of_the_text_pieces(electric_run, t
     assert again[1] == pytest.approx(scores[0], rel=1e-6)
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_the_cli_writes_one_row_per_text_line(electric_run, tmp_path):
     model_dir, _ = electric_run
     src, out = tmp_path / "in.txt", tmp_path / "scores.tsv"
@@ -84,7 +88,7 @@ def test_the_cli_writes_one_row_per_text_line(electric_run, tmp_path):
     assert "1 of 4 texts are longer than 14 pieces" in proc.stderr
 
 
-def test_errors_name_the_run(tmp_path, electric_run):
+def test_errors_name_the_run(tmp_path):
     with pytest.raises(score.ScoreError, match="no config.json"):
         score.load_run(str(tmp_path), objective="electric")
     other = tmp_path / "electra_run"
