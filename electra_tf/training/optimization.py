@@ -1,29 +1,10 @@
 """Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping.
 
-Everything here is plain TensorFlow on `tf.Variable`s, so that one train step (forward,
-backward, clipping, update) can live in a single `tf.function(jit_compile=True)` that runs
-through `strategy.run` under any `tf.distribute` strategy (TPU, Mirrored, one device).
-
-* `WarmupPolynomialDecay`: the official ELECTRA schedule,
-  lr(step) = polynomial_decay(lr, step, total, end, power) * min(1, step / warmup).
-* `AdamW`: the official ELECTRA optimizer (no bias correction by default, decoupled weight
-  decay skipping LayerNorm and bias variables). `LAMB`: You et al. (2019), Algorithm 2.
-  Slots are `tf.Variable`s named `<var>/adam_m` and `<var>/adam_v`, the names of the slots
-  in the official TF1 training checkpoints (`slot_variables()` maps names to slots).
-* `clip_by_global_norm`, `all_reduce_gradients`, `update_loss_scale`: helpers for the
-  train step.
-
-A train step under a strategy (replica function passed to `strategy.run`):
-
-    with tf.GradientTape() as tape:
-        loss = model_loss(batch)                        # mean over the replica's batch
-    grads = tape.gradient(loss, variables)
-    grads = all_reduce_gradients(grads)                 # mean over replicas
-    grads, norm = clip_by_global_norm(grads, 1.0)
-    optimizer.apply_gradients(zip(grads, variables), step)
-
-`apply_gradients` does not all-reduce: it expects the same gradients on every replica.
-Call `optimizer.build(variables)` once, eagerly, under `strategy.scope()`, before tracing.
+Plain TensorFlow on `tf.Variable`s, so one train step (forward, backward, clipping, update)
+lives in a single `tf.function(jit_compile=True)` run through `strategy.run` under any
+strategy. Slots are named `<var>/adam_m` and `<var>/adam_v`, as in the official TF1
+checkpoints. `apply_gradients` does not all-reduce (it expects the same gradients on every
+replica); call `optimizer.build(variables)` once, eagerly, under `strategy.scope()`.
 """
 
 import functools
@@ -68,10 +49,6 @@ class WarmupPolynomialDecay:
         return dict(learning_rate=self.learning_rate, total_steps=self.total_steps,
                     warmup_steps=self.warmup_steps, end_learning_rate=self.end_learning_rate,
                     power=self.power)
-
-    def __repr__(self):
-        return "WarmupPolynomialDecay(" + ", ".join(
-            f"{k}={v}" for k, v in self.get_config().items()) + ")"
 
 
 # --------------------------------------------------------------------------- variables
@@ -427,21 +404,18 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
     return out, norm
 
 
-def all_reduce_gradients(grads: Sequence, reduce_op: str = "mean") -> List:
-    """All-reduces gradients over replicas ('mean' or 'sum') in replica context; identity
-    outside `strategy.run` or with one replica. None stays None; IndexedSlices are
-    densified first (XLA- and TPU-friendly)."""
+def all_reduce_gradients(grads: Sequence) -> List:
+    """Sums gradients over replicas in replica context; identity outside `strategy.run` or
+    with one replica. None stays None; IndexedSlices are densified first (XLA-friendly)."""
     ctx = tf.distribute.get_replica_context()
     grads = list(grads)
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return grads
-    op = {"mean": tf.distribute.ReduceOp.MEAN, "sum": tf.distribute.ReduceOp.SUM}[reduce_op]
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = ctx.all_reduce(op, [_dense(grads[i]) for i in present])
-    out = list(grads)
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [_dense(grads[i]) for i in present])
     for i, g in zip(present, reduced):
-        out[i] = g
-    return out
+        grads[i] = g
+    return grads
 
 
 # --------------------------------------------------------------------------- factory

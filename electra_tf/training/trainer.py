@@ -239,7 +239,7 @@ class Trainer(abc.ABC):
         seed = self.step_seed(batch)
         context = self.step_context(batch)
         grads, loss, sums = self._accumulated_grads(batch, seed, context, phase)
-        grads = all_reduce_gradients(grads, "sum")
+        grads = all_reduce_gradients(grads)
         inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
         grads = [None if g is None else g * inv_scale for g in grads]
         grads, norm = clip_by_global_norm(grads, self.clip_norm)
