@@ -238,10 +238,8 @@ def test_slice_hosts(accelerator_type, hosts):
 def test_the_metadata_server_is_asked_on_a_tpu_vm_only(monkeypatch):
     from electra_tf.training import gce
     asked = []
-    answers = {"instance/attributes/accelerator-type": "v4-32",
-               "instance/attributes/agent-worker-number": "3"}
-    monkeypatch.setattr(distribute, "_metadata", lambda path: asked.append(path) or
-                        answers[path])
+    answers = {"accelerator-type": "v4-32", "agent-worker-number": "3"}
+    monkeypatch.setattr(gce, "attribute", lambda name: asked.append(name) or answers[name])
     monkeypatch.setattr(gce, "on_gce", lambda: True)
     monkeypatch.setattr(distribute, "tpu_chips", lambda: 0)
     host = distribute.probe_tpu_host({})

@@ -6,7 +6,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from electra_tf.training import hardware
+from electra_tf.training import gce, hardware
 
 T = 1e12
 
@@ -123,6 +123,19 @@ def test_cpu_peak_is_measured_once(monkeypatch):
     # Another size is another measurement.
     _clock(monkeypatch, 1.0, 2.0, 4.0)
     assert hardware.measure_matmul_flops(32, "float32") == 2 * 32 ** 3 / 1.0
+
+
+def test_tpu_name_from_the_metadata_server(monkeypatch):
+    """Without the TPU VM's environment (and no Cloud TPU API) the accelerator type comes
+    from the metadata server's instance attribute; an unreachable server gives None."""
+    for var in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
+        monkeypatch.delenv(var, raising=False)
+    strategy = _strategy(_devices("TPU", 8))
+    monkeypatch.setattr(gce, "attribute", {"accelerator-type": "v4-8"}.get)
+    assert hardware.device_name(strategy) == "v4-8"
+    monkeypatch.undo()
+    monkeypatch.setenv(gce.METADATA_HOST_ENV, "127.0.0.1:1")  # nothing listens there
+    assert gce.attribute("accelerator-type") is None
 
 
 def test_tpu_name_from_the_tpu_vm_environment(monkeypatch):

@@ -236,14 +236,6 @@ def _check_api(host: TpuHost, what: str):
 # ---------------------------------------------------------------------- the machine
 
 
-def _metadata(path: str, timeout: float = 2.0) -> Optional[str]:
-    """A GCE metadata value of this VM, or None."""
-    try:
-        return gce.metadata(path, timeout=timeout) or None
-    except (OSError, ValueError):
-        return None
-
-
 def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
     """What this machine has: TPU chips from /dev (no network); on a TPU VM only, the
     slice's accelerator type and this host's worker number from TPU_ACCELERATOR_TYPE /
@@ -256,10 +248,9 @@ def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
     accelerator_type = env.get("TPU_ACCELERATOR_TYPE") or None
     worker = env.get("TPU_WORKER_ID") or None
     if (chips or tf_devices) and on_gce:
-        accelerator_type = accelerator_type or _metadata(
-            "instance/attributes/accelerator-type")
+        accelerator_type = accelerator_type or gce.attribute("accelerator-type")
         if worker is None:
-            worker = _metadata("instance/attributes/agent-worker-number")
+            worker = gce.attribute("agent-worker-number")
     api = module_exists("cloud_tpu_client") or (
         module_exists("googleapiclient") and module_exists("oauth2client"))
     return TpuHost(chips=chips, tf_tpu_devices=tf_devices, accelerator_type=accelerator_type,

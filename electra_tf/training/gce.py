@@ -1,6 +1,6 @@
 """The Google Compute Engine VM this process may run on (Cloud TPU VMs included): whether
-it is one, and its metadata server, which both the TPU resolution (`distribute.py`) and
-the preemption watch (`preemption.py`) read."""
+it is one, and its metadata server, which the TPU resolution (`distribute.py`), the
+peak-FLOP/s lookup (`hardware.py`) and the preemption watch (`preemption.py`) read."""
 
 import os
 import urllib.request
@@ -33,3 +33,12 @@ def metadata(path: str, host: Optional[str] = None, timeout: float = 2.0) -> str
                                      headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read().decode("utf-8").strip()
+
+
+def attribute(name: str) -> Optional[str]:
+    """This VM's instance attribute `name` (accelerator-type, agent-worker-number), or None
+    when it is empty or the metadata server cannot be read."""
+    try:
+        return metadata(f"instance/attributes/{name}") or None
+    except (OSError, ValueError):
+        return None

@@ -25,11 +25,12 @@ import dataclasses
 import os
 import re
 import time
-import urllib.request
 from typing import Dict, Optional, Tuple, Union
 
 import tensorflow as tf
 from absl import logging
+
+from electra_tf.training import gce
 
 T = 1e12
 
@@ -119,14 +120,7 @@ def _tpu_name(strategy) -> Optional[str]:
             return client.accelerator_type()
     except Exception as e:  # noqa: BLE001 - no API access: try the next source
         logging.info("Cloud TPU API gave no accelerator type: %s", e)
-    request = urllib.request.Request(
-        "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
-        "accelerator-type", headers={"Metadata-Flavor": "Google"})
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return response.read().decode()
-    except OSError:
-        return None
+    return gce.attribute("accelerator-type")
 
 
 def device_name(strategy) -> Optional[str]:
