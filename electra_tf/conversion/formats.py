@@ -63,12 +63,18 @@ def _encoder_shapes(scope: str, c: ModelConfig, hidden: int, layers: int,
     return out
 
 
+def _discriminator_encoder_shapes(c: ModelConfig) -> Dict[str, tuple]:
+    out = _embedding_shapes("electra", c)
+    out.update(_encoder_shapes("electra", c, c.hidden_size, c.num_hidden_layers,
+                               c.intermediate_size))
+    return out
+
+
 def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
     """{TF1 name: shape} of every trainable variable of `ElectraPretrainingModel(c)`
     (without the generator and its head when `generator` is False)."""
     h = c.hidden_size
-    out = _embedding_shapes("electra", c)
-    out.update(_encoder_shapes("electra", c, h, c.num_hidden_layers, c.intermediate_size))
+    out = _discriminator_encoder_shapes(c)
     out.update({"discriminator_predictions/dense/kernel": (h, h),
                 "discriminator_predictions/dense/bias": (h,),
                 "discriminator_predictions/dense_1/kernel": (h, 1),
@@ -367,11 +373,7 @@ def hf_encoder_map(config: ModelConfig, prefix: str) -> Dict[str, Tuple[str, boo
     (`electra/embeddings...`, `electra/encoder/layer_N/...`); `prefix` is the transformers
     module ('electra.', 'bert.' or '' for a bare ElectraModel / BertModel)."""
     out = {}
-    h = config.hidden_size
-    names = dict(_embedding_shapes("electra", config))
-    names.update(_encoder_shapes("electra", config, h, config.num_hidden_layers,
-                                 config.intermediate_size))
-    for name in names:
+    for name in _discriminator_encoder_shapes(config):
         key, t = _hf_key(name.split("/", 1)[1])
         out[name] = (prefix + key, t)
     return out
@@ -389,9 +391,7 @@ def import_hf_encoder(path: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], Li
                for k, v in tensors.items()}
     module = cfg["model_type"] + "."
     prefix = module if f"{module}embeddings.word_embeddings.weight" in tensors else ""
-    want = dict(_embedding_shapes("electra", config))
-    want.update(_encoder_shapes("electra", config, config.hidden_size,
-                                config.num_hidden_layers, config.intermediate_size))
+    want = _discriminator_encoder_shapes(config)
     arrays, used = {}, set()
     for name, (key, transpose) in hf_encoder_map(config, prefix).items():
         if key not in tensors:

@@ -16,7 +16,6 @@ from electra_tf.data import order as order_lib
 from electra_tf.data.files import FEATURE_NAMES
 
 
-
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
     """What to read and how to batch it.
@@ -63,12 +62,6 @@ def feature_spec(max_seq_length: int) -> Dict[str, tf.io.FixedLenFeature]:
     return {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in FEATURE_NAMES}
 
 
-def element_spec(batch_size: int, max_seq_length: int) -> Dict[str, tf.TensorSpec]:
-    """The model's input dict as TensorSpecs, e.g. for tf.function input signatures."""
-    return {name: tf.TensorSpec([batch_size, max_seq_length], tf.int32)
-            for name in FEATURE_NAMES}
-
-
 def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tensor]:
     """A batch of serialized examples -> the model's input dict of int32 tensors."""
     parsed = tf.io.parse_example(serialized, feature_spec(max_seq_length))
@@ -79,26 +72,16 @@ def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tens
 def make_dataset(config: InputConfig,
                  input_context: Optional[tf.distribute.InputContext] = None,
                  log: Optional[shards.ShardLog] = None) -> tf.data.Dataset:
-    """The batched dataset of one input pipeline (one host).
+    """The batched dataset of one input pipeline (one host): with an input context (from
+    distribute_datasets_from_function) its share of the files in per-replica batches,
+    without one every file in config.batch_size batches. Each element is the model's input
+    dict {"input_ids", "input_mask", "segment_ids"}, int32 [batch, max_seq_length]; batches
+    are full (drop_remainder: static shapes for XLA), so with repeat=False one pass reads
+    every example once, minus fewer than one batch at the end.
 
-    With an input context (from distribute_datasets_from_function) the pipeline reads its
-    share of the files and yields per-replica batches; without one it reads every file and
-    yields config.batch_size. Batches are always full (drop_remainder) so shapes are static
-    for XLA. With repeat=False one pass reads every example of its files exactly once,
-    minus fewer than one batch left at the end.
-
-        cfg = InputConfig(file_pattern="cache/tfrecords/enwiki_sample-seq128",
-                          max_seq_length=128, batch_size=128, vocab_size=30522)
-        dist_ds = strategy.distribute_datasets_from_function(lambda ctx: make_dataset(cfg, ctx))
-
-    Each element is the model's input dict {"input_ids", "input_mask", "segment_ids"},
-    int32 [per_replica_batch, max_seq_length] (see `element_spec`).
-
-    A shard that turns out unreadable while it is read (see InputConfig.on_bad_shard) is
-    reported into `log` (a fresh one of this dataset's own when none is given): skipped
-    and listed in `log.skipped()`, or it fails the read with an error that
-    `shards.explain_read_error(error, files, log)` turns into a one-line BadShardError
-    naming it. The report needs the pipeline to run in this Python process (see ShardLog).
+    A shard found unreadable while read (InputConfig.on_bad_shard) is reported into `log`
+    (this dataset's own when None): skipped and listed in `log.skipped()`, or it fails the
+    read with an error `shards.explain_read_error(error, files, log)` makes one line of.
     """
     paths = files.resolve_files(config.file_pattern, config.on_bad_shard)
     if config.check_data:

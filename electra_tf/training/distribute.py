@@ -2,28 +2,11 @@
 
 `--strategy=auto|tpu|gpu|multi_worker|cpu` maps to TPUStrategy, MirroredStrategy,
 MultiWorkerMirroredStrategy or OneDeviceStrategy; `auto` takes what the machine has.
-
-Which TPU, and how TensorFlow reaches it (`resolve_tpu_target`, a pure function of the
-flags, the environment and what `probe_tpu_host` saw; README: Cloud TPU quickstart):
-
-- **A Cloud TPU VM** (the chips are attached to this host: `/dev/accel*` on v2-v4 and
-  v5p, numbered `/dev/vfio/*` groups with libtpu installed on v5e/v6e): `--tpu=local`, or
-  no `--tpu` at all with `--strategy=auto|tpu`. TensorFlow uses
-  `TPUClusterResolver(tpu="local")` and no network.
-- **A multi-host TPU VM slice** (v4-16 and larger, v5litepod-16 and larger, ...): with
-  TensorFlow ONE program drives the whole slice. It runs on worker 0 only, with
-  `TPU_LOAD_LIBRARY=0` (so that it leaves the chips to the TPU runtime that the TF pod
-  image runs on every host) and the TPU's name (`--tpu=NAME` or `TPU_NAME`);
-  `TPUClusterResolver(tpu=NAME)` asks the Cloud TPU API for every host's address, and the
-  hosts' TPU runtimes run the compiled steps and one input pipeline each
-  (`distribute_datasets_from_function` calls the dataset function once per host). That
-  one program is the chief: it writes every output (`is_chief`). The slice's size and this
-  host's worker number come from the GCE metadata server, asked only on a TPU VM.
-- **A TPU Node** (the older architecture: a TPU reached over the network from a separate
-  GCE VM): `--tpu=NAME` with `--tpu_zone`/`--gcp_project` (asked of the GCE metadata server
-  when left out), or `--tpu=grpc://HOST:8470`.
-
-Every refusal is a one-line `StrategyError`.
+Which TPU, and how TensorFlow reaches it, is `resolve_tpu_target`, a pure function of the
+flags, the environment and what `probe_tpu_host` saw (kinds below; README: Cloud TPU
+quickstart). A multi-host TPU VM slice is driven by ONE program on worker 0, with
+`TPU_LOAD_LIBRARY=0` and the TPU's name: it is the chief and writes every output. Every
+refusal is a one-line `StrategyError`.
 """
 
 import dataclasses
@@ -327,13 +310,9 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     without one; always true outside multi-worker training. On TPU, a multi-host slice
     included, one program (on worker 0 of a slice) drives every host: it is the chief."""
     task_type, task_id = task(strategy)
-    return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and
-                                            not _has_chief(strategy))
-
-
-def _has_chief(strategy) -> bool:
-    spec = strategy.cluster_resolver.cluster_spec().as_dict()
-    return bool(spec.get("chief"))
+    return task_type in (None, "chief") or (
+        task_type == "worker" and task_id == 0
+        and not strategy.cluster_resolver.cluster_spec().as_dict().get("chief"))
 
 
 def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:

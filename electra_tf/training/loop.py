@@ -129,10 +129,7 @@ def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
 
 def write_scalars(writer, step: int, out, extra: Dict[str, float]):
     with writer.as_default(step=step):
-        tf.summary.scalar("loss", out.loss)
-        for k, v in out.metrics.items():
-            tf.summary.scalar(k, v)
-        for k, v in extra.items():
+        for k, v in {"loss": out.loss, **out.metrics, **extra}.items():
             tf.summary.scalar(k, v)
     writer.flush()
 
