@@ -1,24 +1,13 @@
-"""Peak FLOP/s of the devices a run trains on: what model-FLOPs utilisation divides by.
+"""Peak FLOP/s of the devices a run trains on (what model-FLOPs utilisation divides by):
+the table of accelerators' published dense peaks, the device kind of a strategy, and a
+timed matmul where no table applies (CPU).
 
-Owns the table of accelerators' published dense peaks, detecting the device kind of a
-strategy, and timing a matmul where no table applies (CPU).
-
-Which column a run divides by (`Chip.peak`):
-
-* ``bfloat16`` / ``float16`` -- the chip's dense 16-bit tensor-core / MXU peak. V100 has
-  no bf16 tensor cores; its column holds the fp16 tensor-core figure (125 TFLOP/s), the
-  peak a mixed-precision run can reach there.
-* ``float32`` -- TensorFlow runs float32 matmuls in TensorFloat-32 by default
-  (`tf.config.experimental.tensor_float_32_execution_enabled`), so on A100 / H100 / H200
-  the TF32 tensor-core peak; with TF32 disabled, and on V100, the plain FP32 peak. On TPU
-  the MXU multiplies bf16 only: with TF32 execution enabled XLA uses DEFAULT precision
-  (one bf16 pass, the bf16 peak), with it disabled HIGHEST (fp32 as six bf16 passes,
-  so bf16 peak / 6).
-
-NVIDIA data sheets quote 16-bit and TF32 tensor peaks "with sparsity"; the table holds
-the dense figures (half of those). TPU v2 and v3 chips show TensorFlow two devices (one
-per TensorCore), v4 and later one (megacore), so a device's peak is the chip's divided
-by `devices_per_chip`.
+The column (`Chip.peak`): 16-bit runs take the dense bf16 tensor-core / MXU peak (V100,
+without bf16 tensor cores: fp16's). float32 matmuls run in TensorFloat-32 by default
+(`tf.config.experimental.tensor_float_32_execution_enabled`): the TF32 peak on A100 /
+H100 / H200, one bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32
+(TPU: HIGHEST, six bf16 passes). NVIDIA's sheets quote peaks "with sparsity"; the table
+holds the dense half. TPU v2/v3 chips are two TensorFlow devices (`devices_per_chip`).
 """
 
 import dataclasses

@@ -224,21 +224,13 @@ class _AdamFamily(tf.Module):
 
     def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]], step,
                         lr_multipliers: LrMultipliers = None, should_update=None):
-        """Updates the variables (and m, v) in place from gradients.
-
-        grads_and_vars: (gradient, variable) pairs; None gradients are skipped; IndexedSlices
-          are densified. Gradients must already be aggregated over replicas.
-        step: the number of updates applied so far (the global step before this update):
-          lr = learning_rate_fn(step), bias correction uses t = step + 1. Not incremented here.
-        lr_multipliers: optional {variable | var.ref() | name: float}, or (variable, float)
-          pairs, scaling the learning rate per variable (layer-wise decay).
-        should_update: optional boolean scalar tensor; where False nothing changes (selects,
-          not a branch: usable in XLA and in replica context, e.g. to skip a non-finite step).
-
-        Works eagerly, in a tf.function (jit_compile too), in cross-replica context, and in
-        replica context under `strategy.run` (one merge_call for all variables, or none
-        where the strategy runs without merge_call).
-        """
+        """Updates the variables (and m, v) in place from gradients already aggregated over
+        replicas (None skipped, IndexedSlices densified). `step`: updates applied so far
+        (lr = learning_rate_fn(step), bias correction t = step + 1; not incremented here).
+        `lr_multipliers`: {variable | var.ref() | name: float} or (variable, float) pairs
+        (layer-wise decay). `should_update`: a boolean scalar tensor; where False nothing
+        changes (selects, not a branch: XLA- and replica-context-safe). Eager, in a
+        tf.function, in cross-replica context or under `strategy.run` (one merge_call)."""
         grads_and_vars = list(grads_and_vars)
         if not self.built and tf.executing_eagerly() and not tf.distribute.has_strategy():
             self.build(v for _, v in grads_and_vars)  # convenience for eager, one device
@@ -366,17 +358,13 @@ def global_norm(grads: Sequence) -> tf.Tensor:
 
 
 def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
-    """Scales the gradients by min(1, clip_norm / global_norm); returns (grads, global_norm).
+    """Scales the gradients by min(1, clip_norm / global_norm) (clip_norm <= 0 or None: no
+    clipping); returns (grads, the norm before clipping). None stays None; IndexedSlices
+    stay IndexedSlices (duplicate indices count separately, as in tf.clip_by_global_norm).
 
-    global_norm is that of the gradients given (before clipping). None gradients stay None;
-    IndexedSlices stay IndexedSlices (values scaled; duplicate indices count separately in the
-    norm, as tf.clip_by_global_norm does). clip_norm <= 0 or None: no clipping.
-
-    Non-finite norm (a NaN or inf anywhere): unlike tf.clip_by_global_norm, which turns every
-    gradient into NaN, the returned gradients are all zeros and the returned norm is the
-    non-finite value, so NaNs do not reach m, v or the weights. Zero gradients still let
-    AdamW/LAMB move the weights (momentum, weight decay); to skip the step entirely pass
-    `should_update=tf.math.is_finite(norm)` to `apply_gradients`.
+    A non-finite norm gives all-zero gradients (tf.clip_by_global_norm gives NaNs) and the
+    non-finite norm; zeros still move AdamW/LAMB weights (momentum, decay), so to skip the
+    step pass `should_update=tf.math.is_finite(norm)` to `apply_gradients`.
     """
     grads = list(grads)
     norm = global_norm(grads)

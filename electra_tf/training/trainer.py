@@ -1,15 +1,8 @@
-"""The training state and the compiled step that pre-training and fine-tuning share.
-
-A `Trainer` owns the model, optimizer and counters (the checkpoint's object graph), and
-compiles one replica step: the job's loss (`Trainer.loss`, supplied by a subclass) in
-`grad_accum_steps` micro-batches, then the step tail every job runs the same way:
-all-reduce, loss-scale undo, global-norm clipping, a non-finite step skipped (never
-applied), the optimizer update, dynamic loss scaling for float16. Host loops run
-`steps_per_loop` such steps per visit from a distributed iterator and return the metric
-sums, reduced over replicas.
-
-Subclasses: `pretraining.Pretrainer` (the ELECTRA objectives) and
-`finetune.trainer.Finetuner` (a task head's loss).
+"""The training state and the compiled step that pre-training (`pretraining.Pretrainer`)
+and fine-tuning (`finetune.trainer.Finetuner`) share: model, optimizer and counters (the
+checkpoint's object graph); the job's loss in micro-batches, then one step tail for every
+job (all-reduce, unscale, clip, a non-finite step skipped, update, float16 loss scaling);
+host loops of such steps returning the metric sums, reduced over replicas.
 """
 
 import abc
