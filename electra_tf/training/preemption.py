@@ -72,8 +72,7 @@ class PreemptionWatch:
             self._count_workers = tf.function(lambda flag: strategy.reduce(
                 tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)),
                 axis=None))
-        self._previous_sigterm = None
-        self._previous_sigint = None
+        self._previous_handlers = {}  # signal -> the handler to put back on exit
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._metadata_failed = False
@@ -83,9 +82,10 @@ class PreemptionWatch:
     def __enter__(self) -> "PreemptionWatch":
         if threading.current_thread() is threading.main_thread():
             # signal handlers can only be set from the main thread
-            self._previous_sigterm = signal.signal(
-                signal.SIGTERM, lambda signum, frame: self._notice("SIGTERM"))
-            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous_handlers = {
+                signal.SIGTERM: signal.signal(signal.SIGTERM,
+                                              lambda signum, frame: self._notice("SIGTERM")),
+                signal.SIGINT: signal.signal(signal.SIGINT, self._on_sigint)}
         if gce.on_gce():
             # The first look is synchronous: a job started during a pending maintenance
             # stops after its first host loop.
@@ -97,12 +97,10 @@ class PreemptionWatch:
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
-        if self._previous_sigint is not None:
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
+        for signum, handler in self._previous_handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        self._previous_handlers = {}
         if self._thread is not None:
             self._thread.join(timeout=5)
 
