@@ -263,8 +263,7 @@ class TrainConfig:
         "A step with a non-finite loss or gradient is never applied; skip it and go on "
         "(counted in the logs; 100 in a row stop the run), or stop with the last good "
         "checkpoint named. Default: the config's (skip)."))
-    # Skip by default: an auto-restarted preemptible job that stops would hit the same
-    # shard on every restart (a run that has lost over half its shards stops anyway).
+    # Why skip is the default: data/shards.py.
     on_bad_shard: str = knob("skip", SKIP_OR_STOP, pretraining=(
         "A corrupted, truncated or deleted TFRecord shard: skip the rest of it (a warning "
         "naming it, counted in the logs; default) or stop the run naming it."))

@@ -1,13 +1,7 @@
 """The command line of checkpoint conversion: released TF1 checkpoints <-> our pre-training
-model_dir, and our discriminator / generator <-> Hugging Face `transformers` directories
-(safetensors, no torch).
-
-Every format goes through one flat dict {TF1 name: numpy array}; our Keras variable paths
-are the TF1 names (modeling.py), so each conversion is a name map plus kernel transposes.
-CLI: `python -m electra_tf.conversion.convert {inspect,import-tf1,export-tf1,export-hf,import-hf,
-export-keras-hub,import-keras-hub} ...` (keras-hub presets: `electra_tf.conversion.keras_hub`).
-The library: `electra_tf.conversion.formats` (TF1 / Hugging Face names, arrays, config
-inference) and `electra_tf.pretraining.model_dir` (our model_dir <-> TF1).
+model_dir (`electra_tf.pretraining.model_dir`), and our discriminator / generator <->
+Hugging Face `transformers` directories (safetensors, no torch) or keras-hub presets,
+all through one flat dict {TF1 name: numpy array} (`electra_tf.conversion.formats`).
 """
 
 import argparse

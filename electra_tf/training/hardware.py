@@ -126,19 +126,14 @@ def device_name(strategy) -> Optional[str]:
     return None
 
 
-def _hosts(strategy) -> int:
-    """Processes of the job (each worker's `worker_devices` are its own)."""
-    return max(1, strategy.num_replicas_in_sync // max(1, len(strategy.extended.worker_devices)))
-
-
 def num_devices(strategy) -> Tuple[int, str]:
     """(devices a peak is multiplied by, their name): replicas on accelerators, hosts on
     CPU (logical CPU devices of one host share its cores)."""
-    if device_type(strategy) == "CPU":
-        n = _hosts(strategy)
+    kind, n = device_type(strategy), strategy.num_replicas_in_sync
+    if kind == "CPU":  # hosts: each worker's `worker_devices` are its own
+        n = max(1, n // max(1, len(strategy.extended.worker_devices)))
         return n, "CPU host" + ("s" if n > 1 else "")
-    n = strategy.num_replicas_in_sync
-    return n, f"{device_type(strategy)} device" + ("s" if n > 1 else "")
+    return n, f"{kind} device" + ("s" if n > 1 else "")
 
 
 # ----------------------------------------------------------------------------- CPU

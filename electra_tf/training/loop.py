@@ -1,11 +1,7 @@
-"""The outer training loop that pre-training and fine-tuning share, with one policy for
-logging (throughput, ETA, FLOP/s and MFU), TensorBoard, non-finite steps, preemption,
-the profiler window and checkpoints.
-
-`train(trainer, iterator, manager, schedule, ...)` runs host loops of compiled steps
-(`Trainer.make_train_loop`) until `schedule.num_train_steps`, each ending at the next
-log, checkpoint, phase or profile boundary; `open_checkpoints` resumes a trainer from the
-newest checkpoint of a directory (any filesystem).
+"""The outer training loop that pre-training and fine-tuning share (`train`, host loops of
+compiled steps, each ending at the next log, checkpoint, phase or profile boundary), with
+one policy for logging (throughput, ETA, FLOP/s and MFU), TensorBoard, non-finite steps,
+preemption, the profiler window and checkpoints (`open_checkpoints` resumes a trainer).
 """
 
 import contextlib
@@ -144,9 +140,7 @@ def write_results(path: str, results: Dict, lease=None):
 
 def summary_writer(logdir: str, chief: bool):
     """TensorBoard events under `logdir` (any filesystem); a no-op on other workers."""
-    if not chief:
-        return tf.summary.create_noop_writer()
-    return tf.summary.create_file_writer(logdir)
+    return tf.summary.create_file_writer(logdir) if chief else tf.summary.create_noop_writer()
 
 
 class Progress:
