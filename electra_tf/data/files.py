@@ -152,15 +152,11 @@ def _manifest_dirs(file_pattern: str) -> List[str]:
 def check_data(file_pattern: str, vocab_size: Optional[int] = None,
                max_seq_length: Optional[int] = None,
                on_bad_shard: str = "stop") -> Optional[dict]:
-    """Validates every manifest found for `file_pattern` against the run config.
-
-    A manifest is looked for in each directory given and beside each matched file.
-    Returns the first manifest found, or None (with a warning) for data without one, such
-    as the official ELECTRA builder's. Raises ManifestError on a mismatch. The shards a
-    manifest lists are checked against their sizes (one stat each, in parallel): one too
-    small for its records (empty, or truncated) is a BadShardError naming it, or with
-    on_bad_shard="skip" a warning.
-    """
+    """Validates every manifest in a directory given or beside a matched file against the
+    run config (ManifestError on a mismatch), and its shards' sizes (one parallel stat
+    each): one too small for its records is a BadShardError naming it (skip: a warning).
+    Returns the first manifest, or None (a warning) for data without one (the official
+    builder's)."""
     resolve_files(file_pattern, on_bad_shard)  # a clear error when nothing matches, first
     dirs = _manifest_dirs(file_pattern)
     if not dirs:
@@ -256,13 +252,10 @@ def peek_sequence_length(path: str) -> Optional[int]:
 
 def check_sequence_length(files: Sequence[str], max_seq_length: int,
                           on_bad_shard: str = "stop"):
-    """Raises InputDataError naming the file and both lengths when the records' length is
-    not `max_seq_length`; parse_example would otherwise fail mid-run with a shape error.
-
-    Looks at the first record of the first files. A file that is empty (and not listed
-    with 0 records by a manifest beside it) or whose first record is unreadable is a
-    BadShardError naming it, or with on_bad_shard="skip" a warning.
-    """
+    """Raises InputDataError naming the file and both lengths when the first files' first
+    records are not `max_seq_length` long (parse_example would fail mid-run). An empty file
+    (unless its manifest lists 0 records) or an unreadable first record is a BadShardError
+    naming it (skip: a warning)."""
     expected = None
     for path in list(files)[:_PEEK_FILES]:
         try:

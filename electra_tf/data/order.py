@@ -36,17 +36,12 @@ class StreamOrder:
     epoch, so that the position of any record is found without reading what precedes it.
 
     Epoch e reads the shards in a permutation drawn from (key, e), `cycle_length` at a
-    time: the shards of a group give one record each in turn (round robin; a shard that
-    has run out leaves the turn) until all are done, then the next group opens. The
-    epoch's stream is then shuffled in consecutive windows of `window` records, each by a
-    permutation drawn from (key, e, window index); window 1 is no shuffle. The next epoch
-    follows with fresh draws. Resuming at record p therefore costs the shard counts'
-    arithmetic, reading the current group's shards up to their place (never the shards
-    before them) and one window; not the p records before.
-
-    With the manifest's counts exact, a shard that ends early (skipped as bad) leaves the
-    other shards' order unchanged; the stream after it is shorter, so a resumed run
-    reproduces the order only if the same shards are bad at the same points.
+    time, round robin within a group (a shard that has run out leaves the turn), then
+    shuffles its stream in consecutive windows of `window` records, each by a permutation
+    drawn from (key, e, window index; window 1: no shuffle). Resuming at record p costs
+    arithmetic on the counts, reading the current group's shards up to their place and one
+    window, not the p records before. A shard that ends early (skipped as bad) leaves the
+    others' order unchanged but shortens the stream after it (data/shards.py).
     """
     num_shards: int
     cycle_length: int

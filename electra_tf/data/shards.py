@@ -103,13 +103,10 @@ class ShardEnd:
 
 
 class ShardLog:
-    """What the input pipelines of one run report about bad shards: the shards skipped
-    (on_bad_shard="skip") and the ShardEnd that stopped the input, if one did.
-
-    Give the same log to every `make_dataset` of a run (its input pipelines) and to
-    `explain_read_error`. The reports come from tf.data's threads through a Python
-    callback, so they reach the log only when the input pipeline runs in this Python
-    process (TPU VMs, GPU and CPU hosts), not on a remote tf.data worker.
+    """What the input pipelines of one run (each `make_dataset`) report about bad shards,
+    for `explain_read_error`: the shards skipped and the ShardEnd that stopped the input.
+    The reports come through a Python callback, so only from pipelines in this process
+    (TPU VMs, GPU and CPU hosts), not from a remote tf.data worker.
     """
 
     def __init__(self):
@@ -184,11 +181,9 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
     _CHECK_BLOCK records (per-record dataset functions would cost ~10x the read); the
     verdict comes once, on a trailer block after the shard's last records.
     """
-    # ignore_errors ends a shard at its first bad record (the reader moves on to its next
-    # file), but a file it cannot OPEN it retries forever: TFRecordDataset does not move
-    # past it, so a deleted shard would hang the run. Hence the shard is looked up first
-    # (one listing per shard per epoch) and a missing one reads as no file at all; only a
-    # shard deleted in the moment between the look-up and the open is still retried.
+    # ignore_errors ends a shard at its first bad record, but a file it cannot OPEN is
+    # retried forever (a deleted shard would hang the run): the shard is looked up first
+    # (one listing per epoch), so a missing one reads as no file at all.
     found = tf.io.matching_files(path)
     blocks = tf.data.TFRecordDataset(found, buffer_size=_READ_BUFFER_BYTES).ignore_errors()
     blocks = blocks.batch(_CHECK_BLOCK).map(lambda r: (r, False)).concatenate(
@@ -233,15 +228,11 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
 def explain_read_error(error: BaseException, files: Sequence[str],
                        log: Optional[ShardLog] = None) -> Optional[InputDataError]:
     """The one-line InputDataError for an error that reading the input raised (inside
-    `next(iterator)`, often in a tf.function), or None when it did not come from the input.
-    `log` is the ShardLog the input's make_dataset reported into (see pretrain.ShardInputs).
-
-    A shard that ended early and stopped the input is named from the log's ShardEnd
-    (BadShardError, with what a host-side check finds wrong with it). Errors from the
-    TFRecord reader itself name no file ("corrupted record at 462"): the files are then
-    checked host-side, in order, until one is bad (reads them all in the worst case; only
-    on this error path). OutOfRangeError (the input ran out: every shard skipped) is an
-    InputDataError listing the skipped shards.
+    `next(iterator)`), or None when it did not come from the input; `log`: the ShardLog the
+    input's make_dataset reported into. A shard that stopped the input is named from the
+    log (with what a host-side check finds wrong); TFRecord reader errors name no file, so
+    the files are checked host-side, in order, until one is bad. OutOfRangeError (every
+    shard skipped) lists the skipped shards.
     """
     message = getattr(error, "message", None) or str(error)
     skipped = [s.path for s in log.skipped()] if log is not None else []

@@ -188,14 +188,11 @@ def _set_aside(directory: str, found: FoundCheckpoint) -> str:
 def newest_complete(directory: str, what: str = "", set_aside: bool = False
                     ) -> Optional[str]:
     """The prefix of the newest complete checkpoint in `directory` (any filesystem), or
-    None when the directory holds no checkpoint file at all.
-
-    Each newer damaged checkpoint is one warning line saying what is wrong with it; with
-    `set_aside` (the run that owns the directory, about to write there again) its files
-    are moved to `damaged_checkpoints/` and the `checkpoint` state file is pointed at the
-    one returned. When checkpoint files exist but none is complete, a CheckpointError
-    lists them: a caller never starts over silently beside a run's checkpoints. `what`
-    (e.g. "--init_checkpoint") leads the messages."""
+    None when it holds no checkpoint file. Each newer damaged one is a warning line; with
+    `set_aside` (the run that owns the directory) its files move to `damaged_checkpoints/`
+    and the state file names the one returned. Checkpoint files none of which is complete
+    are a CheckpointError listing them (never a silent start-over). `what` (e.g.
+    "--init_checkpoint") leads the messages."""
     if not fileio.isdir(directory):
         return None
     found = find_checkpoints(directory)
@@ -236,11 +233,9 @@ _TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+|"
 
 
 def remove_torn_checkpoints(directory: str) -> int:
-    """Deletes what a killed checkpoint write left in `directory` (its `ckpt-N_temp/`
-    staging directories and `checkpoint.tmp<hex>` index files; a checkpoint only becomes
-    visible once complete, so these are never loaded; also the temp files of a killed
-    config.json / eval_results.json write) and returns the bytes freed. `directory` may be
-    on any filesystem (gs://...). Call before writing there."""
+    """Deletes what killed writes left in `directory` (any filesystem; `_TORN_CHECKPOINT`:
+    never loaded, a checkpoint is visible only once complete) and returns the bytes
+    freed. Call before writing there."""
     if not fileio.isdir(directory):
         return 0
     freed = 0
@@ -277,14 +272,9 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
 # --- name-based checkpoints in the released TF1 layout --------------------------------
 
 def checkpoint_reader(path: str):
-    """A reader of the checkpoint `path`: a prefix (`<path>.index` exists) or a directory
-    with a `checkpoint` state file; any filesystem (gs://...). Raises ValueError when
-    there is none.
-
-    A directory gives its newest complete checkpoint (`newest_complete`); a damaged
-    checkpoint is a CheckpointError naming what is wrong, before a byte of it is read.
-    The prefix is tried first: on filesystems that match names by prefix (ram://) `isdir`
-    is true of a prefix too."""
+    """A reader of the checkpoint `path` (any filesystem): a prefix, tried first (on ram://
+    `isdir` is true of a prefix too), or a directory's newest complete checkpoint. None
+    there, or a damaged one, is a CheckpointError saying so before a byte is read."""
     if not tf.io.gfile.exists(path + ".index"):
         latest = newest_complete(path) if fileio.isdir(path) else None
         if latest is None:

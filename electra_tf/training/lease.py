@@ -3,25 +3,16 @@ file there (`lease.json`: holder, host, pid, start time, heartbeat), taken befor
 write and renewed by a heartbeat thread, so that a second process given the same directory
 stops with one line instead of interleaving its checkpoints with the first one's.
 
-The rule, for a lease found in the directory:
-- it is **live** while its heartbeat is younger than STALE_SECONDS (10 missed heartbeats)
-  and, when it was written on this host, its process is still running: a second process
-  stops, naming the holder;
-- it is **stale** otherwise (the holder crashed or was killed): the new process takes it
-  over with a warning line. A run killed on this host can be rerun at once; one killed on
-  another host (a lost VM) is taken over after STALE_SECONDS, or at once by deleting
-  `MODEL_DIR/lease.json`.
-A clean exit (also an error, SIGTERM, SIGINT or a preemption) releases the lease.
+A lease is **live** while its heartbeat is younger than STALE_SECONDS (10 missed beats)
+and, if written on this host, its process runs: a second process stops, naming it. It is
+**stale** otherwise and taken over with a warning (a run killed on another host after
+STALE_SECONDS, or at once by deleting `MODEL_DIR/lease.json`). Any exit releases it.
 
-What the filesystem gives: a local rename and a Cloud Storage object write are atomic, and
-Cloud Storage reads are strongly consistent (a read after a write sees it), but
-`tf.io.gfile` has no create-if-absent (Cloud Storage's generation preconditions are not
-reachable through it). So taking a lease is write, wait SETTLE seconds, read back: of two
-processes starting together, the one whose write landed last keeps it and the other stops.
-The holder also reads the lease at every heartbeat and before every checkpoint: a holder
-that finds another's lease there stops before writing, so two writers cannot both go on.
-Staleness compares the holder's clock (its heartbeat time) with the reader's: hosts whose
-clocks differ by minutes (not the case on GCE, which syncs them) would misjudge it.
+`tf.io.gfile` has no create-if-absent (writes and renames are atomic, Cloud Storage reads
+strongly consistent), so taking a lease is write, wait SETTLE_SECONDS, read back: of two
+processes starting together the last writer keeps it. The holder reads it again at every
+heartbeat and before every checkpoint, and stops before writing if it is another's.
+Staleness compares the holder's clock with the reader's (GCE keeps hosts' clocks synced).
 """
 
 import dataclasses

@@ -1,23 +1,15 @@
 """Preemption notices: everything that asks a job to stop now and come back later, behind
-one check per host loop (`PreemptionWatch.stop_if_noticed`), used by pre-training and by
-fine-tuning trials.
+one check per host loop (`PreemptionWatch.stop_if_noticed`), for pre-training and
+fine-tuning trials. The sources: SIGTERM (schedulers, `kill`, a GCE preemption); SIGINT
+(Ctrl-C: the same save and stop with exit code 130; a second Ctrl-C stops at once); on a
+GCE VM, the metadata server's `instance/maintenance-event` turning to
+TERMINATE_ON_HOST_MAINTENANCE or `instance/preempted` turning TRUE, polled by a thread
+(TensorFlow's `PreemptionCheckpointHandler` does nothing on a Cloud TPU VM).
 
-Each process of a job watches these sources:
-- **SIGTERM**: what schedulers, `kill` and a GCE preemption (a shutdown) send.
-- **SIGINT** (Ctrl-C): the same save and stop, with the exit code a shell expects of an
-  interrupted command (130); a second Ctrl-C interrupts at once, without saving.
-- **The GCE metadata server**, on a GCE VM (Cloud TPU VMs are GCE VMs):
-  `instance/maintenance-event` turning to TERMINATE_ON_HOST_MAINTENANCE, announced ahead
-  of a maintenance that stops the VM, or `instance/preempted` turning TRUE, polled by a
-  background thread. (TensorFlow's `PreemptionCheckpointHandler` handles TPUs only inside
-  Google and does nothing on a Cloud TPU VM.)
-
-In a multi-worker job a save needs every worker, so after each host loop the workers sum
-their notice flags in one collective: a notice to any worker stops all of them at the
-same step.
-
-On a notice the job saves a checkpoint at the current step and raises `Preempted`; the
-CLIs exit with `PREEMPTED_EXIT_CODE`, and rerunning the same command resumes.
+A save needs every worker, so after each host loop the workers sum their notice flags in
+one collective: a notice to any stops all at the same step. The job saves at the current
+step and raises `Preempted`; the CLIs exit with `PREEMPTED_EXIT_CODE`, and rerunning the
+same command resumes.
 """
 
 import signal
