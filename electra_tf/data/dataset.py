@@ -18,12 +18,8 @@ from electra_tf.data.files import FEATURE_NAMES
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-    """What to read and how to batch it.
-
-    batch_size is the GLOBAL batch (all replicas together); each input pipeline yields
-    per-replica batches of `input_context.get_per_replica_batch_size(batch_size)`, or of
-    batch_size itself when no input context is given (one replica).
-    """
+    """What to read and how to batch it. batch_size is the GLOBAL batch (all replicas
+    together); make_dataset yields per-replica batches of it."""
     file_pattern: str  # comma-separated globs and/or build directories
     max_seq_length: int = 128
     batch_size: int = 128
@@ -37,9 +33,8 @@ class InputConfig:
     skip_batches: int = 0
     vocab_size: Optional[int] = None  # checked against the manifest when given
     check_data: bool = True  # manifest and first-record checks before building
-    # A shard that turns out unreadable (missing, truncated, a corrupted record): "skip"
-    # warns naming it, counts it and reads on; "stop" ends the read with an error naming
-    # it. Why skip is the default and what it does to the data: see data/shards.py.
+    # A shard that turns out unreadable (missing, truncated, a corrupted record): skip it
+    # (a warning naming it, counted) or stop the read naming it; see data/shards.py.
     on_bad_shard: str = "skip"
 
     def __post_init__(self):

@@ -122,14 +122,10 @@ def _resolve_one(pattern: str, on_bad_shard: str = "stop") -> List[str]:
 
 
 def resolve_files(file_pattern: str, on_bad_shard: str = "stop") -> List[str]:
-    """Returns the sorted shard files that `file_pattern` names.
-
-    `file_pattern` is comma-separated; each part is a glob, a file, or a directory: one
-    with a manifest.json gives the manifest's shards, one without gives its files whose
-    names contain "tfrecord". Side files (manifest.json, token_counts.txt), dot files and
-    temp files are never returned. A missing manifest shard or named file is an error
-    naming it, or with on_bad_shard="skip" a warning (left out), unless nothing is left.
-    """
+    """The sorted shard files that the comma-separated globs, files and directories of
+    `file_pattern` name (a directory: its manifest's shards, else its files named
+    "*tfrecord*"; never side, dot or temp files). A missing manifest shard or named file is
+    an error naming it (skip: a warning, left out) unless nothing is left."""
     check_policy(on_bad_shard)
     files = set()
     for pattern in _split_patterns(file_pattern):

@@ -19,13 +19,10 @@ DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 # --------------------------------------------------------------------------- schedule
 
 class WarmupPolynomialDecay:
-    """The official ELECTRA learning rate: a callable `step -> float32 lr` (`step` a scalar
-    tensor, any numeric dtype).
-
-    decay = (lr - end) * (1 - min(step, total) / total) ** power + end   (TF1 polynomial_decay,
-    cycle=False), then, when warmup_steps > 0, lr = decay * min(1, step / warmup_steps).
-    Warmup multiplies the decayed value, as in the official code.
-    """
+    """The official ELECTRA learning rate, `step -> float32 lr` (`step` any numeric dtype):
+    decay = (lr - end) * (1 - min(step, total) / total) ** power + end (TF1
+    polynomial_decay), times min(1, step / warmup_steps): warmup multiplies the decayed
+    value, as in the official code."""
 
     def __init__(self, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                  end_learning_rate: float = 0.0, power: float = 1.0):
@@ -157,12 +154,10 @@ class _AdamFamily(tf.Module):
         return any(re.search(pattern, name) for pattern in self.exclude_from_weight_decay)
 
     def build(self, variables: Iterable) -> "_AdamFamily":
-        """Creates m and v for each new variable (zeros, non-trainable, named
-        `<var>/adam_m`, `<var>/adam_v`) and fixes its weight-decay flag from its name.
-
-        Call eagerly, under the strategy scope the variables were created in (the slots then
-        are mirrored the same way). Variables already built are skipped, so it can be called
-        again with extra variables (a new task head)."""
+        """Creates zero slots `<var>/adam_m`, `<var>/adam_v` for each new variable and fixes
+        its weight-decay flag from its name. Call eagerly, under the variables' strategy
+        scope (the slots are mirrored alike); built variables are skipped (a new task head
+        can be added later)."""
         state = self._state
         for variable in variables:
             tf_var = _tf_variable(variable)
@@ -189,11 +184,8 @@ class _AdamFamily(tf.Module):
 
     def slot_variables(self) -> Dict[str, tf.Variable]:
         """{'<var>/adam_m': m, '<var>/adam_v': v} in build order (the TF1 checkpoint names)."""
-        out = {}
-        for e in self._state.entries:
-            out[f"{e.name}/adam_m"] = e.m
-            out[f"{e.name}/adam_v"] = e.v
-        return out
+        return {name: slot for e in self._state.entries
+                for name, slot in ((f"{e.name}/adam_m", e.m), (f"{e.name}/adam_v", e.v))}
 
     def _resolve_multipliers(self, lr_multipliers: LrMultipliers) -> Dict[int, float]:
         """{entry index: multiplier}; keys may be variables (TF or Keras), `var.ref()`
