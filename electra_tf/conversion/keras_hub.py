@@ -1,10 +1,7 @@
-"""keras-hub ELECTRA presets as one more format of the {TF1 name: array} map: export builds
-`keras_hub.models.ElectraBackbone` and assigns its weights by layer and attribute; import reads them back.
-
-Names go through formats.hf_name_map (keras-hub's layers are Hugging Face's modules under other
-names); kernels differ only by a reshape (the heads axis of keras-hub's attention). keras-hub is
-an optional extra, imported here lazily. Differences stated in the README: keras-hub's GELU is
-the tanh approximation, and its `pooled_dense` (not in ELECTRA) is written as the identity.
+"""keras-hub ELECTRA presets (`ElectraBackbone`) as one more format of the {TF1 name: array}
+map, through formats.hf_name_map (keras-hub's layers are Hugging Face's modules renamed;
+kernels differ by a reshape of the heads axis). keras-hub is an optional extra, imported
+lazily; its GELU is the tanh approximation (README).
 """
 
 import os

@@ -16,6 +16,7 @@ import os
 import re
 from typing import Mapping, Optional
 
+import keras
 import tensorflow as tf
 from absl import logging
 
@@ -334,7 +335,6 @@ def resolve_precision(precision: str, strategy: tf.distribute.Strategy) -> str:
 
 def set_precision(precision: str):
     """Sets the Keras dtype policy: variables stay float32, compute in the given type."""
-    import keras
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16",
               "float16": "mixed_float16"}[precision]
     keras.mixed_precision.set_dtype_policy(policy)
@@ -343,7 +343,6 @@ def set_precision(precision: str):
 def active_precision() -> str:
     """The compute precision models are built with now (`set_precision`'s): float32,
     bfloat16 or float16."""
-    import keras
     return {"float16": "float16", "bfloat16": "bfloat16"}.get(
         keras.mixed_precision.global_policy().compute_dtype, "float32")
 

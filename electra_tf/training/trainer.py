@@ -44,13 +44,10 @@ class LoopOutput:
 
 
 class Trainer(abc.ABC):
-    """The state of a training run and its compiled functions.
-
-    `build_model()` and `build_optimizer(variables)` are called under the strategy's
-    scope after the global seed is set, under the Keras dtype policy that
-    `distribute.set_precision` chose (initial weights are a function of `seed`, so
-    reruns and every worker of a job start from the same model). `seed_stream` tells the
-    job's dropout/masking seeds apart from another job's with the same seed.
+    """The state of a training run and its compiled functions. `build_model()` and
+    `build_optimizer()` run under the strategy's scope and the Keras dtype policy, after
+    the global seed is set: every rerun and worker starts from the same model.
+    `seed_stream` tells this job's dropout/masking seeds from another's with the same seed.
     """
 
     # Whether the step is XLA-compiled on a CPU-only run when the user does not say
@@ -251,12 +248,9 @@ class Trainer(abc.ABC):
         return sums
 
     def _accumulated_grads(self, batch, seed, context, phase=0):
-        """Gradients of the replica's batch, in `grad_accum_steps` micro-batches.
-
-        Micro-batch losses are already divided by the denominators of the whole global
-        batch, so their gradients simply add up; the loop keeps one running sum, so
-        memory is that of one micro-batch.
-        """
+        """Gradients of the replica's batch in `grad_accum_steps` micro-batches, whose
+        losses are shares of the global batch's: one running sum of their gradients (the
+        memory of one micro-batch)."""
         k = self.grad_accum_steps
         if k == 1:
             return self._grads(batch, seed, context, phase)
