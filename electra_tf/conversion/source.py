@@ -27,13 +27,11 @@ _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 @dataclasses.dataclass
 class Source:
     """What a path holds. `kind`: "model_dir" (our training checkpoint), "gdes" (a GDES
-    run's: the discriminator's tables folded, as its exports write them), "tf1" (name-based:
-    released, exported, imported) or "hf". `path`: the checkpoint prefix read (the directory
-    for "hf"). `config`: the model of the arrays (the given one, else the config.json of
-    the run or the Hugging Face directory, else inferred from shapes; GDES in the released
-    layout); `config_file` where it came from (None: given or inferred); `run` the
-    pre-training config when the path is in one of our runs. `shapes`: {TF1 name: shape}
-    of every tensor (weights, optimizer slots, global_step), read lazily by `arrays`."""
+    run's, tables folded as its exports write them), "tf1" (name-based) or "hf". `path`:
+    the prefix read (the directory for "hf"). `config`: the arrays' model (given, else the
+    run's or Hugging Face config.json, `config_file`, else inferred; GDES released); `run`:
+    the pre-training config of our run. `shapes`: {TF1 name: shape} of every tensor (weights,
+    slots, global_step), read lazily by `arrays`."""
     kind: str
     path: str
     config: ModelConfig

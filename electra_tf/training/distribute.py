@@ -223,8 +223,7 @@ def _check_api(host: TpuHost, what: str):
 def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
     """What this machine has: TPU chips from /dev (no network); on a TPU VM only, the
     slice's accelerator type and this host's worker number from TPU_ACCELERATOR_TYPE /
-    TPU_WORKER_ID (GKE) or the GCE metadata server (instance/attributes/accelerator-type,
-    agent-worker-number)."""
+    TPU_WORKER_ID (GKE) or the GCE metadata server."""
     env = os.environ if env is None else env
     chips = tpu_chips()
     tf_devices = 0 if chips else len(tf.config.list_logical_devices("TPU"))

@@ -207,13 +207,10 @@ def format_flops(x: float) -> str:
 
 def peak_flops(strategy, precision: str, override: Union[None, str, float] = None,
                cpu_matmul_size: int = RUN_MATMUL_SIZE) -> Tuple[Optional[float], str]:
-    """(peak FLOP/s of all the strategy's devices together, where the figure comes from).
-
-    `override`: FLOP/s of one device (`num_devices`: a GPU, a TPU device -- a TensorCore
-    on v2/v3, a chip from v4 on --, or a CPU host), multiplied by the devices. Otherwise a
-    known accelerator's table entry, or on CPU a timed matmul in the compute dtype. An
-    accelerator the table does not know gives None (no MFU; pass an override).
-    """
+    """(peak FLOP/s of all the strategy's devices together, where the figure comes from):
+    `override` (FLOP/s of one device, `num_devices`) times the devices, else a known
+    accelerator's table entry, or on CPU a timed matmul in the compute dtype; an
+    accelerator the table does not know gives None (no MFU)."""
     count, unit = num_devices(strategy)
     if override is not None:
         per_device = parse_flops(override)

@@ -402,10 +402,7 @@ def all_reduce_gradients(grads: Sequence) -> List:
 
 def make_optimizer(config, total_steps: int) -> _AdamFamily:
     """AdamW or LAMB from an `OptimizerConfig`, with the warmup + polynomial decay schedule.
-
-    `config.bias_correction` applies to AdamW (official: off); LAMB always corrects, as in the
-    paper. `config.clip_norm` is for `clip_by_global_norm` in the train step.
-    """
+    `config.bias_correction` applies to AdamW (official: off); LAMB always corrects (paper)."""
     schedule = WarmupPolynomialDecay(config.learning_rate, total_steps, config.warmup_steps,
                                      config.end_learning_rate, config.lr_decay_power)
     common = dict(weight_decay=config.weight_decay, beta_1=config.beta_1, beta_2=config.beta_2,
