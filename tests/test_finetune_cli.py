@@ -89,6 +89,7 @@ def untrained(model_dir):
         tf.train.latest_checkpoint(os.path.join(model_dir, "trial_0")) is None
 
 
+@pytest.mark.e2e
 def test_results_json_and_the_log_hold_the_label_set(pretrained, data, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="absl")
     model_dir = str(tmp_path / "model")

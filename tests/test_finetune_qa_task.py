@@ -188,6 +188,7 @@ def trained(task, data, tmp_path, steps, lr=2e-3, jit=None):
     return ft, before, after
 
 
+@pytest.mark.e2e
 def test_training_lowers_the_loss_and_evaluates(v2_data, tmp_path):
     task, train, dev = v2_data
     ft, before, after = trained(task, train, tmp_path, steps=30)

@@ -207,6 +207,7 @@ def test_loss_is_mean_over_labelled_words_and_ln_labels_at_init(encoder, data_di
 
 # --------------------------------------------------------------------------- training
 
+@pytest.mark.e2e
 def test_training_reaches_entity_f1(trained):
     task, finetuner, _, dev, init = trained
     assert init["loss"] == pytest.approx(math.log(NUM_LABELS), abs=0.1)
@@ -321,6 +322,7 @@ def test_exported_savedmodel_serves_the_same(trained, encoder, serve, tmp_path):
     assert _rows(out) == _rows(serve(SENTENCES))
 
 
+@pytest.mark.e2e
 def test_run_reads_train_before_building_the_model(data_dir, tmp_path):
     # A fresh task: run() must learn the label map (the head's size) before the model.
     task = TaggingTask("chunk")

@@ -285,6 +285,7 @@ def test_squad_examples_equal_the_json_reader(prepared, encoder):
         assert sorted(ex.qid for ex in dev.meta.examples) == sorted(got)
 
 
+@pytest.mark.e2e
 def test_training_from_tfds_equals_training_from_the_tsvs(prepared, tmp_path):
     files, data_dir = prepared
     cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, num_train_epochs=2,

@@ -1,9 +1,15 @@
-"""Fine-tuning runs end to end: GLUE layouts, training, trials, export and serving, CLI."""
+"""finetune/trainer.py: GLUE layouts, a run's training, trials, export and serving, the
+CLI; strategies and precisions (two MirroredStrategy replicas equal one device, bfloat16,
+float16) and preemption (SIGTERM -> checkpoint -> resume); GLUE test-set predictions
+(--do_predict): each task's test layout, the leaderboard's file format, and the median
+trial's predictions written by a run."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 
 import numpy as np
@@ -16,10 +22,12 @@ from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.text import TextEncoder
 from electra_tf.training.options import FinetuneOptions
-from electra_tf.finetune.trainer import FinetuneConfig, median_trial, pad_rows, run
+from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner, median_trial, pad_rows,
+                                         run)
+from electra_tf.training.preemption import PREEMPTED_EXIT_CODE
 from ram_paths import forget
 
-from conftest import REPO, finetune_tiny_model, write
+from conftest import REPO, finetune_tiny_model, sigterm_after, write
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
 TINY = finetune_tiny_model()
@@ -133,6 +141,7 @@ def trained(tmp_path_factory):
     return d, task, cfg, options, results
 
 
+@pytest.mark.e2e
 def test_run_learns_and_writes_results(trained):
     d, task, cfg, options, results = trained
     assert task.labels == ("0", "1")
@@ -147,16 +156,17 @@ def test_run_learns_and_writes_results(trained):
     for trial in (0, 1):
         assert tf.train.latest_checkpoint(f"{d}/model/trial_{trial}").endswith("ckpt-96")
     # A rerun finds both trials done and trains nothing.
-    again = run(task, TINY, cfg, dataclasses_replace(options, export_dir=None))
+    again = run(task, TINY, cfg, dataclasses.replace(options, export_dir=None))
     assert again["scores"] == results["scores"]
 
 
+@pytest.mark.e2e
 def test_a_later_trial_reuses_the_compiled_step_and_equals_a_fresh_run(trained, tmp_path):
     """The run's trial 1 (seed 2) trained on trial 0's trainer, reinitialized; alone, on a
     fresh trainer, the same seed gives the same metrics and the same weights, bit for bit."""
     d, task, cfg, options, results = trained
     alone = run(task, TINY, apply_overrides(cfg, dict(seed=2, num_trials=1)),
-                dataclasses_replace(options, model_dir=str(tmp_path / "model"),
+                dataclasses.replace(options, model_dir=str(tmp_path / "model"),
                                     export_dir=None))
     assert alone["trials"][0] == results["trials"][1]
     ours = tf.train.load_checkpoint(f"{d}/model/trial_1")
@@ -168,8 +178,9 @@ def test_a_later_trial_reuses_the_compiled_step_and_equals_a_fresh_run(trained, 
         np.testing.assert_array_equal(ours.get_tensor(name), fresh.get_tensor(name), name)
 
 
+@pytest.mark.e2e
 def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, tmp_path):
-    from electra_tf.finetune.trainer import Finetuner, train_trial
+    from electra_tf.finetune.trainer import train_trial
     d, task, cfg, options, results = trained
     strategy = tf.distribute.get_strategy()
     train = task.train_split(f"{d}/data", TextEncoder(VOCAB), cfg.train.max_seq_length)
@@ -193,18 +204,12 @@ def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, 
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), mine.path)
 
 
-def dataclasses_replace(obj, **kw):
-    import dataclasses
-    return dataclasses.replace(obj, **kw)
-
-
 REQUESTS = ["the film was good", "", "awful " * 200, "very \udcff poor plot".encode(
     "utf-8", "surrogateescape"), "it was nice and quite superb"]
 
 
 def _in_memory_answers(trained):
     d, task, cfg, options, results = trained
-    from electra_tf.finetune.trainer import Finetuner
     ft = Finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
     best = results["median_trial"]
     ft.restore(tf.train.latest_checkpoint(f"{d}/model/trial_{best}"))
@@ -213,6 +218,8 @@ def _in_memory_answers(trained):
     return server.serve_text(sentence=tf.constant(REQUESTS, tf.string))
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_export_serves_raw_text_like_the_model_in_a_fresh_process(trained):
     d, task, cfg, options, results = trained
     path = results["export"]["task"]
@@ -240,6 +247,8 @@ print(json.dumps({{k: v.numpy().tolist() for k, v in out.items() if k != "label"
     assert served["label_id"][3] == 0 and served["label_id"][4] == 1
 
 
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_export_signatures_and_bad_requests(trained):
     d, task, cfg, options, results = trained
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
@@ -279,6 +288,7 @@ def no_local_ram_entry(root):
     return not [p for p in root.rglob("*") if p.name.startswith("ram:")]
 
 
+@pytest.mark.e2e
 def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
     """Task data (GLUE's SST-2 layout with a test set), vocabulary, the init checkpoint and
     the pre-training config.json beside it and model_dir all on TensorFlow's in-memory
@@ -339,12 +349,12 @@ def test_run_with_every_path_in_ram(tmp_path, monkeypatch):
         forget(root)
 
 
+@pytest.mark.e2e
 def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypatch):
     """The median trial exported to ram:// (staged locally, copied with saved_model.pb
     last) with its vocabulary read from ram://: complete, and it answers as the local
     export of the same trial does."""
     from electra_tf import fileio
-    from electra_tf.finetune.trainer import Finetuner
     d, task, cfg, options, results = trained
     monkeypatch.chdir(tmp_path)
     root = f"ram://export_{uuid.uuid4().hex}"
@@ -374,10 +384,11 @@ def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypat
         forget(root)
 
 
+@pytest.mark.subprocess
 def test_cli_bad_flags_one_line(tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     # (A bad --init_checkpoint is tested in test_finetune_model; each process costs ~7 s.)
-    cases = [(["--task", "nosuch", "--init_checkpoint", str(tmp_path)], "is not a known task")]
+    cases = [(["--task", "nosuch", "--init_checkpoint", "none"], "is not a known task")]
     for args, message in cases:
         proc = subprocess.run([sys.executable, os.path.join(REPO, "run_finetuning.py"),
                                "--model_dir", str(tmp_path / "m"), "--config", "tiny"] + args,
@@ -385,3 +396,422 @@ def test_cli_bad_flags_one_line(tmp_path):
         assert proc.returncode == 1, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("run_finetuning: error:") and message in last, last
+
+
+# ----------------------------------------------------------------------------- strategies
+
+NO_DROPOUT = dataclasses.replace(TINY, hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+STEP_CFG = apply_overrides(FinetuneConfig(), dict(
+    learning_rate=1e-3, layerwise_lr_decay=0.8, num_train_epochs=1, train_batch_size=16,
+    eval_batch_size=16, max_seq_length=16, warmup_proportion=0.0, steps_per_loop=10))
+
+
+def toy_batch(directory, n=16, seed=0):
+    """A toy polarity task in `directory` and its first `n` training rows as one batch."""
+    write(os.path.join(directory, "toy", "train.tsv"),
+          synthetic_polarity(np.random.default_rng(seed), n))
+    task = get_task("toy", directory, ["sentence"], "label")
+    data = task.train_split(directory, TextEncoder(os.path.join(REPO, VOCAB)),
+                            STEP_CFG.train.max_seq_length)
+    assert data.num_examples == n
+    return task, {k: v[:n] for k, v in data.arrays.items()}
+
+
+def run_steps(finetuner, batch, n):
+    """n steps of the real host loop on the same global batch -> (mean loss, skipped)."""
+    ds = finetuner.strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(batch).repeat())
+    out = finetuner.make_train_loop()(iter(ds), tf.constant(n))
+    return float(out["loss_sum"]) / n, int(round(float(out["skipped"])))
+
+
+# ----------------------------------------------------------------------------- replicas
+
+REPLICA_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    sys.path.insert(0, {tests!r})
+    from electra_tf.training.trainer import default_jit
+    from electra_tf.finetune.trainer import Finetuner
+    from test_finetune_trainer import STEP_CFG, NO_DROPOUT, run_steps, toy_batch
+    task, batch = toy_batch({data!r})
+    one = Finetuner(task, NO_DROPOUT, STEP_CFG, tf.distribute.OneDeviceStrategy("/cpu:0"),
+                    10, None, 1, jit_compile=False)
+    weights = one.model.get_weights()
+    loss_one, _ = run_steps(one, batch, 1)
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # jit_compile=None: the Finetuner's default, which is no XLA for Mirrored over CPUs.
+    two = Finetuner(task, NO_DROPOUT, STEP_CFG, mirrored, 10, None, 2)
+    two.model.set_weights(weights)
+    loss_two, skipped = run_steps(two, batch, 1)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in
+               zip(one.model.get_weights(), two.model.get_weights()))
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, one.model.get_weights()))
+    print(json.dumps({{"diff": diff, "moved": moved, "loss_one": loss_one,
+                      "loss_two": loss_two, "skipped": skipped,
+                      "steps": [int(one.global_step.numpy()), int(two.global_step.numpy())],
+                      "replicas": mirrored.num_replicas_in_sync,
+                      "default_jit": default_jit(mirrored)}}))
+""")
+
+
+@pytest.mark.subprocess
+def test_two_replicas_equal_one_device(tmp_path):
+    """One fine-tuning step under MirroredStrategy on 2 logical CPUs (8 rows each) == one
+    step on one device with the same global batch of 16 and the same weights (dropout off;
+    the loss is divided by the global batch, gradients are summed over replicas)."""
+    code = REPLICA_SCRIPT.format(tests=os.path.join(REPO, "tests"), data=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert result["default_jit"] is False
+    assert result["steps"] == [1, 1] and result["skipped"] == 0
+    assert result["loss_one"] == pytest.approx(np.log(2), abs=0.2)
+    assert result["loss_two"] == pytest.approx(result["loss_one"], rel=1e-5)
+    assert result["moved"] > 1e-4  # the step changed the weights
+    assert result["diff"] < 1e-5, result
+
+
+# ----------------------------------------------------------------------------- bfloat16
+
+@pytest.fixture
+def precision():
+    """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
+    from electra_tf.training import distribute
+    yield distribute.set_precision
+    distribute.set_precision("float32")
+
+
+def test_bfloat16_finetuning(tmp_path, precision):
+    task, batch = toy_batch(str(tmp_path))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    reference = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    weights = reference.model.get_weights()
+    want, _ = run_steps(reference, batch, 1)
+    precision("bfloat16")
+    ft = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    assert ft.model.electra.blocks[0].query.compute_dtype == "bfloat16"
+    assert ft.model.head.classifier.compute_dtype == "bfloat16"
+    assert ft.model.head.compute_dtype == "bfloat16"
+    assert all(v.dtype == tf.float32 for v in ft.variables)
+    assert all(v.dtype == tf.float32 for v in ft.optimizer.variables
+               if v.dtype.is_floating)
+    ft.model.set_weights(weights)
+    logits = ft.model(batch, training=False)["logits"]
+    assert logits.dtype == tf.float32 and logits.shape == (16, 2)
+    first, skipped_first = run_steps(ft, batch, 1)
+    assert first == pytest.approx(want, rel=0.03)
+    rest, skipped_rest = run_steps(ft, batch, 5)
+    assert skipped_first == skipped_rest == 0
+    assert int(ft.global_step.numpy()) == 6
+    assert all(v.dtype == tf.float32 for v in ft.variables)
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, ft.model.get_weights()))
+    assert moved > 1e-4
+    assert rest < first
+    # Evaluation after training: the loss on the fixed batch fell below the initial one.
+    assert ft.task.loss(ft.model(batch, training=False), batch).numpy().mean() < first
+
+
+# ----------------------------------------------------------------------------- SIGTERM
+
+@pytest.mark.subprocess
+@pytest.mark.e2e
+def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
+    data = str(tmp_path / "data")
+    rng = np.random.default_rng(1)
+    write(f"{data}/toy/train.tsv", synthetic_polarity(rng, 64))
+    write(f"{data}/toy/dev.tsv", synthetic_polarity(rng, 16))
+    config = tmp_path / "tiny_model.json"
+    # A pre-training config file: its model section is the fine-tuned model's size.
+    config.write_text(json.dumps({"model": dataclasses.asdict(TINY),
+                                  "train": {"max_seq_length": 16}}))
+    model_dir = tmp_path / "model"
+    # 64 examples x 12 epochs / batch 8 = 96 steps, a loop (and a checkpoint) every 4.
+    args = [sys.executable, "run_finetuning.py", "--task=toy", f"--data_dir={data}",
+            "--text_columns=sentence", "--label_column=label", "--init_checkpoint=none",
+            f"--config={config}", f"--model_dir={model_dir}", "--max_seq_length=16",
+            "--train_batch_size=8", "--eval_batch_size=8", "--num_train_epochs=12",
+            "--save_checkpoints_steps=4", "--learning_rate=1e-3", "--strategy=cpu"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
+    seen, rest = sigterm_after(proc, " step 4/96 ")
+    assert proc.returncode == PREEMPTED_EXIT_CODE == 75, (seen + rest)[-3000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("run_finetuning: SIGTERM at step ") and "rerun" in last, last
+    step = int(last.split("SIGTERM at step ")[1].split(" ")[0])
+    assert 4 <= step < 96
+    trial_dir = str(model_dir / "trial_0")
+    saved = tf.train.latest_checkpoint(trial_dir)
+    assert saved.endswith(f"ckpt-{step}") and saved in last, (saved, last)
+    assert not (model_dir / "results.json").exists()
+    assert not (model_dir / "trial_0" / "result.json").exists()
+
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Resumed from {saved} (step {step})" in done.stderr, done.stderr[-3000:]
+    steps = [int(x.split(" step ")[1].split("/")[0]) for x in done.stderr.splitlines()
+             if " step " in x and "/96 |" in x]
+    assert steps and steps[0] > step and steps[-1] == 96, steps
+    assert tf.train.latest_checkpoint(trial_dir).endswith("ckpt-96")
+    with open(model_dir / "results.json") as f:
+        results = json.load(f)
+    assert results["num_train_steps"] == 96 and len(results["scores"]) == 1
+    assert 0.0 <= results["scores"][0] <= 1.0
+
+
+def test_float16_finetuning_scales_the_loss(tmp_path, precision):
+    """float16 starts at a loss scale of 2^15 and trains; an overflowing step is skipped
+    (weights untouched, step not counted) and halves the scale; the scale is checkpointed."""
+    task, batch = toy_batch(str(tmp_path))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    precision("float16")
+    ft = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    assert ft.model.electra.blocks[0].query.compute_dtype == "float16"
+    assert float(ft.loss_scale.numpy()) == 2.0 ** 15
+    first, skipped = run_steps(ft, batch, 3)
+    assert skipped == 0 and int(ft.global_step.numpy()) == 3
+    assert np.isfinite(first) and first == pytest.approx(np.log(2), abs=0.2)
+    ft.loss_scale.assign(3e38)  # the scaled loss overflows: non-finite gradients
+    before = [v.numpy().copy() for v in ft.variables]
+    _, skipped = run_steps(ft, batch, 1)
+    assert skipped == 1 and int(ft.global_step.numpy()) == 3
+    assert float(ft.loss_scale.numpy()) == pytest.approx(1.5e38)
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, ft.variables))
+    names = dict(tf.train.list_variables(ft.checkpoint().write(str(tmp_path / "ck"))))
+    assert any(n.startswith("loss_scale/") for n in names)
+
+
+@pytest.mark.e2e
+def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
+        tmp_path, precision, monkeypatch):
+    """float16 steps skipped for overflow consume batches without counting steps; the
+    trial's checkpoint records the batches consumed, so a trial stopped at its first
+    checkpoint and resumed ends with the weights of one trained straight through."""
+    from electra_tf.finetune import trainer
+    from electra_tf.training import loop
+    data_dir = str(tmp_path / "data")
+    write(f"{data_dir}/toy/train.tsv", synthetic_polarity(np.random.default_rng(3), 64))
+    task = get_task("toy", data_dir, ["sentence"], "label")
+    data = task.train_split(data_dir, TextEncoder(os.path.join(REPO, VOCAB)), 16)
+    cfg = apply_overrides(STEP_CFG, dict(train_batch_size=8, steps_per_loop=2,
+                                         save_checkpoints_steps=4))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    precision("float16")
+
+    def trial(trial_dir):
+        ft = Finetuner(task, NO_DROPOUT, cfg, strategy, 8, None, 1, jit_compile=False)
+        ft.loss_scale.assign(2.0 ** 40)  # the first steps overflow (restored on resume)
+        trainer.train_trial(ft, data, str(trial_dir), seed=5)
+        return ft
+
+    straight = trial(tmp_path / "straight")
+    skipped = int(straight.data_batches.numpy()) - 8
+    assert int(straight.global_step.numpy()) == 8 and skipped >= 1
+
+    real_save = loop.save_checkpoint
+
+    def save_then_crash(manager, step):
+        path = real_save(manager, step)
+        raise KeyboardInterrupt(f"simulated crash after {path}")
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt, match="ckpt-4"):
+        trial(tmp_path / "resumed")
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    first = tf.train.load_checkpoint(str(tmp_path / "resumed"))
+    assert first.get_tensor("data_batches/.ATTRIBUTES/VARIABLE_VALUE") == 4 + skipped
+    resumed = trial(tmp_path / "resumed")
+    assert int(resumed.data_batches.numpy()) == 8 + skipped
+    for a, b in zip(straight.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- predictions
+
+MNLI_TEST_HEAD = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\t"
+                  "sentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\t"
+                  "sentence2")
+# Each task's test file as GLUE ships it: (folder/file, header, [(index, texts...)], the
+# columns before the texts). Indices are not 0..n-1 on purpose: they must be copied.
+TESTS = {
+    "cola": [("CoLA/test.tsv", "index\tsentence", 0,
+              [("7", "the boy ran ."), ("9", "ran boy the .")])],
+    "sst2": [("SST-2/test.tsv", "index\tsentence", 0,
+              [("0", "a great film"), ("1", "dull , \"flat\" plot"), ("2", "it's fine")])],
+    "mrpc": [("MRPC/test.tsv", "index\t#1 ID\t#2 ID\t#1 String\t#2 String", 2,
+              [("0", "he left", "he went away"), ("5", "one", "two")])],
+    "stsb": [("STS-B/test.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\t"
+              "sentence1\tsentence2", 6,
+              [("0", "a man eats", "a person eats"), ("1", "a cat", "the sky"),
+               ("2", "x", "x")])],
+    "qqp": [("QQP/test.tsv", "id\tquestion1\tquestion2", 0,
+             [("100", "how do i cook?", "how to cook?"), ("101", "why?", "when?")])],
+    "mnli": [("MNLI/test_matched.tsv", MNLI_TEST_HEAD, 7,
+              [("0", "a man sleeps", "a person rests"), ("1", "dogs bark", "cats fly")]),
+             ("MNLI/test_mismatched.tsv", MNLI_TEST_HEAD, 7,
+              [("3", "it rains", "it is wet")]),
+             ("diagnostic/diagnostic.tsv", "index\tsentence1\tsentence2", 0,
+              [("0", "the cat sat", "the cat sits"), ("1", "no one came", "someone came"),
+               ("2", "a", "b")])],
+    "qnli": [("QNLI/test.tsv", "index\tquestion\tsentence", 0,
+              [("0", "who?", "nobody did"), ("1", "what?", "a thing")])],
+    "rte": [("RTE/test.tsv", "index\tsentence1\tsentence2", 0,
+             [("0", "paris is in france", "france has paris")])],
+}
+SUBMISSIONS = {"cola": ["CoLA"], "sst2": ["SST-2"], "mrpc": ["MRPC"], "stsb": ["STS-B"],
+               "qqp": ["QQP"], "mnli": ["MNLI-m", "MNLI-mm", "AX"], "qnli": ["QNLI"],
+               "rte": ["RTE"]}
+
+
+def _test_line(row, skip):
+    return "\t".join([row[0]] + ["x"] * skip + list(row[1:]))
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("glue"))
+    for files in TESTS.values():
+        for file, head, skip, rows in files:
+            write(os.path.join(d, file),
+                  head + "\n" + "".join(_test_line(r, skip) + "\n" for r in rows))
+    # Training data for the runs: MNLI (three labels, three test sets) and STS-B.
+    rng = np.random.default_rng(0)
+    labels = ["contradiction", "entailment", "neutral"]
+    words = ["dog", "cat", "man", "rain", "sun", "car", "tree", "book"]
+    mnli = ["index\tsentence1\tsentence2\tgold_label"]
+    stsb = ["index\tsentence1\tsentence2\tscore"]
+    for i in range(32):
+        a, b = rng.choice(words, 2)
+        mnli.append(f"{i}\ta {a}\t{'a ' + a if i % 3 == 1 else 'no ' + b}\t{labels[i % 3]}")
+        stsb.append(f"{i}\ta {a}\ta {b}\t{5.0 if a == b else rng.uniform(0, 2):.2f}")
+    for name in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"):
+        write(os.path.join(d, "MNLI", name), "\n".join(mnli) + "\n")
+    for name in ("train.tsv", "dev.tsv"):
+        write(os.path.join(d, "STS-B", name), "\n".join(stsb) + "\n")
+    return d
+
+
+def test_each_task_reads_its_test_layout(glue_dir, encoder):
+    assert sorted(TESTS) == sorted(GLUE)
+    for name, files in TESTS.items():
+        task = get_task(name, glue_dir)
+        tests = task.test_splits(glue_dir, encoder, 16)
+        assert [t.name for t in tests] == SUBMISSIONS[name]
+        for data, (_, _, _, rows) in zip(tests, files):
+            assert data.meta == [r[0] for r in rows], name
+            assert data.num_examples == len(rows) and "label" not in data.arrays
+            texts = list(zip(*rows))[1:]
+            want = encoder.encode_numpy(list(texts[0]), list(texts[1]) if len(texts) > 1
+                                        else None, 16)
+            for k, v in want.items():
+                np.testing.assert_array_equal(data.arrays[k], v, err_msg=f"{name} {k}")
+
+
+def test_predicted_labels_are_submission_strings(glue_dir, encoder):
+    rng = np.random.default_rng(1)
+    for name in GLUE:
+        task = get_task(name, glue_dir)
+        data = task.test_splits(glue_dir, encoder, 16)[0]
+        logits = rng.normal(size=[data.num_examples, task.num_outputs()]) * 10
+        labels = task.predicted_labels(data, {"logits": logits.astype(np.float32)})
+        assert len(labels) == data.num_examples
+        if name == "stsb":  # 0-5 scores, clipped
+            scores = [float(x) for x in labels]
+            want = np.clip(logits[:, 0] * 5, 0, 5)
+            np.testing.assert_allclose(scores, want, atol=5e-4)
+        else:
+            assert labels == [task.labels[i] for i in np.argmax(logits, -1)]
+    assert get_task("qnli").labels == get_task("rte").labels == ("entailment",
+                                                                 "not_entailment")
+
+
+def test_missing_test_file_fails_before_training(glue_dir, tmp_path):
+    d = str(tmp_path)
+    for name in ("train.tsv", "dev.tsv"):
+        write(os.path.join(d, "RTE", name), "index\tsentence1\tsentence2\tlabel\n"
+              "0\ta\tb\tentailment\n")
+    options = FinetuneOptions(data_dir=d, model_dir=str(tmp_path / "m"), vocab_file=VOCAB,
+                         strategy="cpu", do_predict=True)
+    with pytest.raises(DataError, match=r"RTE/test.tsv: no such file \(the test set that "
+                                        r"--do_predict predicts for RTE.tsv\)"):
+        run(get_task("rte", d), TINY,
+            apply_overrides(FinetuneConfig(), {"max_seq_length": 16}), options)
+    assert not os.path.exists(tmp_path / "m" / "trial_0")
+    with pytest.raises(DataError, match="task polarity: --do_predict writes GLUE"):
+        get_task("polarity").test_splits(d, None, 16)
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    assert lines[0] == "index\tprediction" and lines[-1] == ""
+    return [line.split("\t") for line in lines[1:-1]]
+
+
+PREDICT_CFG = apply_overrides(FinetuneConfig(), dict(
+    learning_rate=1e-3, num_train_epochs=1, train_batch_size=8, eval_batch_size=8,
+    max_seq_length=16, steps_per_loop=4))
+
+
+@pytest.mark.e2e
+def test_mnli_run_writes_median_trial_predictions(glue_dir, encoder, tmp_path):
+    task = get_task("mnli", glue_dir)
+    cfg = apply_overrides(PREDICT_CFG, {"num_trials": 2})
+    model_dir = str(tmp_path / "mnli")
+    results = run(task, TINY, cfg, FinetuneOptions(data_dir=glue_dir, model_dir=model_dir,
+                                              vocab_file=VOCAB, strategy="cpu",
+                                              jit_compile=False, do_predict=True))
+    out = os.path.join(model_dir, "predictions")
+    assert sorted(os.listdir(out)) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]  # no temp files
+    assert results["predictions"] == {n: os.path.join(out, f"{n}.tsv")
+                                      for n in ("MNLI-m", "MNLI-mm", "AX")}
+    # The median trial's model predicted them.
+    best = results["median_trial"]
+    ft = Finetuner(task, TINY, cfg.resolved(TINY, task), tf.distribute.get_strategy(),
+                   results["num_train_steps"], None, 1, jit_compile=False)
+    ft.restore(tf.train.latest_checkpoint(os.path.join(model_dir, f"trial_{best}")))
+    for data, (_, _, _, rows) in zip(task.test_splits(glue_dir, encoder, 16), TESTS["mnli"]):
+        got = _read(os.path.join(out, f"{data.name}.tsv"))
+        assert [r[0] for r in got] == [r[0] for r in rows]
+        assert all(r[1] in ("entailment", "neutral", "contradiction") for r in got)
+        want = np.argmax(ft.predict(data)["logits"], -1)
+        assert [r[1] for r in got] == [task.labels[i] for i in want]
+
+
+@pytest.mark.e2e
+def test_stsb_run_writes_scores(glue_dir, tmp_path):
+    task = get_task("stsb", glue_dir)
+    model_dir = str(tmp_path / "stsb")
+    options = FinetuneOptions(data_dir=glue_dir, model_dir=model_dir, vocab_file=VOCAB,
+                              strategy="cpu", jit_compile=False, do_predict=True)
+    results = run(task, TINY, PREDICT_CFG, options)
+    rows = _read(results["predictions"]["STS-B"])
+    assert results["predictions"]["STS-B"] == os.path.join(model_dir, "predictions",
+                                                           "STS-B.tsv")
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    scores = [float(r[1]) for r in rows]
+    assert all(0.0 <= s <= 5.0 for s in scores) and all("." in r[1] for r in rows)
+
+
+def test_write_predictions_replaces_atomically(glue_dir, encoder, tmp_path):
+    from electra_tf.finetune.trainer import write_predictions
+
+    class Fixed:
+        def predict(self, data):
+            return {"logits": np.tile([[0.0, 1.0]], [data.num_examples, 1])}
+
+    task = get_task("sst2", glue_dir)
+    (data,) = task.test_splits(glue_dir, encoder, 16)
+    out = str(tmp_path / "p")
+    write(os.path.join(out, "SST-2.tsv"), "stale\n")
+    paths = write_predictions(task, Fixed(), [data], out)
+    assert _read(paths["SST-2"]) == [["0", "1"], ["1", "1"], ["2", "1"]]
+    assert os.listdir(out) == ["SST-2.tsv"]
