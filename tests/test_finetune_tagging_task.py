@@ -19,8 +19,8 @@ from electra_tf.finetune import export
 from electra_tf.finetune import DataError
 from electra_tf.finetune.export import TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.model import FinetuningModel, make_head
-from electra_tf.finetune.tagging import LabelMap, predictions_to_tags, read_conll
-from electra_tf.finetune.tagging_task import TaggingTask, unlabelled
+from electra_tf.finetune.tagging import LabelMap, Sentence, predictions_to_tags, read_conll
+from electra_tf.finetune.tagging_task import TaggingTask
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.text import TextEncoder
 from electra_tf.training.options import FinetuneOptions
@@ -234,7 +234,9 @@ SENTENCES = [
 
 def _python_tags(task, finetuner, encoder, sentences):
     words = [s.split() for s in sentences]
-    feats = task.features(unlabelled(words), encoder, MAX_LEN)
+    # Unlabelled text: every word tagged 'O'.
+    unlabelled = [Sentence(tuple(w), ("O",) * len(w), 0) for w in words]
+    feats = task.features(unlabelled, encoder, MAX_LEN)
     arrays = dict(feats.arrays(), weight=np.ones([len(feats)], np.float32))
     fetched = finetuner.predict(TaskData(arrays, len(feats)))
     return words, predictions_to_tags(feats, fetched["predictions"], task.label_map)

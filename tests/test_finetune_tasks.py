@@ -57,8 +57,9 @@ def test_glue_files_keep_reading_rows_wider_than_the_columns_used(tmp_path):
     d = str(tmp_path)
     write(f"{d}/SST-2/train.tsv", "sentence\tlabel\ngood\t1\nbad\t0\tnote\n")
     task = get_task("sst2", d)
-    texts, labels, lines = task.read(f"{d}/SST-2/train.tsv")
-    assert texts == [["good", "bad"]] and labels == [1, 0] and lines == [2, 3]
+    rows = task.read(f"{d}/SST-2/train.tsv")
+    assert rows.texts == [["good", "bad"]] and rows.labels == [1, 0]
+    assert rows.name == "train.tsv" and rows.ids is None
     assert task.labels_from is None and task.label_names() == ("0", "1")
 
 

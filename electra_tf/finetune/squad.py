@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
-from electra_tf.finetune import DataError, where
+from electra_tf.finetune import DataError, read_bytes
 
 # The official readers split the context on exactly these characters (U+202F appears in
 # SQuAD contexts and must not end up inside a word); serving splits on them too.
@@ -39,9 +39,7 @@ class SquadExample:
     answer_text: str = ""
 
 
-# ---------------------------------------------------------------------------------------
-# Reading
-
+# ------------------------------------------------------------------------------- Reading
 
 class _Problem(Exception):
     """A validation failure; `nodes` are candidates for the line to report, innermost
@@ -49,7 +47,6 @@ class _Problem(Exception):
 
     def __init__(self, message: str, *nodes):
         super().__init__(message)
-        self.message = message
         self.nodes = nodes
 
 
@@ -145,12 +142,9 @@ def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
                 f"{int(start)}: {json.dumps(text)[:60]} vs "
                 f"{json.dumps(context[start:start + len(text)])[:60]}", text, answer, anchor)
         texts.append(str(text))
-    if impossible:
-        texts = []
-    if not is_training:
-        return SquadExample(str(qid), str(question), words, tuple(texts), impossible)
-    if impossible:
-        return SquadExample(str(qid), str(question), words, (), True)
+    if impossible or not is_training:
+        return SquadExample(str(qid), str(question), words,
+                            () if impossible else tuple(texts), impossible)
     if not answers:
         raise _Problem(f"{what} has no answers (required for training"
                        f"{'' if v2 else ' on SQuAD 1.1'})", anchor)
@@ -184,36 +178,23 @@ def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[Squ
         raise DataError(f"{source}: {' '.join(str(p).split())}") from None
 
 
-def _read_bytes(path: str) -> bytes:
-    """The bytes of `path` on any filesystem TensorFlow knows (gs://...); DataError names
-    it. TensorFlow is imported here, not with this module (see the module docstring)."""
-    import tensorflow as tf
-    from electra_tf import fileio
-    try:
-        return fileio.read_bytes(path)
-    except (OSError, tf.errors.OpError) as e:
-        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
-
-
 def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
-    """Questions of an official SQuAD JSON file, in file order.
-
-    Training drops (with a warning) answerable questions whose answer cannot be
-    recovered from the context words, as the official scripts do. Raises DataError
-    naming the file and line for invalid JSON, missing or mistyped fields, answer offsets
-    outside the context, answer texts that differ from the context at their offset and,
-    for training, answerable questions without answers.
-    """
-    raw = _read_bytes(path)
+    """Questions of an official SQuAD JSON file, in file order. Training drops (with a
+    warning) answerable questions whose answer cannot be recovered from the context
+    words, as the official scripts do. DataError naming the file and line for invalid
+    JSON, missing or mistyped fields, answer offsets outside the context, answer texts
+    that differ from the context at their offset and, for training, answerable questions
+    without answers."""
+    raw = read_bytes(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{where(path, line)}: not UTF-8 ({e.reason})") from None
+        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
     try:
         tree = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{where(path, e.lineno)}: invalid JSON: {e.msg} "
+        raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg} "
                         f"(column {e.colno})") from None
     try:
         return _parse(tree, is_training, v2, warn=True)
@@ -225,7 +206,7 @@ def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
     except _Problem as p:
         pos = next((n.pos for n in p.nodes if hasattr(n, "pos")), 0)
         line = text.count("\n", 0, pos) + 1
-        raise DataError(f"{where(path, line)}: {' '.join(p.message.split())}") from None
+        raise DataError(f"{path}:{line}: {' '.join(str(p).split())}") from None
     raise AssertionError("the located re-parse found no problem")  # pragma: no cover
 
 
@@ -260,21 +241,16 @@ def _char_kind(ch: str) -> str:
     return "plain"
 
 
-def _strip_accents_lower(token: str) -> str:
-    token = token.lower()
-    if token.isascii():
-        return token
-    return "".join(c for c in unicodedata.normalize("NFD", token)
-                   if unicodedata.category(c) != "Mn")
-
-
 def basic_tokenize(text: str, do_lower_case: bool) -> List[str]:
     """BERT's BasicTokenizer: drop control characters, split on whitespace, around CJK
     characters and punctuation; lower-case and strip accents when `do_lower_case`."""
     out = []
     for token in _split_cased(text):
         if do_lower_case:
-            token = _strip_accents_lower(token)
+            token = token.lower()
+            if not token.isascii():  # strip accents: NFD, then no non-spacing marks
+                token = "".join(c for c in unicodedata.normalize("NFD", token)
+                                if unicodedata.category(c) != "Mn")
             out.extend(_split_cased(token))
         elif token:
             out.append(token)
@@ -307,11 +283,9 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
                    search_from: int = 0) -> str:
     """The part of `orig_text` (original case and accents) that `pred_text` (normalised,
     space-separated basic tokens) covers; `orig_text` itself when they cannot be aligned.
-
     Official BERT rule: find `pred_text` in the basic-tokenized `orig_text`, then map
-    through the space-free character sequences, which must have equal lengths.
-    `search_from` is where in the basic-tokenized text to look first.
-    """
+    through the space-free character sequences, which must have equal lengths. `search_from`
+    is where in the basic-tokenized text to look first."""
     tok_text = " ".join(basic_tokenize(orig_text, do_lower_case))
     start = tok_text.find(pred_text, search_from) if pred_text else -1
     if start == -1 and search_from and pred_text:
@@ -329,21 +303,16 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
     return orig_text[orig_map[tok_to_ns[start]]:orig_map[tok_to_ns[end]] + 1]
 
 
-# ---------------------------------------------------------------------------------------
-# Features
-
+# ------------------------------------------------------------------------------ Features
 
 @dataclasses.dataclass
 class SquadFeatures:
     """Windows of all examples, in example order (made by qa_task.SquadTask.features, from
-    the serving signature's windows).
-
-    Per feature f and token position t: `token_to_orig_map[f, t]` is the context word of
-    the token or -1 (CLS, query, SEP, padding); `token_is_max_context[f, t]` whether this
-    window gives the token its most context; `token_piece[f, t]` which basic-tokenizer
-    piece of its word the token belongs to, or -1 when unknown (postprocessing then uses
-    the whole word).
-    """
+    the serving signature's windows). Per feature f and token position t:
+    `token_to_orig_map[f, t]` is the context word of the token or -1 (CLS, query, SEP,
+    padding); `token_is_max_context[f, t]` whether this window gives the token its most
+    context; `token_piece[f, t]` which basic-tokenizer piece of its word the token belongs
+    to, or -1 when unknown (postprocessing then uses the whole word)."""
     input_ids: np.ndarray  # int32 [N, L]
     input_mask: np.ndarray  # int32 [N, L]
     segment_ids: np.ndarray  # int32 [N, L]
@@ -400,9 +369,7 @@ def improve_answer_span(doc_ids: np.ndarray, start: int, end: int,
     return start, end
 
 
-# ---------------------------------------------------------------------------------------
-# Postprocessing
-
+# ------------------------------------------------------------------------ Postprocessing
 
 def _sigmoid(x: float) -> float:
     if x >= 0:
@@ -437,15 +404,13 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
                 outputs: Mapping[str, np.ndarray], n_best_size: int = 20,
                 max_answer_length: int = 30, do_lower_case: bool = True, v2: bool = False,
                 ) -> Tuple[Dict[str, str], Optional[Dict[str, float]], Dict[str, List[dict]]]:
-    """Answer texts from the joint head's top-k outputs stacked over features.
-
-    `outputs`: start_top_log_probs [N, k], start_top_index [N, k], end_top_log_probs
-    [N, k, k'], end_top_index [N, k, k'] and, for v2, null_logit [N]. Returns
-    (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None, nbest {qid:
-    [{text, probability, start_log_prob, end_log_prob}]}). Spans are scored by the sum of
-    log-probs; texts repeated by a better span are skipped, as officially; an example
-    without a valid span predicts "".
-    """
+    """Answer texts from the joint head's top-k outputs stacked over features. `outputs`:
+    start_top_log_probs [N, k], start_top_index [N, k], end_top_log_probs [N, k, k'],
+    end_top_index [N, k, k'] and, for v2, null_logit [N]. Returns (predictions {qid: text},
+    na_probs {qid: sigmoid(min null_logit)} or None, nbest {qid: [{text, probability,
+    start_log_prob, end_log_prob}]}). Spans are scored by the sum of log-probs; texts
+    repeated by a better span are skipped, as officially; an example without a valid span
+    predicts ""."""
     if features.num_examples != len(examples):
         raise ValueError(f"features were made from {features.num_examples} examples, "
                          f"got {len(examples)}")

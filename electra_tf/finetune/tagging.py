@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from electra_tf.finetune import DataError, where
+from electra_tf.finetune import DataError, read_bytes
 
 SCHEMES = ("bioes", "bio", "raw")
 OUTSIDE = "O"
@@ -33,52 +33,39 @@ class Sentence:
 
     def where(self, index: int = 0) -> str:
         """'path:line' of token `index`, for error messages."""
-        return where(self.path, self.line + index)
+        return f"{self.path}:{self.line + index}"
 
 
 def read_conll(path, label_column: int = -1) -> List[Sentence]:
-    """Sentences of a CoNLL file (word in column 0, the label in `label_column`).
-
-    Blank lines separate sentences; `-DOCSTART-` lines are skipped. Every token line
-    must have as many columns as the first one. Raises DataError (one line, naming
+    """Sentences of a CoNLL file on any filesystem (word in column 0, the label in
+    `label_column`). Blank lines separate sentences; `-DOCSTART-` lines are skipped; every
+    token line must have as many columns as the first one. DataError (one line, naming
     path:line) for a wrong column count, bad UTF-8, an out-of-range label column or a
-    file without sentences (naming the file for one it cannot read). Any filesystem
-    TensorFlow knows (gs://...).
-    """
+    file without sentences."""
     path = os.fspath(path)
-    import tensorflow as tf  # here, not at the top: the rest of this module needs none
-    from electra_tf import fileio
-    try:
-        raw_lines = fileio.read_bytes(path).split(b"\n")
-    except (OSError, tf.errors.OpError) as e:
-        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
+    raw_lines = read_bytes(path).split(b"\n")
     sentences: List[Sentence] = []
-    words: List[str] = []
-    labels: List[str] = []
-    first_line = 0
-    n_columns = None
-    label_index = None
+    tokens: List[Tuple[int, List[str]]] = []  # (line, fields) of the sentence being read
+    n_columns = label_index = None
 
     def flush():
-        nonlocal words, labels
-        if words:
-            sentences.append(Sentence(tuple(words), tuple(labels), first_line, path))
-        words, labels = [], []
+        if tokens:
+            sentences.append(Sentence(tuple(f[0] for _, f in tokens),
+                                      tuple(f[label_index] for _, f in tokens), tokens[0][0],
+                                      path))
+            tokens.clear()
 
     for number, raw in enumerate(raw_lines, start=1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{where(path, number)}: not valid UTF-8 "
+            raise DataError(f"{path}:{number}: not valid UTF-8 "
                             f"(byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
         if number == 1:
             text = text.lstrip("\ufeff")
         text = text.strip(_BLANKS)
-        if not text:
-            flush()
-            continue
-        fields = _FIELD_SEP.split(text)
-        if fields[0] == DOCSTART:
+        fields = _FIELD_SEP.split(text) if text else []
+        if not fields or fields[0] == DOCSTART:
             flush()
             continue
         if n_columns is None:
@@ -89,12 +76,9 @@ def read_conll(path, label_column: int = -1) -> List[Sentence]:
                 raise DataError(f"{path}: label column {label_column} is out of range for "
                                 f"{n_columns} columns (the word is column 0)")
         elif len(fields) != n_columns:
-            raise DataError(f"{where(path, number)}: expected {n_columns} columns, "
+            raise DataError(f"{path}:{number}: expected {n_columns} columns, "
                             f"found {len(fields)}")
-        if not words:
-            first_line = number
-        words.append(fields[0])
-        labels.append(fields[label_index])
+        tokens.append((number, fields))
     flush()
     if not sentences:
         raise DataError(f"{path}: no sentences (empty file or only -DOCSTART-/blank lines)")
@@ -119,12 +103,10 @@ def _split_tag(index: int, tag: str) -> Tuple[str, str]:
 
 
 def to_bioes(labels: Sequence[str]) -> List[str]:
-    """IOB1, IOB2 (BIO) or BIOES tags -> BIOES tags (idempotent on BIOES).
-
-    A chunk starts at B-/S-, and at I-/E- when the previous token is O, another type,
-    or already closed a chunk (E-/S-) -- this covers IOB1, where I- opens chunks and B-
-    only separates adjacent chunks of one type. Raises ValueError for other tags.
-    """
+    """IOB1, IOB2 (BIO) or BIOES tags -> BIOES tags (idempotent on BIOES). A chunk starts at
+    B-/S-, and at I-/E- when the previous token is O, another type, or already closed a
+    chunk (E-/S-) -- this covers IOB1, where I- opens chunks and B- only separates adjacent
+    chunks of one type. Raises ValueError for other tags."""
     parts = [_split_tag(i, t) for i, t in enumerate(labels)]
     starts = []
     for i, (prefix, kind) in enumerate(parts):
@@ -146,17 +128,13 @@ def to_bioes(labels: Sequence[str]) -> List[str]:
     return out
 
 
-def _to_bio(labels: Sequence[str]) -> List[str]:
-    return [t if t == OUTSIDE else {"S": "B", "E": "I"}.get(t[0], t[0]) + t[1:]
-            for t in to_bioes(labels)]
-
-
 def convert_labels(labels: Sequence[str], scheme: str = "bioes") -> List[str]:
     """`labels` in `scheme`: 'bioes', 'bio' (IOB2) or 'raw' (as read)."""
     if scheme == "bioes":
         return to_bioes(labels)
     if scheme == "bio":
-        return _to_bio(labels)
+        return [t if t == OUTSIDE else {"S": "B", "E": "I"}.get(t[0], t[0]) + t[1:]
+                for t in to_bioes(labels)]
     if scheme == "raw":
         return list(labels)
     raise ValueError(f"unknown tagging scheme {scheme!r}; expected one of {SCHEMES}")
@@ -185,12 +163,10 @@ class LabelMap:
 
     @classmethod
     def from_sentences(cls, sentences: Iterable[Sentence], scheme: str = "bioes") -> "LabelMap":
-        """The map for training `sentences` after conversion to `scheme`.
-
-        For 'bioes'/'bio' every chunk type seen gets all its prefixes, so a dev/test tag
-        of a known type in a position training never showed (e.g. S-X when training had
-        only multi-token X chunks) still maps; an unseen type does not.
-        """
+        """The map for training `sentences` after conversion to `scheme`. For 'bioes'/'bio'
+        every chunk type seen gets all its prefixes, so a dev/test tag of a known type in a
+        position training never showed (e.g. S-X when training had only multi-token X
+        chunks) still maps; an unseen type does not."""
         seen = set()
         for sentence in sentences:
             seen.update(sentence_labels(sentence, scheme))
@@ -210,17 +186,8 @@ class LabelMap:
         return f"LabelMap({list(self.labels)!r}, scheme={self.scheme!r})"
 
     def get(self, label: str) -> Optional[int]:
+        """The class id of `label`; None for a label not in the map."""
         return self._ids.get(label)
-
-    def ids(self, labels: Iterable[str]) -> List[int]:
-        """Class ids of `labels`; DataError for a label not in the map."""
-        out = []
-        for label in labels:
-            i = self._ids.get(label)
-            if i is None:
-                raise DataError(f"label {label!r} is not in the label map")
-            out.append(i)
-        return out
 
     def names(self, ids: Iterable[int]) -> List[str]:
         """Tag names of class `ids`; ValueError for an id outside [0, len)."""
@@ -250,11 +217,9 @@ class LabelMap:
 @dataclasses.dataclass
 class TaggingFeatures:
     """Model inputs for N sentences padded to L tokens, plus the word -> token alignment
-    (made by tagging_task.TaggingTask.features).
-
-    word_positions[n][w]: token index of word w's first sub-token in row n, -1 when the
-    word has no tokens (untokenizable) or was truncated away; such words read as 'O'.
-    """
+    (made by tagging_task.TaggingTask.features). word_positions[n][w]: token index of word
+    w's first sub-token in row n, -1 when the word has no tokens (untokenizable) or was
+    truncated away; such words read as 'O'."""
     input_ids: np.ndarray       # int32 [N, L]
     input_mask: np.ndarray      # int32 [N, L]
     segment_ids: np.ndarray     # int32 [N, L]

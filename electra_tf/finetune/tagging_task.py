@@ -13,9 +13,9 @@ from absl import logging
 from electra_tf import fileio
 from electra_tf.finetune import DataError, metrics
 from electra_tf.finetune.base_task import Task, TaskData
-from electra_tf.finetune.tagging import (OUTSIDE, SCHEMES, LabelMap, Sentence,
-                                         TaggingFeatures, convert_labels, predictions_to_tags,
-                                         read_conll, sentence_labels)
+from electra_tf.finetune.tagging import (SCHEMES, LabelMap, Sentence, TaggingFeatures,
+                                         convert_labels, predictions_to_tags, read_conll,
+                                         sentence_labels)
 from electra_tf.text import TextEncoder
 
 # What a raw request is split on besides ASCII whitespace (tf.strings.split's set): BERT
@@ -42,11 +42,8 @@ class TaggingTask(Task):
       and CoNLL-2003's NER tag). scheme: 'bioes' (default), 'bio' or 'raw'; tags are
       converted before training and the model predicts tags in that scheme.
     label_map: filled from the training file by `train_split` (it fixes the head's size,
-      so the trainer reads train before building the model); give one to serve or
-      evaluate without reading train.
-
-    Mutable rather than frozen because the label map is learnt from the data.
-    """
+      so the trainer reads train before building the model, and the task is not frozen);
+      give one to serve or evaluate without reading train."""
     name: str = "chunk"
     label_column: int = -1
     scheme: str = "bioes"
@@ -193,12 +190,11 @@ class TaggingTask(Task):
                 "probabilities": tf.nn.softmax(logits)}
 
     def serve_text(self, model, encoder, max_seq_length, texts) -> Dict[str, tf.Tensor]:
-        """Raw sentences [N] -> per word: `words` [N, W] and `tags` [N, W] (padded with
-        ""), `tag_ids` [N, W] (padded with -1) and `num_words` [N].
-
-        Words are the whitespace-separated pieces of the text; each is WordPiece'd on its
-        own and tagged at its first sub-token, with the training truncation (words past
-        max_seq_length - 2 tokens, and words without tokens, are 'O')."""
+        """Raw sentences [N] -> per word: `words` [N, W] and `tags` [N, W] (padded with ""),
+        `tag_ids` [N, W] (padded with -1) and `num_words` [N]. Words are the
+        whitespace-separated pieces of the text; each is WordPiece'd on its own and tagged
+        at its first sub-token, with the training truncation (words past max_seq_length - 2
+        tokens, and words without tokens, are 'O')."""
         labels = tf.constant(list(self._labels().labels))
         text = tf.convert_to_tensor(texts[self.text_fields()[0]], tf.string)
         # Bad bytes become U+FFFD (dropped by the encoder's normalisation) so the words
@@ -243,8 +239,3 @@ def pack_words(encoder: TextEncoder, words: tf.RaggedTensor,
     kept = (pieces.row_lengths() > 0) & (before < max_seq_length - 2)
     return {"batch": batch, "num_tokens": pieces.row_lengths(),
             "position": words.with_flat_values(tf.where(kept, before + 1, -1))}
-
-
-def unlabelled(words: Sequence[Sequence[str]]) -> List[Sentence]:
-    """Sentences of `words` tagged all 'O', to run `TaggingTask.features` on new text."""
-    return [Sentence(tuple(w), (OUTSIDE,) * len(w), 0) for w in words]

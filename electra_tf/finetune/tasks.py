@@ -1,9 +1,6 @@
 """Fine-tuning tasks by name (`get_task`): GLUE, the bundled polarity set and user TSV
-tasks (`TsvTask`), with SQuAD (`qa_task.py`) and tagging (`tagging_task.py`); all
-implement `base_task.Task`.
-
-A new classification task from a TSV is one `TsvTask(...)` (see `GLUE`).
-"""
+tasks (`TsvTask`; a new one is one `TsvTask(...)`, see `GLUE`), with SQuAD (`qa_task.py`)
+and tagging (`tagging_task.py`); all implement `base_task.Task`."""
 
 import dataclasses
 import os
@@ -14,7 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.finetune import DataError, metrics, where
+from electra_tf.finetune import DataError, metrics, read_bytes
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tagging_task import TaggingTask
@@ -26,14 +23,10 @@ Column = Union[str, int]  # a header name, or an index for header-less files
 # --------------------------------------------------------------------------- TSV reading
 
 def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
-    """(1-based line number, fields) for each non-empty line of a tab-separated file.
-
-    Quotes are data (GLUE's files are not CSV-quoted). Bad UTF-8 is an error naming the
-    line. Any filesystem TensorFlow knows (gs://...)."""
-    try:
-        raw = fileio.read_bytes(path)
-    except (OSError, tf.errors.OpError) as e:
-        raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
+    """(1-based line number, fields) for each non-empty line of a tab-separated file. Quotes
+    are data (GLUE's files are not CSV-quoted). Bad UTF-8 is an error naming the line. Any
+    filesystem TensorFlow knows (gs://...)."""
+    raw = read_bytes(path)
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     rows = []
@@ -44,7 +37,7 @@ def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{where(path, number)}: not valid UTF-8 (byte "
+            raise DataError(f"{path}:{number}: not valid UTF-8 (byte "
                             f"0x{line[e.start]:02x} at column {e.start + 1})") from None
         rows.append((number, text.split("\t")))
     return rows
@@ -55,7 +48,6 @@ class Rows:
     """One split as a source reads it, before tokenization: `texts` per text column,
     `labels` (label ids, or targets already divided by `regression_scale`; None for a test
     split), `ids` (a test split's index column) and `name` (its file, or dataset:split).
-
     Every source of a TsvTask (TSV files, tensorflow-datasets) yields these, so that
     packing, sentence-order doubling, metrics and predictions are shared."""
     texts: List[List[str]]
@@ -88,8 +80,7 @@ class TsvTask(Task):
       without one), else at least enough for the wanted columns. User tasks set it: an
       extra or missing tab shifts the label column. GLUE's files do not: some of their
       rows are legitimately narrower or wider (MNLI's optional annotator labels, QQP).
-    labels_from: the training file the label set was read from (None: given).
-    """
+    labels_from: the training file the label set was read from (None: given)."""
     name: str
     text_columns: Tuple[Column, ...]
     label_column: Column
@@ -127,102 +118,76 @@ class TsvTask(Task):
     def _path(self, data_dir: str, file: str) -> str:
         return os.path.join(data_dir, self.dir_name or self.name, file)
 
-    def _indices(self, path: str, rows, wanted=None, header=None
-                 ) -> Tuple[List[int], int, List[Tuple[int, List[str]]]]:
-        if not rows:
-            raise DataError(f"{path}: no rows")
-        if wanted is None:
-            wanted = list(self.text_columns) + [self.label_column]
-        if not (self.header if header is None else header):
-            return [int(c) for c in wanted], max(int(c) for c in wanted) + 1, rows
-        number, head = rows[0]
-        indices = []
-        for c in wanted:
-            if isinstance(c, int):
-                indices.append(c)
-            elif c in head:
-                indices.append(head.index(c))
-            else:
-                raise DataError(f"{where(path, number)}: header has no column {c!r} "
-                                f"(columns: {', '.join(head)})")
-        return indices, max(indices) + 1, rows[1:]
-
     def _table(self, path: str, wanted=None, header=None
                ) -> Tuple[List[int], List[Tuple[int, List[str]]]]:
         """The wanted columns' indices and the data rows of `path`, each row checked to
         have the columns they need (with `exact_columns`, exactly the header's)."""
         rows = read_tsv(path)
-        indices, width, data = self._indices(path, rows, wanted, header)
-        exact = None
-        if self.exact_columns and rows:
-            has_header = self.header if header is None else header
-            exact = rows[0]  # the header, or the first row that sets the width
-            what = "the header" if has_header else "the first row"
+        if not rows:
+            raise DataError(f"{path}: no rows")
+        wanted = wanted or list(self.text_columns) + [self.label_column]
+        has_header = self.header if header is None else header
+        if not has_header:
+            indices, data = [int(c) for c in wanted], rows
+        else:
+            number, head = rows[0]
+            for c in wanted:
+                if not isinstance(c, int) and c not in head:
+                    raise DataError(f"{path}:{number}: header has no column {c!r} "
+                                    f"(columns: {', '.join(head)})")
+            indices = [c if isinstance(c, int) else head.index(c) for c in wanted]
+            data = rows[1:]
+        width = max(indices) + 1
+        exact = rows[0]  # the header, or the first row that sets the width
+        what = "the header" if has_header else "the first row"
         for number, fields in data:
-            if exact is not None and len(fields) != len(exact[1]):
-                raise DataError(f"{where(path, number)}: expected {len(exact[1])} "
+            if self.exact_columns and len(fields) != len(exact[1]):
+                raise DataError(f"{path}:{number}: expected {len(exact[1])} "
                                 f"tab-separated columns as {what} (line {exact[0]}) has, "
                                 f"found {len(fields)}")
             if len(fields) < width:
-                raise DataError(f"{where(path, number)}: expected at least {width} "
+                raise DataError(f"{path}:{number}: expected at least {width} "
                                 f"tab-separated columns, found {len(fields)}")
         return indices, data
 
-    def _unknown_label(self, path: str, number: int, raw: str) -> DataError:
+    def _label(self, path: str, number: int, raw: str, lookup: Dict[str, int]):
+        """The id of label `raw` (for regression its target); DataError naming the row."""
+        if not self.labels:
+            try:
+                return float(raw) / self.regression_scale
+            except ValueError:
+                raise DataError(f"{path}:{number}: label {raw!r} is not a number") from None
+        if raw in lookup:
+            return lookup[raw]
         if self.labels_from:
-            return DataError(f"{where(path, number)}: label {raw!r} does not occur in "
-                             f"{self.labels_from}, whose labels are {', '.join(self.labels)}; "
-                             "fix the row, or list every label with --labels")
-        return DataError(f"{where(path, number)}: label {raw!r} is not one of "
-                         f"{', '.join(self.labels)}")
+            raise DataError(f"{path}:{number}: label {raw!r} does not occur in "
+                            f"{self.labels_from}, whose labels are {', '.join(self.labels)}; "
+                            "fix the row, or list every label with --labels")
+        raise DataError(f"{path}:{number}: label {raw!r} is not one of "
+                        f"{', '.join(self.labels)}")
 
-    def read(self, path: str) -> Tuple[List[List[str]], List[Any], List[int]]:
-        """Texts per column, labels (ids or floats) and line numbers of `path`."""
-        indices, rows = self._table(path)
-        *text_idx, label_idx = indices
-        texts: List[List[str]] = [[] for _ in text_idx]
-        labels, lines = [], []
-        lookup = {l: i for i, l in enumerate(self.labels)} if self.labels else None
-        for number, fields in rows:
-            raw = fields[label_idx].strip()
-            if lookup is not None:
-                if raw not in lookup:
-                    raise self._unknown_label(path, number, raw)
-                labels.append(lookup[raw])
-            else:
-                try:
-                    labels.append(float(raw) / self.regression_scale)
-                except ValueError:
-                    raise DataError(f"{where(path, number)}: label {raw!r} is not a "
-                                    "number") from None
-            for column, i in zip(texts, text_idx):
-                column.append(fields[i])
-            lines.append(number)
-        if not labels:
+    def read(self, path: str, test: bool = False) -> Rows:
+        """A labelled split of `path`: texts per column and labels (ids or floats); with
+        `test`, a GLUE test file (header, index column, text columns, no label)."""
+        if test:
+            columns = [self.test_index_column, *(self.test_text_columns or self.text_columns)]
+            (key, *text_idx), rows = self._table(path, columns, header=True)
+        else:
+            (*text_idx, key), rows = self._table(path)
+        if not rows:
             raise DataError(f"{path}: no examples")
-        return texts, labels, lines
-
-    def read_test(self, path: str) -> Rows:
-        """A GLUE test file: header, index column, text columns, no label."""
-        columns = list(self.test_text_columns or self.text_columns)
-        indices, rows = self._table(path, [self.test_index_column] + columns, header=True)
-        id_idx, *text_idx = indices
-        texts: List[List[str]] = [[] for _ in text_idx]
-        ids = []
-        for number, fields in rows:
-            ids.append(fields[id_idx].strip())
-            for column, i in zip(texts, text_idx):
-                column.append(fields[i])
-        if not ids:
-            raise DataError(f"{path}: no examples")
-        return Rows(texts, None, ids, os.path.basename(path))
+        texts = [[fields[i] for _, fields in rows] for i in text_idx]
+        keys = [(number, fields[key].strip()) for number, fields in rows]
+        if test:
+            return Rows(texts, None, [k for _, k in keys], os.path.basename(path))
+        lookup = {l: i for i, l in enumerate(self.labels or ())}
+        return Rows(texts, [self._label(path, n, raw, lookup) for n, raw in keys],
+                    name=os.path.basename(path))
 
     def rows(self, data_dir: str, file: str) -> Rows:
         """A labelled split (`train_file` or one of `dev_files`) from its TSV file.
         Other sources (tfds_data.py) override this and `test_rows`."""
-        path = self._path(data_dir, file)
-        texts, labels, _ = self.read(path)
-        return Rows(texts, labels, name=os.path.basename(path))
+        return self.read(self._path(data_dir, file))
 
     def test_rows(self, data_dir: str, test: SubmissionFile) -> Optional[Rows]:
         """A test split from its TSV file; None when an optional one is absent."""
@@ -231,7 +196,7 @@ class TsvTask(Task):
             candidates.append(os.path.join(data_dir, "diagnostic", test.file))
         for path in candidates:
             if fileio.isfile(path):
-                return self.read_test(path)
+                return self.read(path, test=True)
         if not test.required:
             return None
         raise DataError(f"{candidates[0]}: no such file (the test set that --do_predict "
@@ -394,7 +359,7 @@ def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
     for number, fields in rows:
         raw = fields[label_idx].strip()
         if not raw:
-            raise DataError(f"{where(path, number)}: empty label (column "
+            raise DataError(f"{path}:{number}: empty label (column "
                             f"{task.label_column!r})")
         counts[raw] = counts.get(raw, 0) + 1
         first.setdefault(raw, number)
@@ -409,7 +374,7 @@ def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
                 "Task %s: label %r has only %d of %d rows (first at %s; %r has %d): a typo "
                 "or a shifted column? If it is not a class, fix those rows or give the "
                 "labels with --labels=%s (then any other label is an error naming its line)",
-                task.name, label, counts[label], len(rows), where(path, first[label]), top,
+                task.name, label, counts[label], len(rows), f"{path}:{first[label]}", top,
                 counts[top], ",".join(common))
         if len(rare) > MAX_RARE_WARNINGS:
             logging.warning("Task %s: %d more rare labels in %s: %s", task.name,
