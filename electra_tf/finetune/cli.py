@@ -72,9 +72,7 @@ def main(flags, repo: str) -> dict:
         if not flags.config:
             raise configs.ConfigError("--init_checkpoint=none needs --config (the model size)")
     model_config = find_config(init, flags.config)
-    labels = flags.labels
-    if labels is not None and labels == [""]:
-        labels = []
+    labels = [] if flags.labels == [""] else flags.labels
     task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
                     flags.metric)
     if use_tfds(flags.data_source, flags.tfds_data_dir):

@@ -1,10 +1,7 @@
 """SavedModel export for serving: raw strings in (tokenized inside the graph), labels,
 probabilities, scores, tags or answer spans out; a token-id signature; an encoder export.
-
 `<export_dir>/<task>/<version>/` holds the task model, `<export_dir>/encoder/<version>/`
-the encoder alone (sequence output for feature extraction); TensorFlow Serving reads
-that layout as is.
-"""
+the encoder alone (sequence output for feature extraction), TensorFlow Serving's layout."""
 
 import os
 import time
@@ -37,11 +34,9 @@ def _check_rows(texts: Dict[str, tf.Tensor]):
 
 def _hold(module: tf.Module, name: str, layer):
     """Keeps a Keras layer on `module` untracked and tracks its plain tf.Variables instead.
-
     Keras 3 saves each of its variables as a second tf.Variable copied from the one the
     functions read; TF2 loading copes, but the session-based loader of TensorFlow Serving
-    and `saved_model_cli run` restores only the copy and fails on the other.
-    """
+    and `saved_model_cli run` restores only the copy and fails on the other."""
     module.__dict__[name] = layer
     setattr(module, f"{name}_variables", [v.value for v in layer.variables])
 
@@ -108,23 +103,22 @@ def _write(module: tf.Module, signatures, directory: str, assets: Dict[str, str]
 
 
 def _save(module: tf.Module, signatures, directory: str, assets: Dict[str, str]) -> str:
-    """Writes the SavedModel and its extra assets so that a reader (or Serving, which
-    polls the directory) never loads a half-written version.
-
-    Local: into a temporary sibling, renamed into place (atomic). Elsewhere (gs://...),
-    where renaming a directory copies each file: into a local staging directory, then
-    copied over with `saved_model.pb`, without which nothing loads the version, last."""
+    """Writes the SavedModel and its extra assets so that a reader (or Serving, which polls
+    the directory) never loads a half-written version. Local: into a temporary sibling,
+    renamed into place (atomic). Elsewhere (gs://...), where renaming a directory copies
+    each file: into a local staging directory, then copied over with `saved_model.pb`,
+    without which nothing loads the version, last."""
     if not fileio.is_remote(directory):
         tmp = directory + ".tmp"
         fileio.rmtree(tmp)
         _write(module, signatures, tmp, assets)
         fileio.rmtree(directory)
         fileio.rename(tmp, directory, overwrite=False)
-        return directory
-    with fileio.local_staging_dir("electra-export-") as staging:
-        _write(module, signatures, staging, assets)
-        fileio.rmtree(directory)
-        fileio.copy_tree(staging, directory, last=["saved_model.pb"])
+    else:
+        with fileio.local_staging_dir("electra-export-") as staging:
+            _write(module, signatures, staging, assets)
+            fileio.rmtree(directory)
+            fileio.copy_tree(staging, directory, last=["saved_model.pb"])
     return directory
 
 

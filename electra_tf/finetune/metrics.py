@@ -9,16 +9,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 from sklearn import metrics as sklearn_metrics
 
-__all__ = [
-    "accuracy", "f1", "matthews_corrcoef", "pearson", "spearman",
-    "normalize_answer", "squad_em", "squad_f1", "squad_scores",
-    "extract_spans", "entity_f1", "classification_metrics",
-]
-
-
-# ----------------------------------------------------------------------------------------
-# Classification / regression (GLUE)
-# ----------------------------------------------------------------------------------------
+# --------------------------------------------------- Classification / regression (GLUE)
 
 def _paired(a, b, names=("labels", "predictions")):
     """Two equally long, non-empty 1-D arrays."""
@@ -41,11 +32,8 @@ def accuracy(labels, predictions) -> float:
 
 
 def f1(labels, predictions, positive=1) -> float:
-    """Binary F1 (0-1) of the `positive` class, sklearn's f1_score as GLUE MRPC/QQP.
-
-    Any other label counts as negative; 0.0 when there are neither true nor predicted
-    positives (zero_division=0).
-    """
+    """Binary F1 (0-1) of the `positive` class, sklearn's f1_score as GLUE MRPC/QQP; any
+    other label counts as negative; 0.0 without true or predicted positives."""
     labels, predictions = _paired(labels, predictions)
     # Booleans make the class binary whatever the label set, which sklearn's
     # average="binary" otherwise refuses (multiclass labels, or `positive` absent).
@@ -54,10 +42,8 @@ def f1(labels, predictions, positive=1) -> float:
 
 
 def matthews_corrcoef(labels, predictions) -> float:
-    """Matthews correlation (-1..1), multiclass: sklearn's matthews_corrcoef as GLUE CoLA.
-
-    0.0 when the denominator is 0 (a constant labelling or prediction), as sklearn.
-    """
+    """Matthews correlation (-1..1), multiclass: sklearn's matthews_corrcoef as GLUE CoLA;
+    0.0 when the denominator is 0 (a constant labelling or prediction), as sklearn."""
     labels, predictions = _paired(labels, predictions)
     if len(np.unique(np.concatenate([labels, predictions]))) < 2:
         return 0.0  # sklearn's answer, without its single-label warning
@@ -91,32 +77,25 @@ def spearman(x, y) -> float:
     return float("nan") if pair is None else float(scipy_stats.spearmanr(*pair).statistic)
 
 
-_CLASSIFICATION_KINDS = ("accuracy", "accuracy_f1", "mcc", "pearson_spearman")
-
-
 def classification_metrics(kind, labels, predictions) -> dict:
-    """The metric dict of a task kind; every value a python float, fractions (not percent).
-
-    accuracy: {accuracy}; accuracy_f1: {accuracy, f1, acc_and_f1 (their mean)};
-    mcc: {mcc}; pearson_spearman: {pearson, spearman, corr (their mean; nan if either is)}.
-    """
+    """The metric dict of a task kind, python floats, fractions (not percent): accuracy:
+    {accuracy}; accuracy_f1: {accuracy, f1, acc_and_f1 (their mean)}; mcc: {mcc};
+    pearson_spearman: {pearson, spearman, corr (their mean; nan if either is)}."""
     if kind == "accuracy":
         return {"accuracy": accuracy(labels, predictions)}
     if kind == "accuracy_f1":
         acc, f = accuracy(labels, predictions), f1(labels, predictions)
         return {"accuracy": acc, "f1": f, "acc_and_f1": (acc + f) / 2.0}
     if kind == "mcc":
-        return {"mcc": float(matthews_corrcoef(labels, predictions))}
+        return {"mcc": matthews_corrcoef(labels, predictions)}
     if kind == "pearson_spearman":
         p, s = pearson(labels, predictions), spearman(labels, predictions)
         return {"pearson": p, "spearman": s, "corr": (p + s) / 2.0}
-    raise ValueError(f"unknown metric kind {kind!r}; expected one of "
-                     f"{', '.join(_CLASSIFICATION_KINDS)}")
+    raise ValueError(f"unknown metric kind {kind!r}; expected one of accuracy, "
+                     "accuracy_f1, mcc, pearson_spearman")
 
 
-# ----------------------------------------------------------------------------------------
-# SQuAD (official evaluate-v1.1 / evaluate-v2.0)
-# ----------------------------------------------------------------------------------------
+# --------------------------------------- SQuAD (official evaluate-v1.1 / evaluate-v2.0)
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -155,10 +134,8 @@ def _token_f1(gold: str, prediction: str) -> float:
 
 
 def squad_em(prediction: str, gold_answers) -> float:
-    """1.0 if the normalized prediction equals some normalized gold answer, else 0.0.
-
-    An empty `gold_answers` list means unanswerable: only "" is then correct.
-    """
+    """1.0 if the normalized prediction equals some normalized gold answer, else 0.0; an
+    empty `gold_answers` list means unanswerable: only "" is then correct."""
     return max(_exact(g, prediction) for g in _golds(gold_answers))
 
 
@@ -198,8 +175,7 @@ def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dic
     na_probs: {qid: P(no answer)}, needed for every predicted qid; a prediction with
     na_prob > na_prob_thresh is replaced by "". It also adds best_exact, best_f1 and their
     thresholds best_exact_thresh/best_f1_thresh (evaluate-v2.0's sweep, done on the raw
-    predictions; a missing prediction with no na_prob is given na_prob 1.0).
-    """
+    predictions; a missing prediction with no na_prob is given na_prob 1.0)."""
     if not dataset:
         raise ValueError("the SQuAD dataset is empty")
     if na_probs is not None:
@@ -221,15 +197,11 @@ def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dic
         else:
             prediction, missing = "", missing + 1
         preds[qid] = prediction
-        golds = _golds(gold_answers)
-        exact_raw[qid] = max(_exact(g, prediction) for g in golds)
-        f1_raw[qid] = max(_token_f1(g, prediction) for g in golds)
+        exact_raw[qid] = squad_em(prediction, gold_answers)
+        f1_raw[qid] = squad_f1(prediction, gold_answers)
 
-    probs = None
-    if na_probs is not None:
-        probs = dict(na_probs)
-        for qid in dataset:
-            probs.setdefault(qid, 1.0)
+    probs = None if na_probs is None else {
+        **na_probs, **{qid: 1.0 for qid in dataset if qid not in na_probs}}
 
     def thresholded(raw):
         if probs is None:
@@ -263,9 +235,7 @@ def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dic
     return out
 
 
-# ----------------------------------------------------------------------------------------
-# Chunking / NER (conlleval)
-# ----------------------------------------------------------------------------------------
+# ----------------------------------------------------------- Chunking / NER (conlleval)
 
 # Prefixes each scheme may use besides a bare "O"; "auto" accepts all, and BILOU's U/L are
 # IOBES's S/E under other names.
@@ -316,14 +286,12 @@ def _chunk_starts(prev_tag, tag, prev_type, kind):
 
 
 def extract_spans(tags, scheme="auto") -> set:
-    """The chunks of one sentence as a set of (type, start, end), end exclusive.
-
-    Chunk boundaries follow conlleval, so IOB1, IOB2/BIO, IOBES/BIOES (and BILOU) tags all
-    decode with the same rules: an I- after O or after another type opens a chunk, a type
-    change closes one. A tag without a prefix (scheme "auto" only) is its own type, runs of
-    it one chunk. An explicit scheme ("iob1", "iob2"/"bio", "iobes"/"bioes", "bilou") only
-    restricts which prefixes are accepted. An empty sentence has no chunks.
-    """
+    """The chunks of one sentence as a set of (type, start, end), end exclusive. Chunk
+    boundaries follow conlleval, so IOB1, IOB2/BIO, IOBES/BIOES (and BILOU) tags all decode
+    with the same rules: an I- after O or after another type opens a chunk, a type change
+    closes one. A tag without a prefix (scheme "auto" only) is its own type, runs of it one
+    chunk. An explicit scheme ("iob1", "iob2"/"bio", "iobes"/"bioes", "bilou") only
+    restricts which prefixes are accepted. An empty sentence has no chunks."""
     if scheme != "auto" and scheme not in _SCHEMES:
         raise ValueError(f"unknown tagging scheme {scheme!r}; expected auto or one of "
                          f"{', '.join(sorted(_SCHEMES))}")
@@ -342,11 +310,9 @@ def extract_spans(tags, scheme="auto") -> set:
 
 
 def entity_f1(gold_sequences, pred_sequences) -> dict:
-    """conlleval's overall chunk precision, recall and F1, in percent (0-100).
-
-    Both arguments are lists of sentences, each a list of tag strings; a chunk is correct
-    when its type, start and end all match. A ratio with a zero denominator is 0.
-    """
+    """conlleval's overall chunk precision, recall and F1, in percent (0-100), of lists
+    of sentences, each a list of tag strings; a chunk is correct when its type, start and
+    end all match. A ratio with a zero denominator is 0."""
     gold_sequences, pred_sequences = list(gold_sequences), list(pred_sequences)
     if len(gold_sequences) != len(pred_sequences):
         raise ValueError(f"gold has {len(gold_sequences)} sentences but predictions have "

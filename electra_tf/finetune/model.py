@@ -3,8 +3,7 @@
 
 Heads follow the paper's Appendix and the official code: [CLS] -> dropout -> dense for
 classification and regression, a dense over every token for tagging, and the XLNet-style
-joint start/end head with an answerability classifier for SQuAD.
-"""
+joint start/end head with an answerability classifier for SQuAD."""
 
 import re
 from typing import Dict
@@ -30,35 +29,24 @@ def _dense(units, config: ModelConfig, name, activation=None, dtype=None):
                               kernel_initializer=truncated_normal(config.initializer_range))
 
 
-class ClassificationHead(keras.layers.Layer):
-    """[CLS] -> dropout -> dense(num_outputs) -> float32 logits [B, num_outputs]."""
+class DenseHead(keras.layers.Layer):
+    """[CLS] -> dropout -> dense(num_outputs) for classification and regression, logits
+    [B, num_outputs]; with `every_token` (tagging) every token -> dropout -> dense, logits
+    [B, L, num_labels], the labels sitting on first sub-tokens. Logits in float32."""
 
-    def __init__(self, config: ModelConfig, num_outputs: int, **kwargs):
+    def __init__(self, config: ModelConfig, num_outputs: int, every_token: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.config = config
+        self.config, self.every_token = config, every_token
         self.classifier = _dense(num_outputs, config, "classifier", dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
-        self.classifier.build((None, self.config.hidden_size))
+        width = self.config.hidden_size
+        self.classifier.build((None, None, width) if self.every_token else (None, width))
 
     def call(self, hidden, batch, training=False, seed=None):
-        cls = dropout(hidden[:, 0], self.config.hidden_dropout_prob, training, seed)
-        return {"logits": tf.cast(self.classifier(cls), tf.float32)}
-
-
-class TaggingHead(keras.layers.Layer):
-    """Every token -> dropout -> dense(num_labels); the labels sit on first sub-tokens."""
-
-    def __init__(self, config: ModelConfig, num_labels: int, **kwargs):
-        super().__init__(**kwargs)
-        self.config = config
-        self.classifier = _dense(num_labels, config, "classifier", dtype=self.dtype_policy)
-
-    def build(self, input_shape=None):
-        self.classifier.build((None, None, self.config.hidden_size))
-
-    def call(self, hidden, batch, training=False, seed=None):
-        x = dropout(hidden, self.config.hidden_dropout_prob, training, seed)
+        x = hidden if self.every_token else hidden[:, 0]
+        x = dropout(x, self.config.hidden_dropout_prob, training, seed)
         return {"logits": tf.cast(self.classifier(x), tf.float32)}
 
 
@@ -167,10 +155,8 @@ class FinetuningModel(keras.Model):
 
 def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 20,
               answerable: bool = False, dtype=None) -> keras.layers.Layer:
-    if kind in ("classification", "regression"):
-        return ClassificationHead(config, num_outputs, name="head", dtype=dtype)
-    if kind == "tagging":
-        return TaggingHead(config, num_outputs, name="head", dtype=dtype)
+    if kind in ("classification", "regression", "tagging"):
+        return DenseHead(config, num_outputs, kind == "tagging", name="head", dtype=dtype)
     if kind == "qa":
         return QAHead(config, beam=beam, answerable=answerable, name="head", dtype=dtype)
     raise ValueError(f"unknown head kind {kind!r}")

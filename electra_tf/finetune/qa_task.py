@@ -49,8 +49,7 @@ class SquadTask(Task):
     do_lower_case: how postprocessing maps answers back to the original text; None follows
     the TextEncoder the data was tokenized with.
     serve_windows_per_call: serving runs the model over at most this many windows at once,
-    so that a very long context costs time, not memory.
-    """
+    so that a very long context costs time, not memory."""
     v2: bool = False
     doc_stride: int = 128
     max_query_length: int = 64
@@ -102,13 +101,11 @@ class SquadTask(Task):
     def features(self, examples: List[SquadExample], encoder: TextEncoder,
                  max_seq_length: int, is_training: bool,
                  chunk: int = 2048) -> SquadFeatures:
-        """The serving windows (`windows`) of `examples`, `chunk` at a time, less the one
-        of a context without tokens, with the answer positions when training.
-
-        Training: a window holding the whole (official `improve_answer_span`) answer points
-        at it, any other at the CLS with is_impossible 1; a question whose answer words
-        have no sub-tokens is dropped with a warning.
-        """
+        """The serving windows (`windows`) of `examples`, `chunk` at a time, less the one of
+        a context without tokens, with the answer positions when training. Training: a
+        window holding the whole (official `improve_answer_span`) answer points at it, any
+        other at the CLS with is_impossible 1; a question whose answer words have no
+        sub-tokens is dropped with a warning."""
         self._check(max_seq_length)
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
                 "token_index", "request")
@@ -255,8 +252,7 @@ class SquadTask(Task):
         `max_context` [W, L], `window_splits` [N + 1], the context `words` with their byte
         `begins` / `ends` ([N, (words)]), `doc_ids` / `doc_word` ([N, (tokens)]: each
         context's sub-tokens and their words) and `num_tokens` [N]. A context without
-        tokens still gets one (context-less) window.
-        """
+        tokens still gets one (context-less) window."""
         self._check(max_seq_length)
         L = max_seq_length
         specials = encoder.special_ids
@@ -362,17 +358,15 @@ class SquadTask(Task):
                 for k, v in out.items()}
 
     def serve_text(self, model, encoder, max_seq_length, texts):
-        """Answers [N] from raw `question` and `context` strings: the best valid span
-        (start log-prob + end log-prob, both in the context, end >= start, at most
+        """Answers [N] from raw `question` and `context` strings: the best valid span (start
+        log-prob + end log-prob, both in the context, end >= start, at most
         max_answer_length tokens, start in its max-context window) over all windows of a
         row, as whole whitespace-separated words cut from the original context bytes.
-
         Outputs: answer (string; "" when no valid span, and for v2 when
-        no_answer_probability > 0.5), start_word / end_word (the best span's word
-        indices, -1 when none; kept for v2 even when the answer is withheld), score
-        (-inf when none) and, for v2, no_answer_probability (sigmoid of the smallest
-        null logit over the windows; 1 for a context without tokens).
-        """
+        no_answer_probability > 0.5), start_word / end_word (the best span's word indices,
+        -1 when none; kept for v2 even when the answer is withheld), score (-inf when none)
+        and, for v2, no_answer_probability (sigmoid of the smallest null logit over the
+        windows; 1 for a context without tokens)."""
         context = tf.convert_to_tensor(texts["context"], tf.string)
         win = self.windows(encoder, max_seq_length, texts["question"], context)
         out = self._run(model, win["batch"], encoder.special_ids, max_seq_length)

@@ -1,12 +1,9 @@
 """GLUE and SQuAD from tensorflow-datasets data already prepared on disk (`glue/<task>`,
-`glue/ax`, `squad/v1.1`, `squad/v2.0`), read into the very rows the TSV / JSON readers make.
-
-`from_tfds(task, data_dir)` returns the task with only its reading replaced: packing,
-MRPC / STS-B order doubling, metrics, predictions and serving stay the file tasks'.
-Nothing is downloaded or prepared here; data that is not on disk is a DataError.
-Rows come back in the source files' order (GLUE: sorted by `idx`, the row number that
-TFDS stores beside its hash-shuffled records), so both sources train identically.
-"""
+`glue/ax`, `squad/v1.1`, `squad/v2.0`), read into the very rows the TSV / JSON readers make:
+`from_tfds(task, data_dir)` replaces only the task's reading. Nothing is downloaded or
+prepared here; data that is not on disk is a DataError. Rows come back in the source
+files' order (GLUE: sorted by `idx`, the row number that TFDS stores beside its
+hash-shuffled records), so both sources train identically."""
 
 import dataclasses
 import functools
@@ -179,13 +176,13 @@ class TfdsGlueTask(TsvTask):
         return self._read(file, labelled=True)
 
     def test_rows(self, data_dir, test: SubmissionFile):
-        if not test.required:
-            try:
-                return self._read(test.file, labelled=False)
-            except DataError as e:
-                logging.info("No %s predictions: %s", test.submission, e)
-                return None
-        return self._read(test.file, labelled=False)
+        try:
+            return self._read(test.file, labelled=False)
+        except DataError as e:
+            if test.required:
+                raise
+            logging.info("No %s predictions: %s", test.submission, e)
+            return None
 
 
 # --------------------------------------------------------------------------- SQuAD

@@ -1,18 +1,14 @@
-"""The fine-tuning run: config, one XLA-compiled train step under a tf.distribute
-strategy with layer-wise learning rates, evaluation, trials and their median.
-
-Per trial: seed -> fresh model -> encoder from the pre-trained checkpoint -> train for the
-task's epochs (no early stopping, as the paper) -> dev metrics -> `trial_<i>/` checkpoint.
-A trial already finished (its `result.json`) is not rerun; a trial stopped by SIGTERM
-saves its position and resumes from it.
-"""
+"""The fine-tuning run: the train step under a tf.distribute strategy with layer-wise
+learning rates, evaluation, trials and their median. Per trial: seed -> fresh model ->
+encoder from the pre-trained checkpoint -> the task's epochs (no early stopping, as the
+paper) -> dev metrics -> `trial_<i>/`. A finished trial (its `result.json`) is not rerun;
+one stopped by SIGTERM saves its position and resumes from it."""
 
 import dataclasses
-import gc
 import math
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -38,45 +34,20 @@ class ModelMismatchError(InitError):
     names the first variable whose shapes differ (the CLI adds which --config to give)."""
 
 
-# How a restore into variables of other shapes reads: a name-based (TF1 / Hugging Face)
-# load, and an object-based `tf.train.Checkpoint.read`, whose error is a bare ValueError.
-_TF1_SHAPES = re.compile(r"(\S+): (?:checkpoint )?shape (\[[^\]]*\]) != variable shape "
-                         r"(\[[^\]]*\])")
-_OBJECT_SHAPES = re.compile(r"incompatible tensor with shape \(([^)]*)\) when attempting to "
-                            r"restore variable with shape \(([^)]*)\) and name ([^\s:]+)")
-
-
-def _shape_mismatch(message: str) -> Optional[Tuple[str, str, str]]:
-    """(variable, checkpoint shape, model shape) from a restore error, else None."""
-    match = _TF1_SHAPES.search(message)
-    if match:
-        return match.group(1), match.group(2), match.group(3)
-    match = _OBJECT_SHAPES.search(message)
-    if match:
-        dims = lambda text: f"[{', '.join(d.strip() for d in text.split(',') if d.strip())}]"
-        return match.group(3), dims(match.group(1)), dims(match.group(2))
-    return None
+# assign_arrays' error for a checkpoint value of another shape than its variable.
+_SHAPES = re.compile(r"(\S+): shape (\[[^\]]*\]) != variable shape (\[[^\]]*\])")
 
 
 def init_or_explain(encoder, init_checkpoint: str) -> str:
     """`init_encoder`, with a restore into variables of other shapes (a config of another
     size than the checkpoint's) raised as one ModelMismatchError line."""
-    # A failed object-based restore logs every unrestored value when it is deleted (as
-    # the traceback goes): after the CLI's one-line error, unless silenced meanwhile.
-    tf_logger = tf.get_logger()
-    level = tf_logger.level
     try:
-        try:
-            return init_encoder(encoder, init_checkpoint)
-        except ValueError as e:  # InitError included: the name-based loads wrap theirs
-            mismatch = _shape_mismatch(str(e))
-            if mismatch is None:
-                raise
-            tf_logger.setLevel("ERROR")
-        gc.collect()
-    finally:
-        tf_logger.setLevel(level)
-    name, theirs, ours = mismatch
+        return init_encoder(encoder, init_checkpoint)
+    except ValueError as e:  # InitError included: it wraps assign_arrays' error
+        mismatch = _SHAPES.search(str(e))
+        if mismatch is None:
+            raise
+    name, theirs, ours = mismatch.groups()
     config = encoder.config
     raise ModelMismatchError(
         f"--init_checkpoint {init_checkpoint} does not fit the model config: {name} is "
@@ -114,13 +85,12 @@ class Finetuner(Trainer):
                  init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):
         self.task, self.cfg = task, cfg
         self.num_train_steps = num_train_steps
-        self.init_path = None
 
         def build_model():
             head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
             model = FinetuningModel(model_config, head)
             if init_checkpoint:
-                self.init_path = init_or_explain(model.electra, init_checkpoint)
+                init_or_explain(model.electra, init_checkpoint)
             return model
 
         optimizer = dataclasses.replace(  # warmup: a share of this run's steps
@@ -310,7 +280,6 @@ def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: Fi
         trials.append(metrics)
     scores = [t[task.primary_metric] for t in trials]
     best = median_trial(scores)
-    labels = task.label_names()
     results = {"task": task.name, "metric": task.primary_metric,
                "labels": list(labels) if labels is not None else None,
                "labels_from": task.labels_from,
