@@ -61,6 +61,9 @@ def use_tfds(data_source: str, tfds_data_dir: Optional[str]) -> bool:
 def main(flags, repo: str) -> dict:
     demo = flags.task == "polarity" and flags.data_dir is None
     data_dir = flags.data_dir or os.path.join(repo, "data")
+    labels = [] if flags.labels == [""] else flags.labels
+    task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
+                    flags.metric)
     init = flags.init_checkpoint
     if init is None:
         init = DEFAULT_PRETRAIN_DIR
@@ -72,9 +75,6 @@ def main(flags, repo: str) -> dict:
         if not flags.config:
             raise configs.ConfigError("--init_checkpoint=none needs --config (the model size)")
     model_config = find_config(init, flags.config)
-    labels = [] if flags.labels == [""] else flags.labels
-    task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
-                    flags.metric)
     if use_tfds(flags.data_source, flags.tfds_data_dir):
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
