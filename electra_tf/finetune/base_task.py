@@ -23,8 +23,7 @@ class TaskData:
 
 
 class Task(abc.ABC):
-    """The interface every task implements (all tensors float32 outputs of the head).
-    Subclasses have a `name` (directory and export name)."""
+    """Every task's interface; subclasses have a `name` (directory and export name)."""
     kind: str = "classification"  # classification | regression | tagging | qa
     primary_metric: str = "accuracy"
     num_train_epochs: float = 3.0
@@ -48,8 +47,7 @@ class Task(abc.ABC):
         return {}
 
     def label_names(self) -> Optional[Sequence[str]]:
-        """The class names in output order, for the logs and results.json; None for a task
-        without a fixed set (regression, SQuAD). Known once `train_split` has run."""
+        """Class names in output order (None: regression, SQuAD); known after train_split."""
         return None
 
     @abc.abstractmethod
@@ -75,8 +73,8 @@ class Task(abc.ABC):
 
     def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
                    texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """Raw strings (one [N] tensor per `text_fields()` name) -> answers, in-graph,
-        truncated exactly as the training data."""
+        """Raw strings ([N] per `text_fields()` name) -> answers, in-graph, truncated as
+        the training data."""
         fields = [texts[name] for name in self.text_fields()]
         batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
                                max_seq_length)
@@ -92,14 +90,8 @@ class Task(abc.ABC):
     # --- test-set predictions ----------------------------------------------------
     def test_splits(self, data_dir: str, encoder: TextEncoder,
                     max_seq_length: int) -> List[TaskData]:
-        """The unlabelled test sets that `--do_predict` writes predictions for: `name` is
-        the submission file's stem (GLUE: `SST-2`, `MNLI-m`, `AX`), `meta` the test
-        file's index column."""
-        raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
-                        "this task has no test sets")
-
-    def predicted_labels(self, data: TaskData, fetched: Dict[str, np.ndarray]) -> List[str]:
-        """One prediction string per example of a test split, as submitted (tasks that
-        have `test_splits` override both)."""
+        """The unlabelled test sets that `--do_predict` writes predictions for (`name`: the
+        submission file's stem, `meta`: the index column). Tasks that have them also
+        implement `predicted_labels(data, fetched)`: one submitted string per example."""
         raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
                         "this task has no test sets")

@@ -34,22 +34,14 @@ class SquadSplit:
     do_lower_case: bool
 
 
-def _column(value, n, dtype=tf.int32) -> tf.RaggedTensor:
-    """A ragged [n, 1] column of `value`, to concatenate with ragged token rows."""
-    return tf.RaggedTensor.from_row_lengths(tf.fill([n], tf.cast(value, dtype)),
-                                            tf.ones([n], tf.int64))
-
-
 @dataclasses.dataclass(frozen=True)
 class SquadTask(Task):
     """SQuAD 1.1 (v2=False) or 2.0 (v2=True, with the answerability classifier).
 
-    Data: `<data_dir>/squad/train.json` and `dev.json`, or the official names
-    (`train-v1.1.json` / `dev-v1.1.json`, `train-v2.0.json` / `dev-v2.0.json`).
-    do_lower_case: how postprocessing maps answers back to the original text; None follows
-    the TextEncoder the data was tokenized with.
-    serve_windows_per_call: serving runs the model over at most this many windows at once,
-    so that a very long context costs time, not memory."""
+    Data: `<data_dir>/squad/{train,dev}.json`, or the official `{train,dev}-v1.1.json` /
+    `-v2.0.json`. do_lower_case: how postprocessing maps answers back to the original
+    text (None: as the TextEncoder). serve_windows_per_call: serving runs the model over at
+    most this many windows at once (a long context costs time, not memory)."""
     v2: bool = False
     doc_stride: int = 128
     max_query_length: int = 64
@@ -88,7 +80,6 @@ class SquadTask(Task):
                               f"{self.doc_stride}")
 
     def data_file(self, data_dir: str, split: str) -> str:
-        """`<data_dir>/squad/<split>.json`, else the official versioned name."""
         folder = os.path.join(data_dir, "squad")
         names = [f"{split}.json", f"{split}-v{'2.0' if self.v2 else '1.1'}.json"]
         for name in names:
@@ -101,10 +92,9 @@ class SquadTask(Task):
     def features(self, examples: List[SquadExample], encoder: TextEncoder,
                  max_seq_length: int, is_training: bool,
                  chunk: int = 2048) -> SquadFeatures:
-        """The serving windows (`windows`) of `examples`, `chunk` at a time, less the one of
-        a context without tokens, with the answer positions when training. Training: a
-        window holding the whole (official `improve_answer_span`) answer points at it, any
-        other at the CLS with is_impossible 1; a question whose answer words have no
+        """The serving `windows` of `examples` (`chunk` at a time) but a token-less context's.
+        Training: a window holding the whole (`improve_answer_span`) answer points at it,
+        any other at the CLS with is_impossible 1; a question whose answer words have no
         sub-tokens is dropped with a warning."""
         self._check(max_seq_length)
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
@@ -170,8 +160,7 @@ class SquadTask(Task):
             f["max_context"], piece.astype(np.int16), len(examples))
 
     def read_examples(self, data_dir: str, split: str, is_training: bool):
-        """(questions of `split` ("train" or "dev"), their source for messages, a short
-        name for the split)."""
+        """(questions of `split` ("train"/"dev"), their source for messages, a short name)."""
         path = self.data_file(data_dir, split)
         return read_squad(path, is_training=is_training, v2=self.v2), path, \
             os.path.basename(path)
@@ -190,13 +179,11 @@ class SquadTask(Task):
         if not examples:
             raise DataError(f"{source}: no questions")
         features = self.features(examples, encoder, max_seq_length, False)
-        # No gold positions: dev questions have several answers and unanswerable windows
-        # are not labelled, so the trainer computes no (meaningless) dev loss.
+        # No gold positions (several answers, unlabelled windows): no meaningless dev loss.
         arrays = {k: features.arrays()[k] for k in ("input_ids", "input_mask", "segment_ids")}
         arrays["weight"] = np.ones([len(features)], np.float32)
         lower = encoder.do_lower_case if self.do_lower_case is None else self.do_lower_case
-        # Rows are windows: the trainer's padding and truncation work on features, and the
-        # metrics map them back to questions through features.example_index.
+        # Rows are windows; the metrics map them to questions by features.example_index.
         return [TaskData(arrays, len(features), SquadSplit(list(examples), features, lower),
                          name=name)]
 
@@ -241,18 +228,16 @@ class SquadTask(Task):
 
     def windows(self, encoder: TextEncoder, max_seq_length: int, question, context):
         """The windows of every (question, context) row, in-graph: the one SQuAD
-        preprocessor, of the serving signature and (through `features`) of training data.
+        preprocessor, of serving and (through `features`) of the data.
 
-        `[CLS] query [SEP] doc-window [SEP]` (official BERT layout); the context is cut
-        into words at WORD_SEPARATORS and each word WordPiece'd on its own; windows of
-        `room` tokens slide by doc_stride (the official rule). Returns a dict: `batch`
-        (input_ids / input_mask / segment_ids [W, L]), `request` [W] (the row each window
-        belongs to), `token_word` [W, L] (context word of each token, -1 outside the
-        context), `token_index` [W, L] (the token's index in its context, -1 outside),
-        `max_context` [W, L], `window_splits` [N + 1], the context `words` with their byte
-        `begins` / `ends` ([N, (words)]), `doc_ids` / `doc_word` ([N, (tokens)]: each
-        context's sub-tokens and their words) and `num_tokens` [N]. A context without
-        tokens still gets one (context-less) window."""
+        `[CLS] query [SEP] doc-window [SEP]` (official layout); the context is cut into
+        words at WORD_SEPARATORS, each WordPiece'd alone; windows of `room` tokens slide by
+        doc_stride. Returns `batch` (input_ids / input_mask / segment_ids [W, L]), `request`
+        [W] (each window's row), `token_word` / `token_index` [W, L] (each token's context
+        word / index in its context, -1 outside it), `max_context` [W, L], `window_splits`
+        [N + 1], the context `words` with byte `begins` / `ends` ([N, (words)]), `doc_ids`
+        / `doc_word` ([N, (tokens)]: sub-tokens, their words), `num_tokens` [N]. A context
+        without tokens still gets one (context-less) window."""
         self._check(max_seq_length)
         L = max_seq_length
         specials = encoder.special_ids
@@ -304,13 +289,15 @@ class SquadTask(Task):
             tf.where(score == best, window_of, total), key, num_doc)
         max_context = index.with_flat_values(tf.gather(owner, key) == window_of)
 
-        w = tf.cast(total, tf.int32)
         q = tf.gather(query, request)
+        ones_w = tf.ones([total], tf.int64)
 
         def row(cls, q_fill, sep, body, last, default, dtype):
             """[CLS] query [SEP] window [SEP] of one per-token quantity, padded to L."""
-            parts = [_column(cls, w, dtype), tf.cast(q_fill, dtype), _column(sep, w, dtype),
-                     tf.cast(body, dtype), _column(last, w, dtype)]
+            column = lambda v: tf.RaggedTensor.from_row_lengths(
+                tf.fill([total], tf.cast(v, dtype)), ones_w)
+            parts = [column(cls), tf.cast(q_fill, dtype), column(sep), tf.cast(body, dtype),
+                     column(last)]
             return tf.concat(parts, axis=1).to_tensor(default_value=tf.cast(default, dtype),
                                                       shape=[None, L])
 
@@ -333,23 +320,15 @@ class SquadTask(Task):
                 "doc_ids": tf.RaggedTensor.from_row_splits(pieces.flat_values, doc_splits),
                 "doc_word": tf.RaggedTensor.from_row_splits(word_of_token, doc_splits)}
 
-    def _run(self, model, batch, specials, L: int) -> Dict[str, tf.Tensor]:
+    def _run(self, model, batch, L: int) -> Dict[str, tf.Tensor]:
         """The head's top-k outputs for every window, `serve_windows_per_call` at a time
-        (equal chunks, padded with empty windows)."""
+        (equal chunks, padded with all-zero windows whose outputs are dropped)."""
         n = tf.shape(batch["input_ids"])[0]
         per = self.serve_windows_per_call
         chunks = tf.maximum(1, (n + per - 1) // per)
         size = tf.maximum(1, (n + chunks - 1) // chunks)
-        pad = chunks * size - n
-        pad_row = {
-            "input_ids": [specials["[CLS]"], specials["[SEP]"], specials["[SEP]"]]
-            + [specials["[PAD]"]] * (L - 3),
-            "input_mask": [1, 1, 1] + [0] * (L - 3),
-            "segment_ids": [0, 0, 1] + [0] * (L - 3)}
-        elems = {}
-        for name, value in batch.items():
-            filler = tf.tile(tf.constant([pad_row[name]], tf.int32), [pad, 1])
-            elems[name] = tf.reshape(tf.concat([value, filler], 0), [chunks, size, L])
+        elems = {k: tf.reshape(tf.pad(v, [[0, chunks * size - n], [0, 0]]), [chunks, size, L])
+                 for k, v in batch.items()}
         keys = _TOP_K + (("null_logit",) if self.v2 else ())
         signature = {k: tf.int32 if k.endswith("index") else tf.float32 for k in keys}
         out = tf.map_fn(lambda b: self.fetches(model(b, training=False)), elems,
@@ -369,7 +348,7 @@ class SquadTask(Task):
         windows; 1 for a context without tokens)."""
         context = tf.convert_to_tensor(texts["context"], tf.string)
         win = self.windows(encoder, max_seq_length, texts["question"], context)
-        out = self._run(model, win["batch"], encoder.special_ids, max_seq_length)
+        out = self._run(model, win["batch"], max_seq_length)
         s_lp, s_idx = out["start_top_log_probs"], out["start_top_index"]
         e_lp, e_idx = out["end_top_log_probs"], out["end_top_index"]
         token_word = win["token_word"]

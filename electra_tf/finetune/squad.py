@@ -42,8 +42,7 @@ class SquadExample:
 # ------------------------------------------------------------------------------- Reading
 
 class _Problem(Exception):
-    """A validation failure; `nodes` are candidates for the line to report, innermost
-    first (only nodes of a located re-parse carry a position)."""
+    """A validation failure; `nodes`: candidates for the line to report, innermost first."""
 
     def __init__(self, message: str, *nodes):
         super().__init__(message)
@@ -56,8 +55,7 @@ _LOCATED = {t: type(f"Located{t.__name__.capitalize()}", (t,), {})
 
 
 def _located_loads(text: str):
-    """json.loads whose containers, strings and numbers remember their character offset
-    (`.pos`). Pure Python and slow, so only run to place an error already found."""
+    """json.loads whose values remember their character offset (`.pos`); slow."""
     decoder = json.JSONDecoder()
 
     def scan(s, idx):
@@ -170,8 +168,8 @@ def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
 
 
 def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[SquadExample]:
-    """Questions of an already-parsed SQuAD JSON tree (e.g. regrouped from another
-    source), checked as `read_squad` checks a file; DataError names `source`."""
+    """Questions of a parsed SQuAD JSON tree, checked as `read_squad` checks a file;
+    DataError names `source`."""
     try:
         return _parse(tree, is_training, v2, warn=True)
     except _Problem as p:
@@ -179,12 +177,10 @@ def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[Squ
 
 
 def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
-    """Questions of an official SQuAD JSON file, in file order. Training drops (with a
-    warning) answerable questions whose answer cannot be recovered from the context
-    words, as the official scripts do. DataError naming the file and line for invalid
-    JSON, missing or mistyped fields, answer offsets outside the context, answer texts
-    that differ from the context at their offset and, for training, answerable questions
-    without answers."""
+    """Questions of an official SQuAD JSON file, in file order. Training drops (warning)
+    answerable questions whose answer the context words cannot recover, as officially.
+    DataError naming file and line for bad JSON, fields, answer offsets or texts and,
+    for training, answerable questions without answers."""
     raw = read_bytes(path)
     try:
         text = raw.decode("utf-8-sig")
@@ -212,12 +208,10 @@ def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
 
 def to_dataset_answers(examples: Sequence[SquadExample]) -> Dict[str, List[str]]:
     """{qid: gold answer texts} ([] when unanswerable), as the SQuAD metrics take it."""
-    return {ex.qid: [] if ex.is_impossible else list(ex.answers) for ex in examples}
+    return {ex.qid: list(ex.answers) for ex in examples}
 
 
-# ---------------------------------------------------------------------------------------
-# BERT basic tokenization (pure Python): to place predictions inside words and for
-# get_final_text. Facts from the published BERT algorithm.
+# ---------------------------------- BERT basic tokenization (placing answers inside words)
 
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
         (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
@@ -281,11 +275,10 @@ def _strip_spaces(text: str) -> Tuple[str, List[int]]:
 
 def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
                    search_from: int = 0) -> str:
-    """The part of `orig_text` (original case and accents) that `pred_text` (normalised,
-    space-separated basic tokens) covers; `orig_text` itself when they cannot be aligned.
-    Official BERT rule: find `pred_text` in the basic-tokenized `orig_text`, then map
-    through the space-free character sequences, which must have equal lengths. `search_from`
-    is where in the basic-tokenized text to look first."""
+    """The part of `orig_text` that `pred_text` (space-separated normalised basic tokens)
+    covers, else `orig_text`. Official BERT rule: find `pred_text` in the basic-tokenized
+    `orig_text` (from `search_from` first), map through the space-free texts (equal
+    lengths required)."""
     tok_text = " ".join(basic_tokenize(orig_text, do_lower_case))
     start = tok_text.find(pred_text, search_from) if pred_text else -1
     if start == -1 and search_from and pred_text:
@@ -307,12 +300,10 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
 
 @dataclasses.dataclass
 class SquadFeatures:
-    """Windows of all examples, in example order (made by qa_task.SquadTask.features, from
-    the serving signature's windows). Per feature f and token position t:
-    `token_to_orig_map[f, t]` is the context word of the token or -1 (CLS, query, SEP,
-    padding); `token_is_max_context[f, t]` whether this window gives the token its most
-    context; `token_piece[f, t]` which basic-tokenizer piece of its word the token belongs
-    to, or -1 when unknown (postprocessing then uses the whole word)."""
+    """Windows of all examples in example order (qa_task.SquadTask.features). Per feature
+    f and token t: `token_to_orig_map` its context word or -1 (CLS, query, SEP, padding);
+    `token_is_max_context` whether this window gives it its most context; `token_piece`
+    its word's basic-tokenizer piece, -1 when unknown (then the whole word is used)."""
     input_ids: np.ndarray  # int32 [N, L]
     input_mask: np.ndarray  # int32 [N, L]
     segment_ids: np.ndarray  # int32 [N, L]
@@ -335,10 +326,9 @@ class SquadFeatures:
 
 
 def word_pieces(words: Sequence[str], tokenize: Tokenize) -> Dict[str, np.ndarray]:
-    """{word: int16 basic-tokenizer piece of each of its sub-tokens} for the distinct
-    `words` that split into several basic pieces (punctuation); -1 throughout when the
-    pieces' sub-tokens, tokenized alone, differ from the word's. `tokenize` is called
-    once, with the words and their pieces."""
+    """{word: int16 basic piece of each sub-token} for the distinct `words` of several
+    basic pieces; all -1 when the pieces tokenized alone differ from the word. One
+    `tokenize` call."""
     split = {w: _split_cased(w) for w in dict.fromkeys(words)
              if not (w.isascii() and w.isalnum())}
     split = {w: p for w, p in split.items() if len(p) > 1}
@@ -380,8 +370,8 @@ def _sigmoid(x: float) -> float:
 
 def _span_text(words: Sequence[str], first_word: int, first_piece: int, last_word: int,
                last_piece: int, do_lower_case: bool) -> str:
-    """The answer text for tokens running from piece `first_piece` of word `first_word` to
-    piece `last_piece` of `last_word` (-1: the word's edge)."""
+    """The answer text from piece `first_piece` of word `first_word` to piece `last_piece`
+    of `last_word` (-1: the word's edge)."""
     orig_text = " ".join(words[first_word:last_word + 1])
     lowered = [basic_tokenize(w, do_lower_case) for w in words[first_word:last_word + 1]]
     cased_counts = [len(_split_cased(w)) for w in words[first_word:last_word + 1]]
@@ -404,13 +394,11 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
                 outputs: Mapping[str, np.ndarray], n_best_size: int = 20,
                 max_answer_length: int = 30, do_lower_case: bool = True, v2: bool = False,
                 ) -> Tuple[Dict[str, str], Optional[Dict[str, float]], Dict[str, List[dict]]]:
-    """Answer texts from the joint head's top-k outputs stacked over features. `outputs`:
-    start_top_log_probs [N, k], start_top_index [N, k], end_top_log_probs [N, k, k'],
-    end_top_index [N, k, k'] and, for v2, null_logit [N]. Returns (predictions {qid: text},
-    na_probs {qid: sigmoid(min null_logit)} or None, nbest {qid: [{text, probability,
-    start_log_prob, end_log_prob}]}). Spans are scored by the sum of log-probs; texts
-    repeated by a better span are skipped, as officially; an example without a valid span
-    predicts ""."""
+    """Answer texts from the joint head's top-k `outputs` over features: start_top_log_probs
+    / start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k'], v2: null_logit
+    [N]. Returns (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None,
+    nbest {qid: [{text, probability, start_log_prob, end_log_prob}]}). Spans score the sum
+    of log-probs; a text repeated by a better span is skipped; no valid span predicts ""."""
     if features.num_examples != len(examples):
         raise ValueError(f"features were made from {features.num_examples} examples, "
                          f"got {len(examples)}")

@@ -2,6 +2,7 @@
 tasks (`TsvTask`; a new one is one `TsvTask(...)`, see `GLUE`), with SQuAD (`qa_task.py`)
 and tagging (`tagging_task.py`); all implement `base_task.Task`."""
 
+import collections
 import dataclasses
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -23,9 +24,8 @@ Column = Union[str, int]  # a header name, or an index for header-less files
 # --------------------------------------------------------------------------- TSV reading
 
 def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
-    """(1-based line number, fields) for each non-empty line of a tab-separated file. Quotes
-    are data (GLUE's files are not CSV-quoted). Bad UTF-8 is an error naming the line. Any
-    filesystem TensorFlow knows (gs://...)."""
+    """(1-based line number, fields) of each non-empty line of a tab-separated file (quotes
+    are data: GLUE's files are not CSV-quoted); bad UTF-8 is a DataError naming the line."""
     raw = read_bytes(path)
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
@@ -45,11 +45,9 @@ def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
 
 @dataclasses.dataclass
 class Rows:
-    """One split as a source reads it, before tokenization: `texts` per text column,
-    `labels` (label ids, or targets already divided by `regression_scale`; None for a test
-    split), `ids` (a test split's index column) and `name` (its file, or dataset:split).
-    Every source of a TsvTask (TSV files, tensorflow-datasets) yields these, so that
-    packing, sentence-order doubling, metrics and predictions are shared."""
+    """One split as every TsvTask source (TSV, tensorflow-datasets) reads it: `texts` per
+    text column, `labels` (ids, or targets divided by `regression_scale`; None for a test
+    split), `ids` (a test split's index column), `name` (its file, or dataset:split)."""
     texts: List[List[str]]
     labels: Optional[List[Any]]
     ids: Optional[List[str]] = None
@@ -65,21 +63,18 @@ class SubmissionFile(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class TsvTask(Task):
-    """A sentence or sentence-pair classification (or regression) task read from
+    """A sentence (pair) classification or regression task read from
     `<data_dir>/<dir_name>/<file>.tsv`.
 
-    text_columns: one or two columns (header names, or 0-based indices when
-      `header=False`); label_column likewise. labels: the label strings in id order;
-      None for regression (`regression_scale` divides the target, as STS-B's 0-5 -> 0-1).
-    metric: accuracy | accuracy_f1 | mcc | pearson_spearman (see `metrics`).
+    text_columns / label_column: header names, or 0-based indices when `header=False`.
+    labels: label strings in id order; None for regression (`regression_scale` divides
+      the target, as STS-B's 0-5 -> 0-1). metric: see `metrics.classification_metrics`.
     both_orders: also train on (b, a) for symmetric pair tasks (MRPC, STS-B).
-    test_files: the unlabelled test sets (GLUE's). They always have a header with an
-      index column (`test_index_column`) and the text columns under the names of
-      `test_text_columns` (default: `text_columns`), and no label.
-    exact_columns: every row must have as many columns as the header (the first row
-      without one), else at least enough for the wanted columns. User tasks set it: an
-      extra or missing tab shifts the label column. GLUE's files do not: some of their
-      rows are legitimately narrower or wider (MNLI's optional annotator labels, QQP).
+    test_files: GLUE's unlabelled test sets: a header, the `test_index_column` and the
+      text columns named `test_text_columns` (default: `text_columns`).
+    exact_columns: every row as many columns as the header (or first row), else enough for
+      the wanted ones. User tasks set it (a stray tab shifts the label column); GLUE's
+      files legitimately vary (MNLI's optional annotator labels, QQP).
     labels_from: the training file the label set was read from (None: given)."""
     name: str
     text_columns: Tuple[Column, ...]
@@ -185,8 +180,7 @@ class TsvTask(Task):
                     name=os.path.basename(path))
 
     def rows(self, data_dir: str, file: str) -> Rows:
-        """A labelled split (`train_file` or one of `dev_files`) from its TSV file.
-        Other sources (tfds_data.py) override this and `test_rows`."""
+        """A labelled split (`train_file` or a `dev_files` one); tfds_data overrides it."""
         return self.read(self._path(data_dir, file))
 
     def test_rows(self, data_dir: str, test: SubmissionFile) -> Optional[Rows]:
@@ -204,8 +198,7 @@ class TsvTask(Task):
 
     def encode(self, rows: Rows, encoder: TextEncoder, max_seq_length: int,
                both_orders: bool = False) -> TaskData:
-        """Packs rows into model inputs; a labelled split gets `label`, a test split keeps
-        its ids in `meta`."""
+        """Model inputs of `rows`, with `label` if labelled; a test split's ids in `meta`."""
         texts, labels = rows.texts, rows.labels
         if both_orders and len(texts) == 2:
             texts = [texts[0] + texts[1], texts[1] + texts[0]]
@@ -323,8 +316,7 @@ POLARITY = TsvTask("polarity", text_columns=("sentence",), label_column="label",
 
 
 def find_dir(data_dir: str, task: TsvTask) -> TsvTask:
-    """GLUE's download script names folders `SST-2`, many users `sst2` or `sst-2`: take
-    whichever exists."""
+    """`task` with the folder that exists: GLUE's script says `SST-2`, users `sst2`/`sst-2`."""
     for name in (task.dir_name, task.name, (task.dir_name or "").lower()):
         if name and fileio.isdir(os.path.join(data_dir, name)):
             return dataclasses.replace(task, dir_name=name)
@@ -353,15 +345,13 @@ def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
     """The sorted label set of the training file `path`; warns of rare labels (naming
     each one's count and first line). An empty label is an error."""
     indices, rows = task._table(path)
-    label_idx = indices[-1]
-    counts: Dict[str, int] = {}
+    counts: Dict[str, int] = collections.Counter()
     first: Dict[str, int] = {}
     for number, fields in rows:
-        raw = fields[label_idx].strip()
+        raw = fields[indices[-1]].strip()
         if not raw:
-            raise DataError(f"{path}:{number}: empty label (column "
-                            f"{task.label_column!r})")
-        counts[raw] = counts.get(raw, 0) + 1
+            raise DataError(f"{path}:{number}: empty label (column {task.label_column!r})")
+        counts[raw] += 1
         first.setdefault(raw, number)
     if not counts:
         raise DataError(f"{path}: no examples")

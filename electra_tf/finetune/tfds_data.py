@@ -1,9 +1,8 @@
-"""GLUE and SQuAD from tensorflow-datasets data already prepared on disk (`glue/<task>`,
-`glue/ax`, `squad/v1.1`, `squad/v2.0`), read into the very rows the TSV / JSON readers make:
-`from_tfds(task, data_dir)` replaces only the task's reading. Nothing is downloaded or
-prepared here; data that is not on disk is a DataError. Rows come back in the source
-files' order (GLUE: sorted by `idx`, the row number that TFDS stores beside its
-hash-shuffled records), so both sources train identically."""
+"""GLUE and SQuAD from tensorflow-datasets prepared on disk (`glue/<task>`, `glue/ax`,
+`squad/v1.1`, `squad/v2.0`), read into the very rows the TSV / JSON readers make:
+`from_tfds(task, data_dir)` replaces only the task's reading; nothing is downloaded (data
+not on disk is a DataError). Rows come in the source files' order (GLUE: by `idx`, the
+row number TFDS stores beside its shuffled records), so both sources train identically."""
 
 import dataclasses
 import functools
@@ -65,8 +64,8 @@ def _label(name: str, data_dir: Optional[str]) -> str:
 
 @functools.lru_cache(maxsize=32)
 def open_builder(name: str, data_dir: Optional[str]):
-    """The prepared builder of `name` in `data_dir` (None: TFDS's default), or a one-line
-    DataError saying how to prepare it. Never downloads (no GCS either)."""
+    """The prepared builder of `name` in `data_dir` (None: TFDS's default), else a DataError
+    saying how to prepare it. Never downloads (no GCS either)."""
     tfds = _import_tfds()
     kwargs = {"data_dir": os.fspath(data_dir)} if data_dir else {}
     try:
@@ -160,8 +159,7 @@ class TfdsGlueTask(TsvTask):
         return Rows(texts, labels, None, f"{name}:{split}")
 
     def _label_ids(self, name: str) -> List[int]:
-        """Our label id of each tfds class id: by name (MNLI, QNLI, RTE), else by number
-        (the binary tasks, whose TSV labels are '0' / '1')."""
+        """Our label id of each tfds class id: by name (MNLI, QNLI, RTE), else by number."""
         names = open_builder(name, self.tfds_data_dir).info.features["label"].names
         out = []
         for i, n in enumerate(names):
@@ -189,9 +187,8 @@ class TfdsGlueTask(TsvTask):
 
 @dataclasses.dataclass(frozen=True)
 class TfdsSquadTask(SquadTask):
-    """SQuAD from `squad/v1.1` or `squad/v2.0`: each split is regrouped into the official
-    JSON's articles and paragraphs and parsed by the JSON reader's own code, so that the
-    checks, word splitting and answer recovery are the files'."""
+    """SQuAD from `squad/v1.1` or `squad/v2.0`, regrouped into the official JSON's
+    articles and paragraphs and parsed by the JSON reader's code (same checks and words)."""
     tfds_data_dir: Optional[str] = None
 
     @property
@@ -204,11 +201,11 @@ class TfdsSquadTask(SquadTask):
         cols = read_split(self.dataset, self.tfds_data_dir, split)
         articles: Dict[str, Dict[str, list]] = {}  # title -> context -> questions
         for i in range(len(cols["id"])):
-            title, context = _text([cols["title"][i], cols["context"][i]], where)
+            title, context, qid, question = _text(
+                [cols[k][i] for k in ("title", "context", "id", "question")], where)
             answers = [{"text": t, "answer_start": int(s)} for t, s in zip(
                 _text(cols["answers/text"][i], where), cols["answers/answer_start"][i])]
-            qa = {"id": _text([cols["id"][i]], where)[0],
-                  "question": _text([cols["question"][i]], where)[0], "answers": answers}
+            qa = {"id": qid, "question": question, "answers": answers}
             if self.v2:
                 qa["is_impossible"] = bool(cols["is_impossible"][i])
             articles.setdefault(title, {}).setdefault(context, []).append(qa)
