@@ -337,15 +337,13 @@ class SquadTask(Task):
                 for k, v in out.items()}
 
     def serve_text(self, model, encoder, max_seq_length, texts):
-        """Answers [N] from raw `question` and `context` strings: the best valid span (start
-        log-prob + end log-prob, both in the context, end >= start, at most
-        max_answer_length tokens, start in its max-context window) over all windows of a
-        row, as whole whitespace-separated words cut from the original context bytes.
-        Outputs: answer (string; "" when no valid span, and for v2 when
-        no_answer_probability > 0.5), start_word / end_word (the best span's word indices,
-        -1 when none; kept for v2 even when the answer is withheld), score (-inf when none)
-        and, for v2, no_answer_probability (sigmoid of the smallest null logit over the
-        windows; 1 for a context without tokens)."""
+        """Answers [N] from raw `question` and `context`: the best valid span (start + end
+        log-prob; both in the context, end >= start, at most max_answer_length tokens, start
+        in its max-context window) over a row's windows, as whole words cut from the context
+        bytes. Outputs: answer ("" when no valid span or, v2, no_answer_probability > 0.5),
+        start_word / end_word (-1 when none; kept when v2 withholds the answer), score (-inf
+        when none), v2: no_answer_probability (sigmoid of the windows' smallest null logit;
+        1 for a context without tokens)."""
         context = tf.convert_to_tensor(texts["context"], tf.string)
         win = self.windows(encoder, max_seq_length, texts["question"], context)
         out = self._run(model, win["batch"], max_seq_length)

@@ -55,9 +55,10 @@ class Rows:
 
 
 class SubmissionFile(NamedTuple):
-    """A GLUE test file of a task and the leaderboard's name for its predictions."""
-    file: str  # in the task's folder (diagnostic.tsv also in <data_dir>/diagnostic/)
-    submission: str  # <submission>.tsv in <model_dir>/predictions
+    """A GLUE test `file` (in the task's folder; diagnostic.tsv also in
+    <data_dir>/diagnostic/) and its predictions' `submission`.tsv in <model_dir>/predictions."""
+    file: str
+    submission: str
     required: bool = True
 
 
@@ -115,8 +116,7 @@ class TsvTask(Task):
 
     def _table(self, path: str, wanted=None, header=None
                ) -> Tuple[List[int], List[Tuple[int, List[str]]]]:
-        """The wanted columns' indices and the data rows of `path`, each row checked to
-        have the columns they need (with `exact_columns`, exactly the header's)."""
+        """The wanted columns' indices and the data rows of `path`, their widths checked."""
         rows = read_tsv(path)
         if not rows:
             raise DataError(f"{path}: no rows")
@@ -162,8 +162,7 @@ class TsvTask(Task):
                         f"{', '.join(self.labels)}")
 
     def read(self, path: str, test: bool = False) -> Rows:
-        """A labelled split of `path`: texts per column and labels (ids or floats); with
-        `test`, a GLUE test file (header, index column, text columns, no label)."""
+        """The labelled split of `path` (with `test`, a GLUE test file: no labels)."""
         if test:
             columns = [self.test_index_column, *(self.test_text_columns or self.text_columns)]
             (key, *text_idx), rows = self._table(path, columns, header=True)
