@@ -8,6 +8,7 @@ loads its TPU runtime at import, which on a host without TPU chips spends minute
 for a GCE metadata server (`configure_tpu_library`).
 """
 
+import functools
 import glob
 import importlib.metadata
 import importlib.util
@@ -17,12 +18,10 @@ from typing import Dict, List, MutableMapping, Optional, Tuple
 
 SUPPORTED_TENSORFLOW = ("2.20", "2.21")
 
-# Distributions that write the importable `tensorflow` package on Linux, most specific
-# first: the stock `tensorflow` wheel last, since on a Cloud TPU VM the `tensorflow` entry
-# is the stand-in of install/tensorflow-tpu-stand-in (no files, local version label below).
-# (Builds that the stock wheel itself depends on elsewhere, tensorflow-intel on Windows or
-# tensorflow-cpu-aws on ARM, would read as a second copy, and tensorflow-text ships no
-# wheel for Windows.)
+# Distributions that write the importable `tensorflow` package on Linux, the stock wheel
+# last: on a Cloud TPU VM its entry is install/tensorflow-tpu-stand-in (no files, local
+# version label below). (tensorflow-intel / tensorflow-cpu-aws, which the stock wheel
+# depends on elsewhere, would read as a second copy.)
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tensorflow-cpu", "tf-nightly",
                             "tf-nightly-cpu", "tf-nightly-tpu", "tensorflow")
 STAND_IN_LABEL = "tpu.stand.in"
@@ -32,9 +31,8 @@ INSTALL_HINT = ("install with `pip install -e .` (CPU, or `.[gpu]` for GPUs) or,
 
 
 class UnsupportedEnvironment(SystemExit):
-    """An installed TensorFlow, tensorflow-text or Keras outside the supported range.
-
-    A SystemExit, so that a CLI stops with this one line and no traceback."""
+    """An installed TensorFlow, tensorflow-text or Keras outside the supported range (a
+    SystemExit: a CLI stops with this one line and no traceback)."""
 
 
 def normalise_name(name: str) -> str:
@@ -155,14 +153,11 @@ def tpu_chips() -> int:
 def configure_tpu_library(environ: Optional[MutableMapping[str, str]] = None) -> bool:
     """Sets TPU_LOAD_LIBRARY=0 where TensorFlow's TPU build would load its TPU runtime on a
     host with no TPU chips; returns whether it did. Call before TensorFlow is imported.
-
-    On such a host (a CPU machine, CI, the GCE VM of a TPU Node) `import tensorflow` under
-    tensorflow-tpu 2.20 loads libtpu, which asks the GCE metadata server for the TPU's
-    environment, 30 tries a variable (measured on this project's CI machine: the import had
-    not returned after 10 minutes; with TPU_LOAD_LIBRARY=0 it takes 4 s). With the library
-    left unloaded TensorFlow runs on the CPU and a TPU Node is still reached over the
-    network. A value the user set is kept; a host with chips is left
-    alone (worker 0 of a slice sets TPU_LOAD_LIBRARY=0 itself, README: Cloud TPU)."""
+    There (a CPU machine, CI, a TPU Node's VM) tensorflow-tpu 2.20's import asks the GCE
+    metadata server for the TPU's environment, 30 tries a variable (on this project's CI:
+    over 10 minutes; 4 s unloaded); unloaded, TensorFlow runs on the CPU and still reaches
+    a TPU Node. A value the user set is kept; a host with chips is left alone (worker 0 of
+    a slice sets it itself, README: Cloud TPU)."""
     environ = os.environ if environ is None else environ
     if "TPU_LOAD_LIBRARY" in environ or not _libtpu_installed() or tpu_chips():
         return False
@@ -214,22 +209,17 @@ def missing_tpu_functions(library: str, names: List[str]) -> List[str]:
     return [name for name in names if not hasattr(lib, name)]
 
 
-_XLA_CPU: Dict[str, bool] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def xla_cpu_available() -> bool:
     """Whether this TensorFlow build can XLA-compile for the CPU. The TPU build cannot
     ('could not find registered transfer manager for platform Host'): on it, CPU-only runs
     take graph execution (training/trainer.py's `default_jit`). Probed once, with a 2 x 2
     matmul."""
-    if "cpu" not in _XLA_CPU:
-        import tensorflow as tf
-        try:
-            with tf.device("/CPU:0"):
-                x = tf.ones((2, 2))
-                value = tf.function(lambda a: tf.matmul(a, a), jit_compile=True)(x)
-            _XLA_CPU["cpu"] = float(tf.reduce_sum(value)) == 8.0
-        except (tf.errors.NotFoundError, tf.errors.UnimplementedError,
-                tf.errors.InvalidArgumentError, tf.errors.InternalError):
-            _XLA_CPU["cpu"] = False
-    return _XLA_CPU["cpu"]
+    import tensorflow as tf
+    try:
+        with tf.device("/CPU:0"):
+            value = tf.function(lambda a: tf.matmul(a, a), jit_compile=True)(tf.ones((2, 2)))
+        return float(tf.reduce_sum(value)) == 8.0
+    except (tf.errors.NotFoundError, tf.errors.UnimplementedError,
+            tf.errors.InvalidArgumentError, tf.errors.InternalError):
+        return False

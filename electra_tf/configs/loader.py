@@ -68,9 +68,8 @@ def _read_config_file(name_or_path: str, flag: str, cls) -> Dict[str, Any]:
     return _flatten(data, path, cls)
 
 
-# What an objective (its spec's `requirements`) or a generator kind needs of the model, set
-# for it unless the user set otherwise, keyed by (config key, value): a fixed generator
-# must not share embeddings the discriminator trains. (key, value, the flag)
+# (config key, value) -> what it needs of the model, (key, value, the flag that sets it):
+# the objectives' spec `requirements`; a fixed generator shares no trained embeddings.
 REQUIREMENTS = {
     **{("objective.objective", s.name): s.requirements for s in SPECS.values()
        if s.requirements},

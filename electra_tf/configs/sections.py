@@ -110,17 +110,14 @@ class ObjectiveConfig:
     # BERT-style corruption: this share of chosen positions gets a random token.
     random_token_prob: float = 0.0
     temperature: float = knob(1.0, POSITIVE)
-    # A sampling temperature that changes over the run (Fast-ELECTRA's curriculum):
-    # "SHAPE:START[:END]", SHAPE linear | cosine | exponential (geometric), from START at
-    # step 0 to END (default 1) at the last step; empty: `temperature` throughout.
+    # Empty: `temperature` throughout; exponential is geometric.
     temperature_schedule: str = knob("", pretraining=(
         "Sampling temperature over the run: SHAPE:START[:END] with SHAPE linear, cosine or "
         "exponential, from START at step 0 to END (default 1) at the last step, e.g. "
         "exponential:2 (Fast-ELECTRA's descending curriculum)."))
     disallow_correct: bool = False
-    # Draw the masked positions with replacement, as the official code does (a position
-    # can fill several slots; fewer distinct tokens are corrupted): for comparisons with
-    # it (bench/official_curves.py). Default: without replacement, exactly `count` tokens.
+    # The official code's masking, for comparisons (bench/official_curves.py): positions
+    # drawn with replacement, so fewer distinct tokens may be corrupted than `count`.
     mask_with_replacement: bool = False
     generator: str = knob("masked_lm", one_of(*GENERATORS), pretraining=(
         "Overrides objective.generator: the sized masked-LM generator, uniform / unigram "

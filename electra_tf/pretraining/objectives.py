@@ -1,13 +1,8 @@
-"""Pre-training objectives: what a train step minimises.
-
-An objective turns (model, batch, seed) into a scalar loss and additive metric sums out
-of the pure loss functions in `losses.py`; the train step (`trainer.py` over the core's
-`training/trainer.py`) adds the gradients, all-reduce, clipping and the update. One small
-class per variant, registered by name with `@register`: the ELECTRA family shares
-`ReplacedTokenDetection`'s step and overrides its hooks, the masked-LM family
-`MaskedLM`'s. What an objective is beyond its loss (its heads, requirements, FLOP
-components, log line) is its spec, `objective_specs.SPECS[name]` (docs/objectives.md).
-"""
+"""Pre-training objectives: (model, batch, seed) -> a scalar loss and additive metric sums,
+from the pure functions in `losses.py`. One class per variant under `@register`: the
+ELECTRA family overrides `ReplacedTokenDetection`'s hooks, the masked-LM family
+`MaskedLM`'s. The rest of an objective (heads, requirements, FLOPs, log line) is its spec,
+`objective_specs.SPECS[name]` (docs/objectives.md)."""
 
 import abc
 from typing import Dict, List, Optional, Tuple, Type
@@ -43,19 +38,12 @@ def register(name: str):
 
 
 class Objective(abc.ABC):
-    """Base class: what a pre-training objective must provide.
-
-    `denominators(batch)` returns the loss denominators that depend on the batch alone
-    (no randomness), so they can be summed over replicas and micro-batches before the
-    forward pass; `loss_terms(...)` divides its local sums by those global values, which
-    makes N replicas (or k micro-batches) give exactly the update of one device on the
-    whole global batch.
-
-    An objective may run in phases (`phases`: the first step of each); the trainer
-    compiles one step function per phase, calls `on_phase_start` when a phase begins, and
-    passes the phase to `loss_terms`. `heads` are the optional model heads it needs
-    (`modeling.HEADS`; set from its spec by `register`).
-    """
+    """Base class. `denominators(batch)` depend on the batch alone, so the trainer sums
+    them over replicas and micro-batches before the forward pass and the loss divides its
+    local sums by those global values: N replicas (or k micro-batches) give exactly the
+    update of one device on the global batch. The trainer compiles one step per phase
+    (`phases`) and calls `on_phase_start` as one begins; `heads` (`modeling.HEADS`) come
+    from the spec (`register`)."""
     heads: Tuple[str, ...] = ()
 
     def __init__(self, cfg: PretrainingConfig, special_ids: Dict[str, int],
@@ -83,14 +71,17 @@ class Objective(abc.ABC):
         return {"mlm": tf.cast(tf.reduce_sum(count), tf.float32),
                 "disc": tf.reduce_sum(tf.cast(batch["input_mask"], tf.float32))}
 
-    @abc.abstractmethod
     def loss_terms(self, model, batch, seed, denominators, training: bool, phase: int = 0
                    ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
         """-> ({term name: weighted scalar float32 loss}, dict of additive metric sums).
+        Terms: "generator", "baseline", "sampling", "discriminator", "mlm" as present."""
+        seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
+        den = {k: tf.maximum(v, _EPS) for k, v in denominators.items()}
+        return self.terms(model, batch, self.mask(batch, seeds[0]), seeds, den, training, phase)
 
-        Terms: "generator", "baseline", "sampling", "discriminator", "mlm" as present;
-        the loss is their sum.
-        """
+    @abc.abstractmethod
+    def terms(self, model, batch, masked, seeds, den, training, phase):
+        """`loss_terms` of the masking `masked`, with the denominators `den` kept >= _EPS."""
 
     def loss(self, model, batch, seed, denominators, training: bool, phase: int = 0):
         """-> (scalar float32 loss, dict of additive float32 metric sums)."""
@@ -152,21 +143,18 @@ class Objective(abc.ABC):
             logits, seed, self.temperature(),
             disallow_ids=masked["masked_ids"] if self.oc.disallow_correct else None)
 
-    def generator_mlm_term(self, gen_logits, masked, denominators):
+    def generator_mlm_term(self, gen_logits, masked, den):
         loss_sum, _, _ = obj.mlm_loss_sums(gen_logits, masked["masked_ids"],
                                            masked["masked_weights"], self.focal_gamma)
-        return self.oc.gen_weight * loss_sum / tf.maximum(denominators["mlm"], _EPS)
+        return self.oc.gen_weight * loss_sum / den["mlm"]
 
 
 class ReplacedTokenDetection(Objective):
     """ELECTRA's replaced-token detection (`objective=electra`): the generator's MLM (focal
     with `gen_focal_gamma`) + disc_weight x the discriminator's BCE over real tokens.
-
-    One step: mask -> the generator's proposal at the slots -> `sampling_logits` ->
-    sample -> corrupt -> discriminate. Variants override the hooks below. No
-    discriminator gradient reaches a generator-only weight: samples are discrete and every
-    generator-side use of the discriminator's output is a constant.
-    """
+    One step: mask, propose (`sampling_logits`), sample, corrupt, discriminate; variants
+    override the hooks. No discriminator gradient reaches a generator-only weight: samples
+    are discrete and the generator side uses the discriminator's output as a constant."""
     trains_generator_by_mle = True  # the generator's MLM term
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
@@ -183,24 +171,22 @@ class ReplacedTokenDetection(Objective):
                                w, den_mlm):
         """Adds terms that train the generator from the discriminator's loss (none)."""
 
-    def discriminator_term(self, disc_logits, labels, slot_loss, batch, denominators):
+    def discriminator_term(self, disc_logits, labels, slot_loss, batch, den):
         disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
-        return disc_sum / tf.maximum(denominators["disc"], _EPS)
+        return disc_sum / den["disc"]
 
-    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
-        masked = self.mask(batch, seeds[0])
+    def terms(self, model, batch, masked, seeds, den, training, phase):
         gen_logits, gen_slots = self.generator(model, masked, batch, seeds[2], training)
-        return self.detection_terms(model, batch, masked, gen_logits, gen_slots, seeds,
-                                    denominators, training, {})
+        return self.detection_terms(model, batch, masked, gen_logits, gen_slots, seeds, den,
+                                    training)
 
-    def detection_terms(self, model, batch, masked, gen_logits, gen_slots, seeds,
-                        denominators, training, terms):
+    def detection_terms(self, model, batch, masked, gen_logits, gen_slots, seeds, den,
+                        training):
         ids, w = masked["masked_ids"], masked["masked_weights"]
         positions = masked["masked_positions"]
-        den_mlm = tf.maximum(denominators["mlm"], _EPS)
+        den_mlm, terms = den["mlm"], {}
         if self.trains_generator and self.trains_generator_by_mle:
-            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+            terms["generator"] = self.generator_mlm_term(gen_logits, masked, den)
         sampling_logits, hp_logits = self.sampling_logits(model, gen_logits, gen_slots, ids)
         sampled = self.sample(sampling_logits, masked, seeds[1])
         fake_ids, labels = obj.corrupt(batch["input_ids"], positions, sampled, w)
@@ -212,7 +198,7 @@ class ReplacedTokenDetection(Objective):
         self.generator_policy_terms(terms, model, gen_logits, gen_slots, sampled, slot_loss,
                                     w, den_mlm)
         terms["discriminator"] = self.oc.disc_weight * self.discriminator_term(
-            disc_logits, labels, slot_loss, batch, denominators)
+            disc_logits, labels, slot_loss, batch, den)
         sums = obj.metric_sums(
             input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
             sampled_ids=sampled, mlm_logits=gen_logits if self.has_generator else None,
@@ -232,8 +218,8 @@ class Electra15(ReplacedTokenDetection):
     """ELECTRA 15% (ELECTRA paper 3.5): the discriminator's BCE only over the prediction
     slots."""
 
-    def discriminator_term(self, disc_logits, labels, slot_loss, batch, denominators):
-        return tf.reduce_sum(slot_loss) / tf.maximum(denominators["mlm"], _EPS)
+    def discriminator_term(self, disc_logits, labels, slot_loss, batch, den):
+        return tf.reduce_sum(slot_loss) / den["mlm"]
 
 
 @register("hp_loss")
@@ -304,35 +290,27 @@ class TwoStage(ReplacedTokenDetection):
         if phase == 1:
             copy_encoder_weights(model.generator, model.electra)
 
-    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        seeds = rng.split(seed, 4)
-        masked = self.mask(batch, seeds[0])
+    def terms(self, model, batch, masked, seeds, den, training, phase):
         gen_logits, gen_slots = self.generator(model, masked, batch, seeds[2], training)
         if phase == 0:  # the generator alone
-            terms = {"generator": self.generator_mlm_term(gen_logits, masked, denominators)}
+            terms = {"generator": self.generator_mlm_term(gen_logits, masked, den)}
             return terms, obj.metric_sums(
                 input_mask=batch["input_mask"], masked_ids=masked["masked_ids"],
                 masked_weights=masked["masked_weights"], mlm_logits=gen_logits)
         return self.detection_terms(model, batch, masked, tf.stop_gradient(gen_logits),
-                                    gen_slots, seeds, denominators, training, {})
+                                    gen_slots, seeds, den, training)
 
 
 @register("electric")
 class Electric(Objective):
     """ELECTRIC (Clark et al. 2020, "Pre-Training Transformers as Energy-Based Cloze
-    Models"): the discriminator outputs an energy E per token, trained by noise-contrastive
-    estimation against the generator as the noise distribution q.
-
-    The generator is a two-tower cloze model (`model.two_tower_generator`) reading the
-    unmasked input: its loss (term "generator", x gen_weight) is -log q(token | context) at
-    every maskable position (real, not [CLS]/[SEP]/[MASK]). At the usual masking slots
-    its samples replace the input; every slot is labelled noise, even a sample equal to
-    the original. The discriminator's logit of "noise" is E + sg(log q(token)) +
-    log(mask_prob / (1 - mask_prob)) (`losses.electric_logits`), with the BCE over real
-    tokens (x disc_weight). The energies alone score a text: -sum E is its
-    pseudo-log-likelihood (`pretraining/score.py`). Metrics: mlm_* are the cloze model's
-    at the slots, disc_* use the noise logits.
-    """
+    Models"): the discriminator's energy E per token, trained by noise-contrastive
+    estimation against the generator, a two-tower cloze model q of the unmasked input.
+    q's loss is -log q(token | context) at every maskable position; its samples replace
+    the slots, each labelled noise (even a sample equal to the original), with the noise
+    logit E + sg(log q(token)) + log(mask_prob / (1 - mask_prob)). -sum E scores a text
+    (`pretraining/score.py`). Metrics: mlm_* are q's at the slots, disc_* the noise
+    logits'."""
 
     def denominators(self, batch):
         """+ cloze: the maskable positions the cloze loss averages over."""
@@ -342,9 +320,7 @@ class Electric(Objective):
         out["cloze"] = tf.reduce_sum(tf.cast(candidates, tf.float32))
         return out
 
-    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
-        masked = self.mask(batch, seeds[0])
+    def terms(self, model, batch, masked, seeds, den, training, phase):
         ids, w = masked["masked_ids"], masked["masked_weights"]
         positions = masked["masked_positions"]
         input_ids = batch["input_ids"]
@@ -354,8 +330,7 @@ class Electric(Objective):
         candidates, _ = obj.num_to_mask(input_ids, batch["input_mask"], **self._mask_args())
         cloze_sum, _, _ = obj.mlm_loss_sums(cloze_logits, input_ids, candidates,
                                             self.focal_gamma)
-        terms = {"generator": self.oc.gen_weight * cloze_sum /
-                 tf.maximum(denominators["cloze"], _EPS)}
+        terms = {"generator": self.oc.gen_weight * cloze_sum / den["cloze"]}
         slot_logits = obj.gather_slots(cloze_logits, positions)
         sampled = self.sample(slot_logits, masked, seeds[1])
         fake_ids, labels = obj.corrupt(input_ids, positions, sampled, w, label_all_slots=True)
@@ -364,8 +339,7 @@ class Electric(Objective):
         log_q = obj.pick(tf.nn.log_softmax(cloze_logits), fake_ids)
         disc_logits = obj.electric_logits(energies, log_q, self.oc.mask_prob)
         disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
-        terms["discriminator"] = self.oc.disc_weight * disc_sum / tf.maximum(
-            denominators["disc"], _EPS)
+        terms["discriminator"] = self.oc.disc_weight * disc_sum / den["disc"]
         sums = obj.metric_sums(
             input_mask=batch["input_mask"], masked_ids=ids, masked_weights=w,
             sampled_ids=sampled, mlm_logits=slot_logits, disc_logits=disc_logits,
@@ -380,37 +354,35 @@ class MaskedLM(Objective):
     generator (when present) trains with its MLM loss as in ELECTRA. Variants override
     what the encoder reads (`encoder_inputs`) and what it predicts (`main_loss`)."""
 
-    def encoder_inputs(self, model, batch, masked, seeds, denominators, training, terms):
+    def encoder_inputs(self, model, batch, masked, seeds, den, training, terms):
         """-> (the ids the encoder reads, the samples or None, generator logits or None):
         the generator's samples at the slots."""
         gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
         if self.trains_generator:
-            terms["generator"] = self.generator_mlm_term(gen_logits, masked, denominators)
+            terms["generator"] = self.generator_mlm_term(gen_logits, masked, den)
         sampled = self.sample(gen_logits, masked, seeds[1])
         inputs, _ = obj.corrupt(batch["input_ids"], masked["masked_positions"], sampled,
                                 masked["masked_weights"])
         return inputs, sampled, gen_logits
 
-    def main_loss(self, model, hidden, inputs, batch, masked, denominators):
+    def main_loss(self, model, hidden, inputs, batch, masked, den):
         """-> (loss sum, per-item losses, item weights, per-item correct, denominator):
         the originals predicted at the slots."""
         ids, w = masked["masked_ids"], masked["masked_weights"]
         logits = model.mlm_predictions(obj.gather_slots(hidden, masked["masked_positions"]))
         loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
         correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
-        return loss_sum, per_item, w, correct, denominators["mlm"]
+        return loss_sum, per_item, w, correct, den["mlm"]
 
-    def loss_terms(self, model, batch, seed, denominators, training, phase=0):
-        seeds = rng.split(seed, 4)
-        masked = self.mask(batch, seeds[0])
+    def terms(self, model, batch, masked, seeds, den, training, phase):
         terms = {}
-        inputs, sampled, gen_logits = self.encoder_inputs(model, batch, masked, seeds,
-                                                          denominators, training, terms)
+        inputs, sampled, gen_logits = self.encoder_inputs(model, batch, masked, seeds, den,
+                                                          training, terms)
         hidden = model.discriminator_hidden(inputs, batch["input_mask"], batch["segment_ids"],
                                             training=training, seed=seeds[3])
-        loss_sum, per_item, item_weights, correct, den = self.main_loss(
-            model, hidden, inputs, batch, masked, denominators)
-        terms["mlm"] = loss_sum / tf.maximum(den, _EPS)
+        loss_sum, per_item, item_weights, correct, main_den = self.main_loss(
+            model, hidden, inputs, batch, masked, den)
+        terms["mlm"] = loss_sum / main_den
         sums = obj.metric_sums(
             input_mask=batch["input_mask"], masked_ids=masked["masked_ids"],
             masked_weights=masked["masked_weights"], sampled_ids=sampled,
@@ -427,7 +399,7 @@ class Mlm(MaskedLM):
     or BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1) and predicts the
     originals at the slots. No generator."""
 
-    def encoder_inputs(self, model, batch, masked, seeds, denominators, training, terms):
+    def encoder_inputs(self, model, batch, masked, seeds, den, training, terms):
         return masked["masked_input_ids"], None, None
 
 
@@ -441,7 +413,7 @@ class AllTokensMlm(MaskedLM):
     """All-tokens MLM: as replace_mlm, predicting every real token through the copy
     mechanism (copy probability from `discriminator_predictions`)."""
 
-    def main_loss(self, model, hidden, inputs, batch, masked, denominators):
+    def main_loss(self, model, hidden, inputs, batch, masked, den):
         logits = model.mlm_predictions(hidden)                       # [B,L,V]
         copy_logits = model.discriminator_predictions(hidden)        # [B,L]
         loss_sum, _, per_item = obj.copy_mlm_loss_sums(
@@ -449,7 +421,7 @@ class AllTokensMlm(MaskedLM):
         item_weights = tf.cast(tf.cast(batch["input_mask"], tf.int32) > 0, tf.float32)
         correct = tf.equal(copy_prediction(logits, copy_logits, inputs),
                            tf.cast(batch["input_ids"], tf.int32))
-        return loss_sum, per_item, item_weights, correct, denominators["disc"]
+        return loss_sum, per_item, item_weights, correct, den["disc"]
 
 
 def copy_prediction(mlm_logits, copy_logits, input_ids):
