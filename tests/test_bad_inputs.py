@@ -681,8 +681,8 @@ FINETUNE_ERRORS = [
                  "a checkpoint prefix with {tmp}/nonexistent.index)",
                  id="nonexistent_init_checkpoint"),
     pytest.param({"init_checkpoint": "{torn}/ckpt-6"},
-                 "--init_checkpoint: cannot read {torn}/ckpt-6: the checkpoint {torn}/ckpt-6 "
-                 "is damaged: ckpt-6.data-00000-of-00001 has 1000 of its {bytes} bytes",
+                 "--init_checkpoint={torn}/ckpt-6: the checkpoint is damaged "
+                 "(ckpt-6.data-00000-of-00001 has 1000 of its {bytes} bytes)",
                  id="damaged_checkpoint_prefix"),
     # before the fixes too
     pytest.param({"task": "nosuch", "text_columns": "", "label_column": None},
@@ -744,9 +744,9 @@ def test_export_hf_from_a_damaged_prefix_is_one_line(tmp_path, base, truncated_r
     out = str(tmp_path / "hf")
     done = _run(CONVERT, "export-hf", f"{truncated_run}/ckpt-6", out)
     last = _last_line(done, 1, "error: ")
-    assert last == (f"error: cannot read checkpoint {truncated_run}/ckpt-6: the checkpoint "
-                    f"{truncated_run}/ckpt-6 is damaged: ckpt-6.data-00000-of-00001 has "
-                    f"{TRUNCATED} of its {base['data_bytes']} bytes")
+    assert last == (f"error: {truncated_run}/ckpt-6: the checkpoint is damaged "
+                    f"(ckpt-6.data-00000-of-00001 has {TRUNCATED} of its {base['data_bytes']} "
+                    "bytes)")
     assert not os.path.exists(os.path.join(out, "discriminator"))
 
 

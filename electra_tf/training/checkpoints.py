@@ -185,6 +185,9 @@ def _set_aside(directory: str, found: FoundCheckpoint) -> str:
     return aside
 
 
+_REPORTED = set()  # damaged checkpoints this process has warned of
+
+
 def newest_complete(directory: str, what: str = "", set_aside: bool = False
                     ) -> Optional[str]:
     """The prefix of the newest complete checkpoint in `directory` (any filesystem), or
@@ -216,6 +219,9 @@ def newest_complete(directory: str, what: str = "", set_aside: bool = False
         note = ""
         if set_aside:
             note = f"; moved to {_set_aside(directory, bad)}"
+        elif bad.prefix in _REPORTED:  # a reader (each fine-tuning trial) says it once
+            continue
+        _REPORTED.add(bad.prefix)
         logging.warning("%sthe checkpoint %s is damaged (%s)%s; using %s", lead, bad.prefix,
                         problem, note, os.path.basename(candidate.prefix))
     if damaged and set_aside:  # the state file named a checkpoint that is now aside
