@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,12 +274,22 @@ def test_flag_errors():
 
 @pytest.mark.subprocess
 def test_cli_defaults_build_the_bundled_sample(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=2"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    # -X importtime, inherited by the spawned workers: every process's imports on stderr
+    # (TF_CPP_MIN_LOG_LEVEL=0: the CLI's TensorFlow import not hidden with its logs).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "tfrecord_builder",
+                           "--num_workers=2"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "4" in done.stdout and "retention 100.00%" in done.stdout
     m = read_manifest(str(tmp_path / "cache" / "tfrecords" / "enwiki_sample-seq128"))
     assert m["corpus_tokens"] == 549_029 and len(m["shards"]) == 16
+    # The CLI and its workers (spawned as needed) import TensorFlow and tf-text (and so
+    # Keras), never scikit-learn: an attempt, marked absent, is its only line.
+    imported = re.findall(r"^import time:.*\|\s+([\w.]+)$", done.stderr, re.M)
+    assert imported.count("tensorflow") == imported.count("tensorflow_text") >= 2
+    assert "keras.src.optimizers" in imported
+    assert not [n for n in imported if n.startswith("sklearn.") or n == "scipy.stats"]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -4,6 +4,8 @@ The output (features `input_ids`, `input_mask`, `segment_ids`, int64[max_seq_len
 is the official ELECTRA pre-training format, plus a `manifest.json` the trainer checks.
 """
 
+import sys
+
 from electra_tf.compat import require_supported_versions
 
 __version__ = "0.2.0"
@@ -15,3 +17,22 @@ require_supported_versions()
 
 class BuildError(Exception):
     """A problem with the user's input or flags, reported as one line without a traceback."""
+
+
+def without_scikit_learn():
+    """Keeps scikit-learn out of a builder process (its CLI, its worker processes): called
+    before TensorFlow is imported. TensorFlow and tf-text import Keras, which imports
+    scikit-learn (and SciPy's statistics) only for its optional wrappers, ~0.7 CPU s of
+    every builder process's start-up; with the module marked absent Keras goes without
+    them. Not at import: a library user's process may want scikit-learn (fine-tuning's
+    metrics do)."""
+    sys.modules.setdefault("sklearn", None)
+
+
+def start_worker(vocab_fields: dict, vocab_data: bytes):
+    """A builder worker process's initializer. Here, and with the vocabulary as plain
+    fields, so that a spawned worker imports nothing of TensorFlow before it runs."""
+    without_scikit_learn()
+    from electra_tf.text import VocabInfo
+    from tfrecord_builder.build import _init_worker
+    _init_worker(VocabInfo(**vocab_fields), vocab_data)

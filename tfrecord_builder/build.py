@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from tfrecord_builder import BuildError, __version__
+from tfrecord_builder import BuildError, __version__, start_worker
 from electra_tf.data import manifest as manifest_lib
 from tfrecord_builder import corpus, tfds_source
 from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
@@ -227,7 +227,7 @@ class _Runner:
                         fileio.local_staging_dir("tfrecord_builder-pieces-"))
                 self.pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=cfg.num_workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker, initargs=(vocab, vocab_data))
+                    initializer=start_worker, initargs=(dataclasses.asdict(vocab), vocab_data))
             else:
                 _init_worker(vocab, vocab_data)
         except BaseException:

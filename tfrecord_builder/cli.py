@@ -10,7 +10,7 @@ import sys
 from absl import app, flags, logging
 
 from electra_tf import DEFAULT_CORPUS, DEFAULT_VOCAB
-from tfrecord_builder import BuildError
+from tfrecord_builder import BuildError, without_scikit_learn
 
 DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
 
@@ -149,6 +149,7 @@ def main(argv):
     command = argv[1] if len(argv) == 2 else "build"
     # Here rather than before app.run: imported once absl has parsed the flags,
     # TensorFlow probes for GPUs during the import (a CUDA error line where none is).
+    without_scikit_learn()
     _import_tensorflow_quietly()
     from electra_tf.text import VocabError
     logging.set_verbosity(logging.INFO)
