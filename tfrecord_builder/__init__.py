@@ -20,12 +20,10 @@ class BuildError(Exception):
 
 
 def without_scikit_learn():
-    """Keeps scikit-learn out of a builder process (its CLI, its worker processes): called
-    before TensorFlow is imported. TensorFlow and tf-text import Keras, which imports
-    scikit-learn (and SciPy's statistics) only for its optional wrappers, ~0.7 CPU s of
-    every builder process's start-up; with the module marked absent Keras goes without
-    them. Not at import: a library user's process may want scikit-learn (fine-tuning's
-    metrics do)."""
+    """Before TensorFlow is imported in a builder process (the CLI, its workers): Keras,
+    which TensorFlow and tf-text import, then goes without scikit-learn, imported only for
+    its optional wrappers (~0.7 CPU s a process). Not at import: a library user's process
+    may want it (fine-tuning's metrics do)."""
     sys.modules.setdefault("sklearn", None)
 
 
