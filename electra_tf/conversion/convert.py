@@ -10,18 +10,6 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from electra_tf import fileio  # noqa: E402
-from electra_tf.training import checkpoints  # noqa: E402
-from electra_tf.configs import ConfigError  # noqa: E402
-from electra_tf.conversion import keras_hub  # noqa: E402
-from electra_tf.conversion.formats import (ConvertError, export_hf, import_hf,  # noqa: E402
-                                           is_hf_dir)
-from electra_tf.conversion.source import inspect_tf1, resolve  # noqa: E402
-from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir  # noqa: E402
-
-
 # --- CLI ------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,11 +57,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _beside(source: str, name: str) -> str:
     """`name` in SOURCE (a directory) or beside it (a checkpoint prefix)."""
+    from electra_tf import fileio
     return fileio.join(source if fileio.isdir(source) else os.path.dirname(source), name)
 
 
 def _check_output(directory: str, what: str):
     """The output directory of a command, probed before anything is read or converted."""
+    from electra_tf import fileio
+    from electra_tf.conversion.formats import ConvertError
     problem = fileio.writable_dir_problem(directory or ".")
     if problem:
         raise ConvertError(f"{what} {directory}: cannot write there ({problem})")
@@ -86,7 +77,15 @@ _OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # before TensorFlow is imported: --help is instant
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from electra_tf import fileio
+    from electra_tf.configs import ConfigError
+    from electra_tf.conversion import keras_hub
+    from electra_tf.conversion.formats import ConvertError, export_hf, import_hf, is_hf_dir
+    from electra_tf.conversion.source import inspect_tf1, resolve
+    from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir
+    from electra_tf.training import checkpoints
     try:
         if args.command in _OUTPUTS:
             name, is_prefix = _OUTPUTS[args.command]
