@@ -46,12 +46,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from electra_tf import configs  # noqa: E402
-from electra_tf.finetune.model import (FinetuningModel, init_encoder,  # noqa: E402
-                                       make_head, resolve_checkpoint)
+from electra_tf.conversion import source  # noqa: E402
+from electra_tf.finetune.model import FinetuningModel, init_encoder, make_head  # noqa: E402
 from electra_tf.text import TextEncoder  # noqa: E402
-from electra_tf.model.modeling import ElectraPretrainingModel, attention_bias  # noqa: E402
-from electra_tf.training.checkpoints import (checkpoint_reader, model_arrays,  # noqa: E402
-                                             read_tf1)
+from electra_tf.model.modeling import attention_bias  # noqa: E402
 
 
 def read_tsv(path: str, limit: int = 0) -> Tuple[List[str], np.ndarray]:
@@ -62,18 +60,9 @@ def read_tsv(path: str, limit: int = 0) -> Tuple[List[str], np.ndarray]:
 
 
 def checkpoint_arrays(path: str, config: configs.ModelConfig) -> Dict[str, np.ndarray]:
-    """{TF1 name: array} of everything in the checkpoint: TF1-named files as they are, our
-    object-based training checkpoints through the pre-training model."""
-    prefix = resolve_checkpoint(path)
-    names = checkpoint_reader(prefix).get_variable_to_shape_map()
-    if "electra/embeddings/word_embeddings" in names:
-        return read_tf1(prefix)
-    heads = [h for h, root in (("mlm", "mlm_predictions"), ("sampling", "sampling_predictions"),
-                               ("baseline", "adversarial_baseline"))
-             if any(root in n for n in names)]
-    model = ElectraPretrainingModel(config, heads=heads)
-    tf.train.Checkpoint(model=model).read(prefix).expect_partial()
-    return model_arrays(model, model.trainable_variables)
+    """{TF1 name: array} of everything in the checkpoint (conversion.source: TF1 files and
+    our training checkpoints alike)."""
+    return source.resolve(path, config).arrays()
 
 
 def loading_report(model: FinetuningModel, arrays: Dict[str, np.ndarray]) -> Dict:

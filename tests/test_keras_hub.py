@@ -170,17 +170,21 @@ def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
 
 
 def test_text_classifier_from_preset_fine_tunes(exported):
+    import keras
     from electra_tf.conversion.keras_hub_classifier import ElectraTextClassifier
+    keras.utils.set_random_seed(1)
     classifier = keras_hub.models.TextClassifier.from_preset(exported[2], num_classes=2)
     assert isinstance(classifier, ElectraTextClassifier)
     assert classifier.preprocessor.sequence_length == TINY.max_position_embeddings
-    import keras
     classifier.compile(optimizer=keras.optimizers.Adam(3e-3),
                        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = ["a great film", "an awful plot", "superb and nice", "dull and poor"] * 2
     y = np.array([1, 0, 1, 0] * 2)
-    losses = classifier.fit(x, y, batch_size=8, epochs=5, verbose=0).history["loss"]
-    assert losses[-1] < losses[0], losses
+    # Judged without dropout (evaluate), before and after: fit's per-epoch loss is noisy.
+    before = classifier.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)["loss"]
+    classifier.fit(x, y, batch_size=8, epochs=10, verbose=0)
+    after = classifier.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)["loss"]
+    assert after < 0.9 * before, (before, after)
 
 
 def _bad(tmp_path, capsys, argv):

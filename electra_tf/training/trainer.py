@@ -149,7 +149,9 @@ class Trainer(abc.ABC):
     def restore(self, path: str):
         """Restores a training checkpoint. One written before data_batches existed puts
         the data position at global_step."""
-        saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        # The prefix's own reader: list_variables takes a ram:// prefix for a directory.
+        reader = tf.compat.v1.train.NewCheckpointReader(path)
+        saved = {name.split("/")[0] for name in reader.get_variable_to_shape_map()}
         data_position = "data_batches" in saved
         self.checkpoint(data_position).restore(path).assert_existing_objects_matched()
         if not data_position:
