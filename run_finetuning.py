@@ -2,8 +2,9 @@
 `electra_tf.finetune.trainer.run`.
 
 With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` on the
-bundled polarity set, prints dev accuracy, exports a SavedModel and answers one raw-text
-request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
+bundled movie-snippets polarity set (8,568 / 2,000 sentences), prints dev accuracy beside
+that of the same recipe from random initialisation, exports a SavedModel and answers one
+raw-text request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
 by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after
 saving a checkpoint, 130 stopped by Ctrl-C after saving one (rerun the same command to
 resume either).
@@ -46,6 +47,10 @@ flags.DEFINE_string("init_checkpoint", None, "Pre-trained discriminator: a pre-t
                     "model_dir, its discriminator/ export, a ckpt-N prefix or a released "
                     "TF1 checkpoint; `none` for a randomly initialised baseline. Default: "
                     "runs/pretrain_tiny.")
+flags.DEFINE_bool("untrained_baseline", None, "Also fine-tune a randomly initialised model "
+                  "of the same size with the same recipe and seeds (in <model_dir>/untrained) "
+                  "and print its dev score beside the checkpoint's: what pre-training bought. "
+                  "Default: on for the bundled demo, off otherwise.")
 flags.DEFINE_string("config", None, "Model preset or JSON (default: the config.json of the "
                     "pre-training run that wrote --init_checkpoint).")
 flags.DEFINE_string("finetune_config", None, "A JSON file of fine-tuning hyper-parameters "

@@ -164,7 +164,8 @@ def _finetune_flags(**kw):
                  labels=None, metric="accuracy", vocab_file=None, spm_model=None,
                  do_lower_case=True, strategy="auto", tpu=None, tpu_zone=None,
                  gcp_project=None, precision=None, jit_compile=None, on_nan=None,
-                 profile_steps=None, peak_flops=None)
+                 profile_steps=None, peak_flops=None,
+                 untrained_baseline=None)
     unknown = set(kw) - set(flags)
     assert not unknown, unknown
     flags.update(kw)

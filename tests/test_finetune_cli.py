@@ -59,7 +59,8 @@ def flags(**kw):
                   label_column=None, labels=None, metric="accuracy", vocab_file=None,
                   spm_model=None, do_lower_case=True, strategy="cpu", tpu=None,
                   tpu_zone=None, gcp_project=None, precision=None, jit_compile=None,
-                  on_nan=None, profile_steps=None, peak_flops=None)
+                  on_nan=None, profile_steps=None, peak_flops=None,
+                  untrained_baseline=None)
     assert not set(kw) - set(values), set(kw) - set(values)
     values.update(kw)
     return types.SimpleNamespace(**values)
@@ -109,6 +110,32 @@ def test_results_json_and_the_log_hold_the_label_set(pretrained, data, tmp_path,
     assert again["labels"] == ["neg", "pos"] and again["labels_from"] is None
     assert [r.getMessage() for r in caplog.records if "labels (" in r.getMessage()] == \
         ["Task mine: 2 labels (given): neg, pos"]
+
+
+@pytest.mark.e2e
+def test_the_untrained_baseline_is_the_same_recipe_from_random_initialisation(
+        pretrained, data, tmp_path, capsys):
+    model_dir = str(tmp_path / "model")
+    results = cli.main(mine(data, pretrained[0], model_dir, untrained_baseline=True), REPO)
+    with open(os.path.join(model_dir, "untrained", "results.json")) as f:
+        saved = json.load(f)
+    assert saved["init_checkpoint"] is None and saved["num_train_steps"] == 3
+    assert results["untrained"] == {"median": saved["median"], "scores": saved["scores"]}
+    # The same numbers as a run of its own with --init_checkpoint=none and the run's config.
+    alone = cli.main(mine(data, "none", str(tmp_path / "alone"),
+                          config=os.path.join(pretrained[0], "config.json")), REPO)
+    assert alone["scores"] == saved["scores"]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == (
+        f"mine dev accuracy: median {results['median']:.4f} over 1 trial(s) "
+        f"({results['scores'][0]:.4f}); untrained (random initialisation, same recipe): "
+        f"median {saved['median']:.4f} ({saved['scores'][0]:.4f}); "
+        f"results in {model_dir}/results.json")
+    assert "untrained" not in alone
+    message = refused(mine(data, "none", str(tmp_path / "both"), untrained_baseline=True,
+                           config=os.path.join(pretrained[0], "config.json")), ConfigError)
+    assert message == ("--untrained_baseline compares a checkpoint with random "
+                       "initialisation: it contradicts --init_checkpoint=none")
 
 
 def test_an_unwritable_export_dir_is_refused_before_any_training_step(pretrained, data,

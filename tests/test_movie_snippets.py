@@ -245,3 +245,22 @@ def test_download_runs_pip(tmp_path, monkeypatch):
         ms.download(str(tmp_path))
     assert str(e.value) == ("pip download vaderSentiment==3.3.2 failed (exit 1): ERROR: No "
                             "matching distribution found for vaderSentiment==3.3.2")
+
+
+def test_the_bundled_copy_is_the_scripts_output_with_its_counts():
+    """data/movie_snippets/ (the fine-tuning demo's data) is this script's output for the
+    real sdist: its SOURCE.json's counts hold for the files, and no sentence is in both."""
+    root = os.path.join(REPO, "data", "movie_snippets")
+    source = fileio.read_json(os.path.join(root, "polarity", "SOURCE.json"))
+    assert source["sha256"] == ms.SDIST_SHA256 and source["dev_size"] == 2000
+    sentences = {}
+    for split in ("train", "dev"):
+        with open(os.path.join(root, "polarity", f"{split}.tsv"), encoding="utf-8") as f:
+            rows = [line.rstrip("\n").split("\t") for line in f]
+        assert rows[0] == ["sentence", "label"]
+        labels = [label for _, label in rows[1:]]
+        assert {"examples": len(labels), "positive": labels.count("1"),
+                "negative": labels.count("0")} == source["counts"][split]
+        sentences[split] = {sentence for sentence, _ in rows[1:]}
+    assert (len(sentences["train"]), len(sentences["dev"])) == (8566, 2000)  # 2 train snippets repeat
+    assert not sentences["train"] & sentences["dev"]

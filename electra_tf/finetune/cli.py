@@ -1,6 +1,7 @@
 """What `run_finetuning.py` does with its flags: resolve the task, the model config, the
 checkpoint and the vocabulary, run, and for the bundled demo answer one request."""
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -21,6 +22,9 @@ from electra_tf.training.options import FinetuneOptions, options_from_flags
 USER_ERRORS = loop.USER_ERRORS + (DataError, InitError, ConvertError)
 DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
+# The demo's data (8,568 / 2,000 human-rated movie snippets, data/README.md) and recipe.
+DEMO_DATA = os.path.join("data", "movie_snippets")
+DEMO_CONFIG = os.path.join("configs", "finetune_demo.json")
 
 
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
@@ -48,6 +52,10 @@ def demo_request(export_path: str, text: str = DEMO_REQUEST) -> dict:
     return {k: [decode(x) for x in out[k].numpy().tolist()] for k in sorted(out)}
 
 
+def _scores(results: dict) -> str:
+    return ", ".join(f"{s:.4f}" for s in results["scores"])
+
+
 def use_tfds(data_source: str, tfds_data_dir: Optional[str]) -> bool:
     """--data_source: files | tfds | auto (tfds exactly when --tfds_data_dir is given)."""
     if data_source == "files" and tfds_data_dir:
@@ -60,7 +68,7 @@ def use_tfds(data_source: str, tfds_data_dir: Optional[str]) -> bool:
 
 def main(flags, repo: str) -> dict:
     demo = flags.task == "polarity" and flags.data_dir is None
-    data_dir = flags.data_dir or os.path.join(repo, "data")
+    data_dir = flags.data_dir or os.path.join(repo, DEMO_DATA if demo else "data")
     labels = [] if flags.labels == [""] else flags.labels
     task = get_task(flags.task, data_dir, flags.text_columns, flags.label_column, labels,
                     flags.metric)
@@ -74,11 +82,19 @@ def main(flags, repo: str) -> dict:
         init = None
         if not flags.config:
             raise configs.ConfigError("--init_checkpoint=none needs --config (the model size)")
+    baseline = flags.untrained_baseline
+    if baseline is None:  # default: on for the bundled demo
+        baseline = demo and init is not None
+    if baseline and init is None:
+        raise configs.ConfigError("--untrained_baseline compares a checkpoint with random "
+                                  "initialisation: it contradicts --init_checkpoint=none")
     model_config = find_config(init, flags.config)
     if use_tfds(flags.data_source, flags.tfds_data_dir):
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
+    if demo and flags.finetune_config is None:
+        flags.finetune_config = os.path.join(repo, DEMO_CONFIG)
     cfg = configs.config_from_flags(flags, configs.FinetuneConfig)
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
@@ -94,10 +110,16 @@ def main(flags, repo: str) -> dict:
                 "size) or give the config it was trained with" if flags.config else
                 "give the config it was pre-trained with by --config")
         raise ModelMismatchError(f"{e}; {hint}") from None
-    print(f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
-          f"{len(results['scores'])} trial(s) "
-          f"({', '.join(f'{s:.4f}' for s in results['scores'])}); "
-          f"results in {os.path.join(model_dir, 'results.json')}")
+    summary = (f"{task.name} dev {results['metric']}: median {results['median']:.4f} over "
+               f"{len(results['scores'])} trial(s) ({_scores(results)})")
+    if baseline:  # the same recipe and seeds from random initialisation, in a subfolder
+        untrained = run(task, model_config, cfg, dataclasses.replace(
+            options, init_checkpoint=None, export_dir=None, do_predict=False,
+            model_dir=os.path.join(model_dir, "untrained")))
+        results["untrained"] = {k: untrained[k] for k in ("median", "scores")}
+        summary += (f"; untrained (random initialisation, same recipe): median "
+                    f"{untrained['median']:.4f} ({_scores(untrained)})")
+    print(f"{summary}; results in {os.path.join(model_dir, 'results.json')}")
     for path in results.get("predictions", {}).values():
         print(f"test predictions: {path}")
     if demo and "export" in results:
