@@ -95,7 +95,7 @@ def test_discriminator_only_file_and_missing_names(model, tmp_path):
 
 
 def test_load_refuses_a_shape_mismatch(model, tmp_path):
-    arrays = checkpoints.model_arrays(model)
+    arrays = modeling.released_arrays(model)
     name = "electra/encoder/layer_1/intermediate/dense/kernel"
     arrays[name] = np.zeros((32, 65), np.float32)
     prefix = checkpoints.write_tf1(arrays, str(tmp_path / "bad" / "model.ckpt"))
@@ -122,12 +122,12 @@ def test_arrays_round_trip_keeps_values_and_dtypes(tmp_path):
     assert sorted(checkpoints.read_tf1(str(tmp_path / "x"))) == sorted(got)
 
 
-def test_model_arrays_and_assign_arrays(model):
-    arrays = checkpoints.model_arrays(model)
+def test_released_arrays_and_assign_arrays(model):
+    arrays = modeling.released_arrays(model)
     assert arrays.keys() == expected_shapes(TINY).keys()
     for name, v in modeling.tf1_variables(model).items():
         np.testing.assert_array_equal(arrays[name], v.numpy(), err_msg=name)
-    disc = checkpoints.model_arrays(model, modeling.discriminator_variables(model))
+    disc = modeling.released_arrays(model, modeling.discriminator_variables(model))
     assert disc.keys() == expected_shapes(TINY, generator=False).keys()
 
     fresh = modeling.ElectraPretrainingModel(TINY)
@@ -144,7 +144,7 @@ def test_model_arrays_and_assign_arrays(model):
 
 
 def test_assign_arrays_errors(model):
-    arrays = checkpoints.model_arrays(model, modeling.discriminator_variables(model))
+    arrays = modeling.released_arrays(model, modeling.discriminator_variables(model))
     fresh = modeling.ElectraPretrainingModel(TINY)
     with pytest.raises(ValueError) as e:
         checkpoints.assign_arrays(fresh, arrays)
@@ -186,8 +186,11 @@ def test_round_trip_on_ram(model, tmp_path, monkeypatch):
 
 def test_checkpoint_reader_without_a_checkpoint(tmp_path):
     with pytest.raises(checkpoints.CheckpointError,
-                       match=f"^no checkpoint at {tmp_path} \\(neither"):
+                       match=f"^no checkpoint in directory {tmp_path}$"):
         checkpoints.checkpoint_reader(str(tmp_path))
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=f"^--flag={tmp_path}/nope does not exist \\(neither a directory"):
+        checkpoints.checkpoint_reader(str(tmp_path / "nope"), "--flag")
 
 
 # --- complete or damaged ----------------------------------------------------------------
@@ -318,7 +321,7 @@ def test_checkpoint_reader_refuses_a_damaged_prefix_before_reading(tmp_path):
     with open(tmp_path / "ckpt-6.data-00000-of-00001", "r+b") as f:
         f.truncate(10)
     with pytest.raises(checkpoints.CheckpointError,
-                       match=f"^the checkpoint {root}/ckpt-6 is damaged: "
+                       match=f"^{root}/ckpt-6: the checkpoint is damaged \\("
                              "ckpt-6.data-00000-of-00001 has 10 of its "):
         checkpoints.checkpoint_reader(f"{root}/ckpt-6")
     # A directory gives its newest complete one.

@@ -17,7 +17,7 @@ from electra_tf.conversion import convert, formats, source
 from electra_tf.pretraining import model_dir
 from electra_tf.training import checkpoints
 from electra_tf.configs import ModelConfig
-from electra_tf.model.modeling import ElectraPretrainingModel, tf1_variables
+from electra_tf.model.modeling import ElectraPretrainingModel, released_arrays, tf1_variables
 
 from conftest import REPO
 
@@ -33,7 +33,7 @@ WIDE = ModelConfig(vocab_size=40, embedding_size=32, hidden_size=128, num_hidden
 def _ckpt(tmp_path, config, extra=None, name="model.ckpt", variables=None):
     model = ElectraPretrainingModel(config)
     prefix = str(tmp_path / name)
-    arrays = checkpoints.model_arrays(model)
+    arrays = released_arrays(model)
     if variables is not None:
         arrays = {k: v for k, v in arrays.items() if k in variables}
     arrays.update(extra or {})
@@ -121,8 +121,8 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     ckpt = trainer.checkpoint()  # the object graph train.run restores
     ckpt.restore(tf.train.latest_checkpoint(out)).assert_existing_objects_matched()
     assert int(trainer.global_step.numpy()) == 77
-    got = checkpoints.model_arrays(trainer.model)
-    for name, value in checkpoints.model_arrays(model).items():
+    got = released_arrays(trainer.model)
+    for name, value in released_arrays(model).items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     slots = {k.replace("electra_pretraining/", ""): v
              for k, v in trainer.optimizer.slot_variables().items()}
@@ -143,7 +143,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     TINY, WIDE, ModelConfig(**{**TINY.__dict__, "tie_embeddings": False})])
 def test_hf_round_trip(tmp_path, config):
     model = ElectraPretrainingModel(config)
-    arrays = checkpoints.model_arrays(model)
+    arrays = released_arrays(model)
     disc = formats.export_hf(arrays, config, str(tmp_path / "d"))
     gen = formats.export_hf(arrays, config, str(tmp_path / "g"), "generator")
     from safetensors.numpy import load_file
@@ -182,7 +182,7 @@ def test_hf_round_trip(tmp_path, config):
 
 def test_hf_config_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
-    arrays = checkpoints.model_arrays(ElectraPretrainingModel(WIDE))
+    arrays = released_arrays(ElectraPretrainingModel(WIDE))
     out = formats.export_hf(arrays, WIDE, str(tmp_path / "g"), "generator")
     hc = transformers.ElectraConfig.from_pretrained(out)
     assert (hc.hidden_size, hc.embedding_size, hc.num_attention_heads,
@@ -211,7 +211,7 @@ def test_conversions_on_ram_filesystem(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     root = f"ram://convert_{uuid.uuid4().hex}"
     model = ElectraPretrainingModel(TINY)
-    arrays = checkpoints.model_arrays(model)
+    arrays = released_arrays(model)
     arrays["global_step"] = np.int64(12)
     prefix = checkpoints.write_tf1(arrays, f"{root}/src/model.ckpt")
     assert tf.train.latest_checkpoint(f"{root}/src") == prefix
@@ -257,7 +257,7 @@ def test_transformers_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = formats.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "d"))
+    out = formats.export_hf(released_arrays(model), WIDE, str(tmp_path / "d"))
     hf = transformers.ElectraForPreTraining.from_pretrained(out).eval()
     ids = np.array([[2, 5, 7, 9, 1, 3]], np.int32)
     seg = np.array([[0, 0, 0, 1, 1, 1]], np.int32)
@@ -290,7 +290,7 @@ def test_transformers_generator_parity(tmp_path):
     torch = pytest.importorskip("torch")
     import transformers
     model = ElectraPretrainingModel(WIDE)
-    out = formats.export_hf(checkpoints.model_arrays(model), WIDE, str(tmp_path / "g"), "generator")
+    out = formats.export_hf(released_arrays(model), WIDE, str(tmp_path / "g"), "generator")
     hf = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
     ids, seg, mask, inputs = _torch_inputs(torch)
     positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
@@ -491,7 +491,7 @@ def test_gdes_exports_fold_the_deltas_into_the_released_layout(tmp_path):
     config, model = _gdes_model()
     assert config.released() == dataclasses.replace(config, tie_embeddings=False,
                                                     disentangled_embeddings=False)
-    arrays = checkpoints.model_arrays(model)
+    arrays = released_arrays(model)
     assert set(arrays) == set(formats.expected_shapes(config.released()))
     assert not any(n.endswith("_delta") for n in arrays)
     gen_table = model.generator.embeddings.word_embeddings.numpy()

@@ -22,7 +22,7 @@ from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
 from electra_tf.training import checkpoints
 from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import (ElectraPretrainingModel, discriminator_variables,
-                                       tf1_variables)
+                                       released_arrays, tf1_variables)
 
 CFG = ModelConfig(vocab_size=120, embedding_size=16, hidden_size=32, num_hidden_layers=3,
                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
@@ -354,7 +354,7 @@ def test_exported_electra_dir_initialises_the_finetuning_encoder(tmp_path):
                          max_position_embeddings=24, type_vocab_size=2,
                          generator_hidden_size=0.5)
     model = ElectraPretrainingModel(config)
-    arrays = checkpoints.model_arrays(model)
+    arrays = released_arrays(model)
     d = formats.export_hf(arrays, config, str(tmp_path / "electra"))
     found = find_config(d, None)
     assert found == config.__class__(**{**config.__dict__, "generator_hidden_size": 0.25})

@@ -16,7 +16,8 @@ keras_hub = pytest.importorskip("keras_hub")
 from electra_tf.configs import ModelConfig  # noqa: E402
 from electra_tf.conversion import convert  # noqa: E402
 from electra_tf.conversion import keras_hub as kh  # noqa: E402
-from electra_tf.model.modeling import ElectraPretrainingModel, build_discriminator_encoder  # noqa: E402
+from electra_tf.model.modeling import (ElectraPretrainingModel,  # noqa: E402
+                                       build_discriminator_encoder, released_arrays)
 from electra_tf.text import TextEncoder  # noqa: E402
 from electra_tf.training import checkpoints  # noqa: E402
 
@@ -47,7 +48,7 @@ def _export(tmp, arrays, config, name, *extra):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kh")
-    arrays = checkpoints.model_arrays(ElectraPretrainingModel(TINY))
+    arrays = released_arrays(ElectraPretrainingModel(TINY))
     return tmp, arrays, _export(tmp, arrays, TINY, "disc"), _export(
         tmp, arrays, TINY, "gen", "--part", "generator")
 
@@ -155,7 +156,7 @@ def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
     ft = Finetuner(task, config, cfg, tf.distribute.get_strategy(), 40, None, 1)
     train_trial(ft, train, str(tmp_path / "trial"), 1)
     ours = ft.predict(dev)["logits"]
-    arrays = checkpoints.model_arrays(ft.model, ft.model.electra.trainable_variables)
+    arrays = released_arrays(ft.model, ft.model.electra.trainable_variables)
     preset = _export(tmp_path, arrays, config, "ft")
     backbone = keras_hub.models.ElectraBackbone.from_preset(preset)
     n = dev.num_examples

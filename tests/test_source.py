@@ -13,7 +13,8 @@ from electra_tf import fileio
 from electra_tf.configs import ModelConfig
 from electra_tf.conversion import formats, source
 from electra_tf.conversion.formats import ConvertError
-from electra_tf.model.modeling import ElectraPretrainingModel, discriminator_variables
+from electra_tf.model.modeling import (ElectraPretrainingModel, discriminator_variables,
+                                       released_arrays)
 from electra_tf.training import checkpoints
 
 CFG = ModelConfig(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=2,
@@ -78,7 +79,7 @@ def test_a_gdes_run_is_read_in_the_released_layout(tmp_path):
     assert not src.config.tie_embeddings and not src.config.disentangled_embeddings
     assert not [n for n in src.shapes if n.endswith("_delta")]
     folded = src.read("electra/embeddings/word_embeddings")
-    np.testing.assert_array_equal(folded, checkpoints.model_arrays(model)[
+    np.testing.assert_array_equal(folded, released_arrays(model)[
         "electra/embeddings/word_embeddings"])
     np.testing.assert_allclose(folded, model.generator.embeddings.word_embeddings.numpy() +
                                model.embeddings.deltas[0].numpy(), rtol=1e-6)
@@ -110,7 +111,7 @@ def test_tf1_checkpoints_exported_beside_a_run_or_alone(tmp_path):
 
 def test_a_hugging_face_directory(tmp_path):
     model = _model()
-    d = formats.export_hf(checkpoints.model_arrays(model), CFG, str(tmp_path / "hf"))
+    d = formats.export_hf(released_arrays(model), CFG, str(tmp_path / "hf"))
     src = source.resolve(d)
     assert src.kind == "hf" and src.path == d and src.config_file == os.path.join(d, "config.json")
     assert (src.config.hidden_size, src.config.embedding_size, src.config.vocab_size) == (32, 16, 60)

@@ -12,7 +12,6 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.configs import ConfigError, ModelConfig, PretrainingConfig, load_config
@@ -52,41 +51,14 @@ class Source:
         return any(n.startswith(("generator/", "generator_predictions/")) for n in self.shapes)
 
 
-def _label(path: str, what: str) -> str:
-    return f"{what}={path}" if what else path
-
-
-def _checkpoint_prefix(path: str, what: str = "") -> str:
-    """The checkpoint `path` names: a prefix (asked first: on ram:// `isdir` is true of a
-    prefix too), else the newest complete one in directory `path` (or in its
-    `discriminator/` export); a damaged newer one is one warning line, nothing is moved."""
-    if tf.io.gfile.exists(path + ".index"):
-        problem = checkpoints.checkpoint_problem(path)
-        if problem:
-            raise ConvertError(f"{_label(path, what)}: the checkpoint is damaged ({problem})")
-        return path
-    if not tf.io.gfile.isdir(path):
-        raise ConvertError(f"{_label(path, what)} does not exist (neither a directory nor a "
-                           f"checkpoint prefix with {path}.index)")
+def _open(path: str, what: str = ""):
+    """(prefix, reader) of the checkpoint at `path` (`checkpoints.checkpoint_prefix`, an
+    exported `discriminator/` included); a ConvertError naming it when unreadable."""
     try:
-        for directory in (path, fileio.join(path, "discriminator")):
-            latest = checkpoints.newest_complete(directory, what)
-            if latest is not None:
-                return latest
+        prefix = checkpoints.checkpoint_prefix(path, what, ("discriminator",))
+        return prefix, checkpoints.checkpoint_reader(prefix, what)
     except checkpoints.CheckpointError as e:
         raise ConvertError(str(e)) from None
-    raise ConvertError(f"{what + ': ' if what else ''}no checkpoint in directory {path}")
-
-
-def _open(path: str, what: str = ""):
-    """(prefix, reader) of the checkpoint at `path` (`_checkpoint_prefix`); a ConvertError
-    naming it when unreadable."""
-    prefix = _checkpoint_prefix(path, what)
-    try:
-        return prefix, checkpoints.checkpoint_reader(prefix)
-    except (tf.errors.OpError, ValueError) as e:
-        raise ConvertError(f"{_label(path, what)}: cannot read checkpoint {prefix}: "
-                           f"{str(e).splitlines()[0]}") from None
 
 
 def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> formats.Report:
@@ -181,6 +153,6 @@ def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
         try:
             config, _ = formats.infer_model_config(shapes, num_heads)
         except ConvertError as e:
-            raise ConvertError(f"{_label(path, what)}: {e}") from None
+            raise ConvertError(f"{what + '=' if what else ''}{path}: {e}") from None
     return Source(kind, prefix, config.released(), found[0] if found else None, run,
                   {n: tuple(s) for n, s in shapes.items()}, read, [])

@@ -13,19 +13,13 @@ checkpoints, e.g.::
     generator_ltr/encoder/layer_0/attention/self/key/kernel  [h, h]   (two-tower generator)
     cloze_predictions/dense/kernel                           [2h, E]  (two-tower generator)
 
-(`tf1_variables` returns that map and checks it; `checkpoints`
-reads and writes name-based checkpoints in the released format with it.)
+(`tf1_variables` returns that map.) Variables are created on construction (every size is
+in the config): construct the model inside ``strategy.scope()``.
 
-Variables are created when the objects are constructed (every size is in the config), so
-construct the model inside ``strategy.scope()``; nothing depends on a first call.
-
-Numerics: Dense layers and attention matmuls run in the layer's compute dtype (the
-Keras dtype policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the
-attention mask and softmax run in float32; all logits are returned as float32.
-Dropout is stateless when a seed is given (every train step passes one: reproducible
-steps, exact resume) and uses TensorFlow's global random state otherwise; either way it
-compiles under XLA and needs no per-layer seed variables (Keras' ``Dropout`` keeps a
-SeedGenerator state variable per layer that is awkward under tf.distribute).
+Numerics: Dense layers and attention matmuls run in the compute dtype (the Keras dtype
+policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the attention mask and
+softmax run in float32; all logits are float32. `dropout` is a function, not Keras'
+``Dropout``, whose per-layer SeedGenerator state variable is awkward under tf.distribute.
 """
 
 import math
@@ -42,14 +36,9 @@ from electra_tf.configs import ModelConfig
 
 # First path component of every pre-training variable (the released checkpoints' scopes).
 TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions",
-             # heads of the objective variants (`ElectraPretrainingModel(heads=...)`)
-             "mlm_predictions", "sampling_predictions", "adversarial_baseline",
-             # the two-tower generator (model.two_tower_generator, ELECTRIC's noise model)
-             "generator_ltr", "generator_rtl", "cloze_predictions")
-# Optional heads: an MLM head on the discriminator-sized encoder (mlm, replace_mlm,
-# all_tokens_mlm), a second vocabulary head on the generator (the hardness-prediction
-# sampling head) and the adversarial generator's learned baseline (dense -> 1).
-HEADS = ("mlm", "sampling", "baseline")
+             "mlm_predictions", "sampling_predictions", "adversarial_baseline",  # `HEADS`
+             "generator_ltr", "generator_rtl", "cloze_predictions")  # two-tower generator
+HEADS = ("mlm", "sampling", "baseline")  # optional heads (`ElectraPretrainingModel`)
 
 _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 too
 
@@ -192,8 +181,8 @@ class DisentangledEmbeddings(Embeddings):
     He et al. 2021): each table is stop_gradient(the generator's table) + a delta of its
     own (`word_embeddings_delta`, ...: zero at initialisation, so both start equal), so
     the discriminator's loss moves only the deltas and the generator's tables get only
-    the generator's gradients. The LayerNorm is its own. `folded()` gives the tables the
-    discriminator computes with, what exports write under the released names.
+    the generator's gradients. The LayerNorm is its own. Exports write `tables()` under the
+    released names (`released_arrays`).
 
     The generator owns `source`; this layer holds a weak reference, so the generator's
     variables are not counted among the discriminator's (`discriminator_variables`).
@@ -214,10 +203,6 @@ class DisentangledEmbeddings(Embeddings):
         return tuple(tf.stop_gradient(table) + tf.convert_to_tensor(delta)
                      for table, delta in zip(self._source().tables(), self.deltas))
 
-    def folded(self) -> Dict[int, Tuple[str, np.ndarray]]:
-        """{id(delta variable): (the table's name, generator table + delta as an array)}."""
-        return {id(delta): (name, table.numpy())
-                for name, delta, table in zip(TABLES, self.deltas, self.tables())}
 
 
 DIRECTIONS = (None, "ltr", "rtl")
@@ -478,12 +463,7 @@ class GeneratorPredictions(keras.layers.Layer):
 
 
 def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
-    """A built discriminator encoder (`electra/...`) with its own embeddings.
-
-    What fine-tuning needs: its variable paths are the TF1 names, so
-    `checkpoints.assign_arrays(encoder, checkpoints.read_tf1(released_ckpt))` loads a released
-    model into it.
-    """
+    """A built discriminator encoder (`electra/...`, the TF1 names) with its own embeddings."""
     encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
                       config.num_attention_heads, config.intermediate_size,
                       name="electra", dtype=dtype)
@@ -494,20 +474,14 @@ def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
 class ElectraPretrainingModel(keras.Model):
     """Generator + discriminator of ELECTRA, sharing embeddings as configured.
 
-    Attributes (Keras layers): `embeddings` (the discriminator's, shared with the
-    generator when `tie_embeddings`, or with `disentangled_embeddings` (GDES) a
-    `DisentangledEmbeddings` over the generator's), `electra` (discriminator encoder), `generator`
-    (generator encoder; the same object as `electra` when `tie_all_weights`; a
-    `TwoTowerGenerator` when `two_tower_generator`, whose head is then named
-    `cloze_predictions`), `discriminator_predictions`, `generator_predictions`.
-
-    `heads` adds optional layers (`HEADS`): "mlm" -> `mlm_predictions` (an MLM head of
-    the discriminator's width, tied to its embeddings), "sampling" -> `sampling_predictions`
-    (a generator-width vocabulary head tied to the generator's embeddings), "baseline" ->
-    `adversarial_baseline` (dense(1) on the generator's hidden states).
-
-    All variables exist after construction (construct inside `strategy.scope()`).
-    `dtype` is a Keras dtype policy (name or object); None takes the global policy.
+    Layers: `embeddings` (the discriminator's; shared with the generator when
+    `tie_embeddings`; with GDES a `DisentangledEmbeddings` over the generator's), `electra`,
+    `generator` (`electra` itself when `tie_all_weights`; a `TwoTowerGenerator`, whose head
+    is `cloze_predictions`, when `two_tower_generator`), `discriminator_predictions`,
+    `generator_predictions`. `heads` (`HEADS`) adds "mlm" -> `mlm_predictions` (the
+    discriminator's width, tied to its embeddings), "sampling" -> `sampling_predictions` (tied
+    to the generator's) and "baseline" -> `adversarial_baseline` (dense(1) on the generator's
+    hidden states). `dtype`: a Keras dtype policy; None takes the global one.
     """
 
     def __init__(self, config: ModelConfig, dtype=None, name="electra_pretraining",
@@ -612,12 +586,7 @@ class ElectraPretrainingModel(keras.Model):
 # --- variable groups and TF1 names ---------------------------------------------------
 
 def _unique(variables) -> List:
-    seen, out = set(), []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
+    return list({id(v): v for v in variables}.values())  # first-seen order
 
 
 def discriminator_variables(model: ElectraPretrainingModel) -> List:
@@ -655,13 +624,13 @@ def released_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np
     full tables the discriminator computes with (the generator's table + delta) under the
     table's name, which is the layout of untied embeddings (`ModelConfig.released()`)."""
     embeddings = getattr(model, "embeddings", None)
-    folded = embeddings.folded() if isinstance(embeddings, DisentangledEmbeddings) else {}
+    folded = {}
+    if isinstance(embeddings, DisentangledEmbeddings):
+        folded = {id(d): t for d, t in zip(embeddings.deltas, embeddings.tables())}
     out = {}
     for name, v in tf1_variables(model, variables).items():
         if id(v) in folded:
-            table, value = folded[id(v)]
-            out[name[:-len(DELTA_SUFFIX)]] = value
-            assert name.endswith(table + DELTA_SUFFIX), name
+            out[name[:-len(DELTA_SUFFIX)]] = folded[id(v)].numpy()
         else:
             out[name] = np.asarray(v.numpy())
     return out

@@ -108,10 +108,6 @@ def index_entries(index_bytes: bytes):
     return num_shards, tensors
 
 
-def data_file(prefix: str, shard: int, num_shards: int) -> str:
-    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
-
-
 def checkpoint_problem(prefix: str) -> Optional[str]:
     """None when the checkpoint `prefix` is complete (its index reads, and every data
     shard it names exists with at least the bytes its tensors are recorded to take), else
@@ -131,7 +127,7 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
             return f"{os.path.basename(index)} names data shard {shard} of {num_shards}"
         needed[shard] = max(needed[shard], offset + size)
     for shard, want in enumerate(needed):
-        path = data_file(prefix, shard, num_shards)
+        path = f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
         if not fileio.exists(path):
             return f"no {os.path.basename(path)}"
         have = fileio.size(path)
@@ -277,20 +273,35 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
 
 # --- name-based checkpoints in the released TF1 layout --------------------------------
 
-def checkpoint_reader(path: str):
-    """A reader of the checkpoint `path` (any filesystem): a prefix, tried first (on ram://
-    `isdir` is true of a prefix too), or a directory's newest complete checkpoint. None
-    there, or a damaged one, is a CheckpointError saying so before a byte is read."""
-    if not tf.io.gfile.exists(path + ".index"):
-        latest = newest_complete(path) if fileio.isdir(path) else None
-        if latest is None:
-            raise CheckpointError(f"no checkpoint at {path} (neither {path}.index nor a "
-                                  "directory holding one)")
-        path = latest
-    problem = checkpoint_problem(path)
-    if problem:
-        raise CheckpointError(f"the checkpoint {path} is damaged: {problem}")
-    return tf.compat.v1.train.NewCheckpointReader(path)
+def checkpoint_prefix(path: str, what: str = "", subdirs: Sequence[str] = ()) -> str:
+    """The checkpoint `path` names (any filesystem): a prefix, asked first (on ram://
+    `isdir` is true of a prefix too), else the newest complete one in directory `path` or
+    its `subdirs` (a damaged newer one is a warning line). A damaged prefix, or none there,
+    is a CheckpointError before a byte is read; `what` (a flag) leads its message."""
+    label = f"{what}={path}" if what else path
+    if fileio.exists(path + ".index"):
+        problem = checkpoint_problem(path)
+        if problem:
+            raise CheckpointError(f"{label}: the checkpoint is damaged ({problem})")
+        return path
+    if not fileio.isdir(path):
+        raise CheckpointError(f"{label} does not exist (neither a directory nor a checkpoint "
+                              f"prefix with {path}.index)")
+    for directory in (path, *(fileio.join(path, d) for d in subdirs)):
+        latest = newest_complete(directory, what)
+        if latest is not None:
+            return latest
+    raise CheckpointError(f"{what + ': ' if what else ''}no checkpoint in directory {path}")
+
+
+def checkpoint_reader(path: str, what: str = "", subdirs: Sequence[str] = ()):
+    """A reader of `checkpoint_prefix(path, what, subdirs)`; unreadable, a CheckpointError."""
+    prefix = checkpoint_prefix(path, what, subdirs)
+    try:
+        return tf.compat.v1.train.NewCheckpointReader(prefix)
+    except (tf.errors.OpError, ValueError) as e:
+        raise CheckpointError(f"{what + ': ' if what else ''}cannot read checkpoint {prefix}: "
+                              f"{str(e).splitlines()[0]}") from None
 
 
 def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
@@ -326,17 +337,11 @@ def write_checkpoint_state(directory: str, names: Sequence[str], managed: bool =
     fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
 
 
-def model_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np.ndarray]:
-    """{TF1 name: array} of `variables` (default: every trainable variable of `model`), in
-    the released layout (`modeling.released_arrays`: GDES deltas folded)."""
-    return released_arrays(model, variables)
-
-
 def save_tf1_checkpoint(model, prefix: str, variables: Optional[Sequence] = None) -> str:
-    """`write_tf1(model_arrays(model, variables), prefix)`: the released names, no optimizer
+    """`write_tf1(released_arrays(model, variables), prefix)`: the released names, no optimizer
     slots, and the `checkpoint` state file; pass `discriminator_variables(model)` for a
     discriminator-only file. Returns `prefix`. Runs eagerly (call outside tf.function)."""
-    return write_tf1(model_arrays(model, variables), prefix)
+    return write_tf1(released_arrays(model, variables), prefix)
 
 
 def assign_arrays(model, arrays: Dict[str, np.ndarray], variables: Optional[Sequence] = None,
