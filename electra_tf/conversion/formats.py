@@ -1,11 +1,6 @@
-"""Checkpoint formats as a library: released TF1 checkpoints and Hugging Face `transformers`
-directories (safetensors, no torch) <-> one flat dict {TF1 name: numpy array}.
-
-Our Keras variable paths are the TF1 names (modeling.py), so each conversion is a name map
-plus kernel transposes. Here: the expected names and shapes of a model, config inference
-from them, and the Hugging Face maps, readers and writers. Reading any path:
-`electra_tf.conversion.source`; the command line: `python -m electra_tf.conversion.convert`.
-"""
+"""The expected TF1 names and shapes of a model, its config inferred from them, and Hugging
+Face `transformers` directories (safetensors, no torch) <-> {TF1 name: numpy array}: since
+our variable paths are the TF1 names (modeling.py), a name map plus kernel transposes."""
 
 import dataclasses
 import os
@@ -63,18 +58,12 @@ def _encoder_shapes(scope: str, c: ModelConfig, hidden: int, layers: int,
     return out
 
 
-def _discriminator_encoder_shapes(c: ModelConfig) -> Dict[str, tuple]:
-    out = _embedding_shapes("electra", c)
-    out.update(_encoder_shapes("electra", c, c.hidden_size, c.num_hidden_layers,
-                               c.intermediate_size))
-    return out
-
-
 def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
     """{TF1 name: shape} of every trainable variable of `ElectraPretrainingModel(c)`
     (without the generator and its head when `generator` is False)."""
     h = c.hidden_size
-    out = _discriminator_encoder_shapes(c)
+    out = _embedding_shapes("electra", c)
+    out.update(_encoder_shapes("electra", c, h, c.num_hidden_layers, c.intermediate_size))
     out.update({"discriminator_predictions/dense/kernel": (h, h),
                 "discriminator_predictions/dense/bias": (h,),
                 "discriminator_predictions/dense_1/kernel": (h, 1),
@@ -159,36 +148,15 @@ class Report:
     global_step: Optional[int]
 
     def lines(self) -> List[str]:
-        out = ["model config (inferred):"]
-        out += [f"  {k}: {v}" for k, v in dataclasses.asdict(self.config).items()]
-        out.append(f"generator: {'present' if self.has_generator else 'absent'}")
-        out.append(f"mapped variables: {len(self.mapped)}")
-        out.append(f"optimizer slots (ignored unless imported): {len(self.slots)}")
-        out.append(f"global_step: {self.global_step if self.global_step is not None else 'absent'}")
-        out.append(f"missing ({len(self.missing)}): {', '.join(self.missing) or '-'}")
-        out.append(f"unmapped ({len(self.unmapped)}): {', '.join(self.unmapped) or '-'}")
-        return out
-
-
-def classify(shapes: Dict[str, List[int]], config: ModelConfig,
-             generator: bool = True) -> Tuple[List[str], List[str], List[str], List[str]]:
-    """-> (mapped, missing, unmapped, slots); raises on a shape mismatch."""
-    expected = expected_shapes(config, generator)
-    mapped, unmapped, slots = [], [], []
-    for name in sorted(shapes):
-        if name == "global_step":
-            continue
-        if name.endswith(SLOT_SUFFIXES):
-            slots.append(name)
-        elif name in expected:
-            if tuple(shapes[name]) != tuple(expected[name]):
-                raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != expected "
-                                   f"{list(expected[name])}")
-            mapped.append(name)
-        else:
-            unmapped.append(name)
-    missing = sorted(set(expected) - set(mapped))
-    return mapped, missing, unmapped, slots
+        step = self.global_step if self.global_step is not None else "absent"
+        return ["model config (inferred):",
+                *(f"  {k}: {v}" for k, v in dataclasses.asdict(self.config).items()),
+                f"generator: {'present' if self.has_generator else 'absent'}",
+                f"mapped variables: {len(self.mapped)}",
+                f"optimizer slots (ignored unless imported): {len(self.slots)}",
+                f"global_step: {step}",
+                f"missing ({len(self.missing)}): {', '.join(self.missing) or '-'}",
+                f"unmapped ({len(self.unmapped)}): {', '.join(self.unmapped) or '-'}"]
 
 
 # --- a pre-training config around an inferred model --------------------------------
@@ -229,33 +197,29 @@ def hf_name_map(config: ModelConfig, part: str) -> Dict[str, Tuple[str, bool]]:
     """{TF1 name: (transformers parameter name, transpose)} for `part` 'discriminator'
     (ElectraForPreTraining) or 'generator' (ElectraForMaskedLM; `generator_lm_head.weight`,
     tied to the word embeddings, is added by the writer)."""
+    gen = part == "generator"
+    head = "generator_predictions" if gen else "discriminator_predictions"
+    enc = "generator" if gen and not config.tie_all_weights else "electra"
+    emb = "generator" if gen and not (config.tie_embeddings or config.tie_all_weights) \
+        else "electra"
     out = {}
-    if part == "discriminator":
-        for name in expected_shapes(config, generator=False):
-            scope, rest = name.split("/", 1)
-            if scope == "electra":
-                key, t = _hf_key(rest)
-                out[name] = ("electra." + key, t)
-            else:
-                key, t = _hf_key(rest.replace("dense_1/", "dense_prediction/"))
-                out[name] = ("discriminator_predictions." + key, t)
-        return out
-    enc = "electra" if config.tie_all_weights else "generator"
-    emb = "electra" if config.tie_embeddings or config.tie_all_weights else "generator"
-    for name in expected_shapes(config, generator=True):
+    for name in expected_shapes(config, generator=gen):
         scope, rest = name.split("/", 1)
         if name == "generator_predictions/output_bias":
             out[name] = ("generator_lm_head.bias", False)
-        elif scope == "generator_predictions":
-            key, t = _hf_key(rest)
-            out[name] = ("generator_predictions." + key, t)
-        elif scope == emb and rest.startswith("embeddings/"):
-            key, t = _hf_key(rest)
-            out[name] = ("electra." + key, t)
-        elif scope == enc and not rest.startswith("embeddings/"):
+        elif scope == head:
+            key, t = _hf_key(rest.replace("dense_1/", "dense_prediction/"))
+            out[name] = (f"{head}.{key}", t)
+        elif scope == (emb if rest.startswith("embeddings/") else enc):
             key, t = _hf_key(rest)
             out[name] = ("electra." + key, t)
     return out
+
+
+def hf_encoder_map(config: ModelConfig, part: str) -> Dict[str, Tuple[str, bool]]:
+    """{TF1 name: (transformers name under `electra.`, transpose)} of `part`'s encoder."""
+    return {name: (key[len("electra."):], t) for name, (key, t) in
+            hf_name_map(config, part).items() if key.startswith("electra.")}
 
 
 def hf_config(config: ModelConfig, part: str) -> Dict:
@@ -368,15 +332,16 @@ def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
         raise ConvertError(f"{path}: config.json has no {e.args[0]}") from None
 
 
-def hf_encoder_map(config: ModelConfig, prefix: str) -> Dict[str, Tuple[str, bool]]:
-    """{TF1 name: (transformers name, transpose)} of the discriminator encoder
-    (`electra/embeddings...`, `electra/encoder/layer_N/...`); `prefix` is the transformers
-    module ('electra.', 'bert.' or '' for a bare ElectraModel / BertModel)."""
-    out = {}
-    for name in _discriminator_encoder_shapes(config):
-        key, t = _hf_key(name.split("/", 1)[1])
-        out[name] = (prefix + key, t)
-    return out
+def _take(tensors: Dict[str, np.ndarray], key: str, transpose: bool, name: str, want,
+          where: str) -> np.ndarray:
+    """tensors[key] in the TF1 layout of `name`, whose shape must be `want`."""
+    if key not in tensors:
+        raise ConvertError(f"{where}: {key} (for {name}) is not in model.safetensors")
+    a = tensors[key].T if transpose else tensors[key]
+    if tuple(a.shape) != tuple(want):
+        raise ConvertError(f"{where}: {key} has shape {list(tensors[key].shape)}, config.json "
+                           f"implies {list(want[::-1] if transpose else want)}")
+    return a
 
 
 def import_hf_encoder(path: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], List[str]]:
@@ -389,19 +354,15 @@ def import_hf_encoder(path: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], Li
     tensors = {re.sub(r"(LayerNorm)\.gamma$", r"\1.weight",
                       re.sub(r"(LayerNorm)\.beta$", r"\1.bias", k)): v
                for k, v in tensors.items()}
-    module = cfg["model_type"] + "."
+    module = cfg["model_type"] + "."  # absent from a bare ElectraModel / BertModel
     prefix = module if f"{module}embeddings.word_embeddings.weight" in tensors else ""
-    want = _discriminator_encoder_shapes(config)
-    arrays, used = {}, set()
-    for name, (key, transpose) in hf_encoder_map(config, prefix).items():
-        if key not in tensors:
-            raise ConvertError(f"{path}: {key} (for {name}) is not in model.safetensors")
-        a = tensors[key].T if transpose else tensors[key]
-        if tuple(a.shape) != tuple(want[name]):
-            raise ConvertError(f"{path}: {key} has shape {list(tensors[key].shape)}, config.json "
-                               f"implies {list(want[name][::-1] if transpose else want[name])}")
-        arrays[name] = np.ascontiguousarray(a, dtype=np.float32)
-        used.add(key)
+    keys = {name: (prefix + key, t)
+            for name, (key, t) in hf_encoder_map(config, "discriminator").items()}
+    want = expected_shapes(config, generator=False)
+    arrays = {name: np.ascontiguousarray(_take(tensors, key, t, name, want[name], path),
+                                         dtype=np.float32)
+              for name, (key, t) in keys.items()}
+    used = {key for key, _ in keys.values()}
     return config, arrays, sorted(k for k in tensors if k not in used)
 
 
@@ -411,7 +372,7 @@ def import_hf(disc_dir: str, gen_dir: Optional[str] = None
     (ModelConfig, {TF1 name: array}, unmapped transformers names)."""
     d, dt = _read_hf(disc_dir)
     fields = dataclasses.asdict(hf_model_config(d, disc_dir))
-    parts = [("discriminator", dt)]
+    parts = [("discriminator", dt, disc_dir)]
     if gen_dir:
         g, gt = _read_hf(gen_dir)
         mult = g["hidden_size"] / d["hidden_size"]
@@ -423,21 +384,16 @@ def import_hf(disc_dir: str, gen_dir: Optional[str] = None
         fields.update(generator_hidden_size=mult,
                       generator_layers=g["num_hidden_layers"] / d["num_hidden_layers"],
                       tie_embeddings=tied)
-        parts.append(("generator", gt))
+        parts.append(("generator", gt, gen_dir))
     config = ModelConfig(**fields)
-    arrays, used = {}, {part: set() for part, _ in parts}
-    for part, tensors in parts:
-        for name, (key, transpose) in hf_name_map(config, part).items():
-            if key not in tensors:
-                raise ConvertError(f"{part}: {key} (for {name}) is not in model.safetensors")
-            a = tensors[key].T if transpose else tensors[key]
-            used[part].add(key)
-            if name in arrays:  # tied embeddings come with both parts
-                continue
-            want = expected_shapes(config, generator=bool(gen_dir))[name]
-            if tuple(a.shape) != tuple(want):
-                raise ConvertError(f"{key}: shape {list(a.shape)} != expected {list(want)}")
-            arrays[name] = np.ascontiguousarray(a)
-    unmapped = sorted(f"{part}:{k}" for part, tensors in parts for k in tensors
+    want = expected_shapes(config, generator=bool(gen_dir))
+    arrays, used = {}, {}
+    for part, tensors, where in parts:
+        names = hf_name_map(config, part)
+        for name, (key, t) in names.items():  # tied embeddings come with both parts
+            arrays.setdefault(name, np.ascontiguousarray(
+                _take(tensors, key, t, name, want[name], where)))
+        used[part] = {key for key, _ in names.values()}
+    unmapped = sorted(f"{part}:{k}" for part, tensors, _ in parts for k in tensors
                       if k not in used[part] and k != "generator_lm_head.weight")
     return config, arrays, unmapped

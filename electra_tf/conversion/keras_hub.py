@@ -1,8 +1,6 @@
-"""keras-hub ELECTRA presets (`ElectraBackbone`) as one more format of the {TF1 name: array}
-map, through formats.hf_name_map (keras-hub's layers are Hugging Face's modules renamed;
-kernels differ by a reshape of the heads axis). keras-hub is an optional extra, imported
-lazily; its GELU is the tanh approximation (README).
-"""
+"""keras-hub ELECTRA presets (`ElectraBackbone`) <-> {TF1 name: array}, through Hugging Face's
+names (keras-hub's layers renamed; kernels reshaped on the heads axis). An optional extra,
+imported lazily; its GELU is the tanh approximation (README)."""
 
 import os
 from typing import Dict, List, Tuple
@@ -18,6 +16,12 @@ from electra_tf.training import checkpoints
 
 BACKBONE = "keras_hub>ElectraBackbone"
 VOCAB_ASSET = os.path.join("assets", "tokenizer", "vocabulary.txt")
+# {ElectraBackbone argument: transformers config.json key}
+HUB_CONFIG = {"vocab_size": "vocab_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "hidden_dim": "hidden_size",
+              "embedding_dim": "embedding_size", "intermediate_dim": "intermediate_size",
+              "dropout": "hidden_dropout_prob", "max_sequence_length": "max_position_embeddings",
+              "num_segments": "type_vocab_size"}
 
 
 def keras_hub_module():
@@ -56,9 +60,7 @@ def hub_variables(backbone) -> Dict[str, object]:
 
 def encoder_names(config: ModelConfig, part: str) -> Dict[str, str]:
     """{Hugging Face name under `electra.`: TF1 name} of `part`'s encoder."""
-    return {key[len("electra."):]: name
-            for name, (key, _) in formats.hf_name_map(config, part).items()
-            if key.startswith("electra.")}
+    return {key: name for name, (key, _) in formats.hf_encoder_map(config, part).items()}
 
 
 def _vocab(path: str, lower: bool, what: str) -> Tuple[text.VocabInfo, List[str]]:
@@ -95,12 +97,7 @@ def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_f
         raise ConvertError(f"layer_norm_eps={config.layer_norm_eps}: keras-hub's ElectraBackbone "
                            "fixes it at 1e-12")
     hub, hf = keras_hub_module(), formats.hf_config(config, part)
-    backbone = hub.models.ElectraBackbone(
-        vocab_size=hf["vocab_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], hidden_dim=hf["hidden_size"],
-        embedding_dim=hf["embedding_size"], intermediate_dim=hf["intermediate_size"],
-        dropout=hf["hidden_dropout_prob"], max_sequence_length=hf["max_position_embeddings"],
-        num_segments=hf["type_vocab_size"])
+    backbone = hub.models.ElectraBackbone(**{k: hf[key] for k, key in HUB_CONFIG.items()})
     names = encoder_names(config, part)
     for key, variable in hub_variables(backbone).items():
         if names[key] not in arrays:
@@ -118,8 +115,10 @@ def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_f
     return _write_new_dir(out, write)
 
 
-def check_preset(preset: str) -> str:
-    """The vocabulary of a keras-hub ELECTRA preset directory, every file checked first."""
+def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
+    """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the discriminator
+    encoder `electra/...`, the tokenizer's lowercase). The pooler is dropped; every file of
+    the preset is checked before it is read."""
     cfg_path = fileio.join(preset, "config.json")
     try:
         name = fileio.read_json(cfg_path).get("registered_name")
@@ -132,16 +131,10 @@ def check_preset(preset: str) -> str:
     for need in ("model.weights.h5", "tokenizer.json", VOCAB_ASSET):
         if not fileio.isfile(fileio.join(preset, need)):
             raise ConvertError(f"{fileio.join(preset, need)}: missing from the preset")
-    return fileio.join(preset, VOCAB_ASSET)
-
-
-def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
-    """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the discriminator
-    encoder `electra/...`, the tokenizer's lowercase). The pooler is dropped."""
-    vocab = check_preset(preset)
     hub = keras_hub_module()
     tokenizer = fileio.read_json(fileio.join(preset, "tokenizer.json"))
     lower = bool(tokenizer.get("config", {}).get("lowercase", False))
+    vocab = fileio.join(preset, VOCAB_ASSET)
     _vocab(vocab, lower, vocab)
     if fileio.is_remote(preset):  # keras-hub reads presets from local files
         with fileio.local_staging_dir(".keras-hub-") as local:
@@ -151,11 +144,8 @@ def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], b
         backbone = hub.models.ElectraBackbone.from_preset(preset)
     c = backbone.get_config()
     config = formats.hf_model_config(dict(
-        vocab_size=c["vocab_size"], embedding_size=c["embedding_dim"], hidden_size=c["hidden_dim"],
-        num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
-        intermediate_size=c["intermediate_dim"], hidden_dropout_prob=c["dropout"],
-        attention_probs_dropout_prob=c["dropout"], type_vocab_size=c["num_segments"],
-        max_position_embeddings=c["max_sequence_length"]), preset)
+        {key: c[k] for k, key in HUB_CONFIG.items()},
+        attention_probs_dropout_prob=c["dropout"]), preset)
     names, shapes = encoder_names(config, "discriminator"), formats.expected_shapes(config, False)
     arrays = {names[key]: np.reshape(v.numpy(), shapes[names[key]]).astype(np.float32)
               for key, v in hub_variables(backbone).items()}
