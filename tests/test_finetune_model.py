@@ -19,7 +19,6 @@ from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
                                        layerwise_lr_multipliers, make_head)
 from electra_tf.finetune.tasks import TsvTask, TaskData
 from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
-from electra_tf.training import checkpoints
 from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import (ElectraPretrainingModel, discriminator_variables,
                                        released_arrays, tf1_variables)

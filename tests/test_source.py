@@ -55,7 +55,7 @@ def test_our_run_and_a_ckpt_in_it(tmp_path):
     for path in (str(tmp_path / "run"), str(tmp_path / "run" / "ckpt-1")):
         src = source.resolve(path)
         assert src.kind == "model_dir" and src.path == str(tmp_path / "run" / "ckpt-1")
-        assert src.config == CFG and src.run.model == CFG
+        assert src.config == CFG  # the run's config.json, not inferred
         assert src.config_file == str(tmp_path / "run" / "config.json")
         assert src.has_generator and not src.ignored
         assert src.shapes["generator/encoder/layer_0/attention/self/query/kernel"] == (16, 16)
@@ -100,7 +100,7 @@ def test_tf1_checkpoints_exported_beside_a_run_or_alone(tmp_path):
     # A released checkpoint with no run around it: the config is inferred from the shapes.
     prefix = checkpoints.save_tf1_checkpoint(model, str(tmp_path / "released" / "model.ckpt"))
     src = source.resolve(prefix, num_heads=2)
-    assert src.kind == "tf1" and src.config_file is None and src.run is None
+    assert src.kind == "tf1" and src.config_file is None
     assert (src.config.hidden_size, src.config.num_hidden_layers, src.config.generator_hidden,
             src.config.num_attention_heads) == (32, 2, 16, 2)
     assert src.has_generator

@@ -1,11 +1,7 @@
-"""One checkpoint source: any path a user gives (our pre-training model_dir or a `ckpt-N`
-in it, a GDES run, an exported / released TF1 checkpoint, a Hugging Face directory) ->
-its kind, its ModelConfig and its weights under the TF1 names, or one ConvertError.
-
-Our object-based checkpoints are read without building a model: the checkpoint's object
-graph records each variable's Keras path (`full_name`), which is its TF1 name
-(modeling.py), its Adam slots' `<name>/adam_m|v` included.
-"""
+"""One checkpoint source: any path a user gives (our model_dir or a `ckpt-N` in it, a GDES run,
+a TF1 checkpoint, a Hugging Face directory) -> its kind, ModelConfig and TF1-named arrays, or
+one ConvertError. Object-based checkpoints are read without a model: their object graph
+records each variable's Keras path, which is its TF1 name (Adam slots: `<name>/adam_m|v`)."""
 
 import dataclasses
 import os
@@ -28,14 +24,13 @@ class Source:
     """What a path holds. `kind`: "model_dir" (our training checkpoint), "gdes" (a GDES
     run's, tables folded as its exports write them), "tf1" (name-based) or "hf". `path`:
     the prefix read (the directory for "hf"). `config`: the arrays' model (given, else the
-    run's or Hugging Face config.json, `config_file`, else inferred; GDES released); `run`:
-    the pre-training config of our run. `shapes`: {TF1 name: shape} of every tensor (weights,
-    slots, global_step), read lazily by `arrays`."""
+    run's or Hugging Face config.json, `config_file`, else inferred; GDES released).
+    `shapes`: {TF1 name: shape} of every tensor (weights, slots, global_step), read lazily
+    by `arrays`."""
     kind: str
     path: str
     config: ModelConfig
     config_file: Optional[str]
-    run: Optional[PretrainingConfig]
     shapes: Dict[str, Tuple[int, ...]]
     read: Callable[[str], np.ndarray]
     ignored: List[str]  # Hugging Face parameters without a TF1 name (pooler, heads)
@@ -62,13 +57,26 @@ def _open(path: str, what: str = ""):
 
 
 def inspect_tf1(ckpt_path: str, num_heads: Optional[int] = None) -> formats.Report:
-    """What a TF1 (name-based) checkpoint prefix or directory holds; raises ConvertError."""
+    """What a TF1 (name-based) checkpoint prefix or directory holds, against the model its
+    shapes describe; a ConvertError for a shape that is not that model's."""
     reader = _open(ckpt_path)[1]
     shapes = reader.get_variable_to_shape_map()
     config, has_generator = formats.infer_model_config(shapes, num_heads)
-    mapped, missing, unmapped, slots = formats.classify(shapes, config, has_generator)
+    expected = formats.expected_shapes(config, has_generator)
+    mapped, unmapped, slots = [], [], []
+    for name in sorted(set(shapes) - {"global_step"}):
+        if name.endswith(formats.SLOT_SUFFIXES):
+            slots.append(name)
+        elif name not in expected:
+            unmapped.append(name)
+        elif tuple(shapes[name]) != tuple(expected[name]):
+            raise ConvertError(f"{name}: checkpoint shape {list(shapes[name])} != expected "
+                               f"{list(expected[name])}")
+        else:
+            mapped.append(name)
     step = int(reader.get_tensor("global_step")) if "global_step" in shapes else None
-    return formats.Report(config, has_generator, mapped, missing, unmapped, slots, step)
+    return formats.Report(config, has_generator, mapped, sorted(set(expected) - set(mapped)),
+                          unmapped, slots, step)
 
 
 def find_run_config(path: str) -> Optional[Tuple[str, PretrainingConfig]]:
@@ -107,19 +115,14 @@ def _object_names(reader) -> Dict[str, str]:
 def _fold_gdes(shapes: Dict, read: Callable) -> Tuple[Dict, Callable]:
     """A GDES run's names in the released layout: each `electra/embeddings/<table>_delta`
     becomes `electra/embeddings/<table>` = the generator's table + the delta."""
-    folded = {f"electra/embeddings/{t}": (f"generator/embeddings/{t}",
-                                          f"electra/embeddings/{t}{DELTA_SUFFIX}")
-              for t in TABLES}
-    deltas = {delta for _, delta in folded.values()}
-    shapes = {n: s for n, s in shapes.items() if n not in deltas}
-    shapes.update({n: shapes[table] for n, (table, _) in folded.items()})
+    tables = {f"electra/embeddings/{t}": f"generator/embeddings/{t}" for t in TABLES}
+    deltas = {name + DELTA_SUFFIX: name for name in tables}
 
     def read_folded(name):
-        if name in folded:
-            table, delta = folded[name]
-            return read(table) + read(delta)
+        if name in tables:
+            return read(tables[name]) + read(name + DELTA_SUFFIX)
         return read(name)
-    return shapes, read_folded
+    return {deltas.get(n, n): s for n, s in shapes.items()}, read_folded
 
 
 def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
@@ -133,8 +136,8 @@ def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
         except ConvertError as e:
             raise ConvertError(f"{what}: {e}" if what else str(e)) from None
         return Source("hf", path, (config or hf_config).released(), None if config else
-                      fileio.join(path, "config.json"), None,
-                      {n: a.shape for n, a in arrays.items()}, arrays.__getitem__, ignored)
+                      fileio.join(path, "config.json"), {n: a.shape for n, a in arrays.items()},
+                      arrays.__getitem__, ignored)
     prefix, reader = _open(path, what)
     shapes = reader.get_variable_to_shape_map()
     kind, read = "tf1", reader.get_tensor
@@ -146,13 +149,12 @@ def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
             kind = "gdes"
             shapes, read = _fold_gdes(shapes, read)
     found = None if config else find_run_config(prefix)
-    run = found[1] if found else None
-    if config is None and run is not None:
-        config = run.model
+    if found:
+        config = found[1].model
     elif config is None:
         try:
             config, _ = formats.infer_model_config(shapes, num_heads)
         except ConvertError as e:
             raise ConvertError(f"{what + '=' if what else ''}{path}: {e}") from None
-    return Source(kind, prefix, config.released(), found[0] if found else None, run,
+    return Source(kind, prefix, config.released(), found[0] if found else None,
                   {n: tuple(s) for n, s in shapes.items()}, read, [])
