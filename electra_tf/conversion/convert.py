@@ -55,22 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _beside(source: str, name: str) -> str:
-    """`name` in SOURCE (a directory) or beside it (a checkpoint prefix)."""
-    from electra_tf import fileio
-    return fileio.join(source if fileio.isdir(source) else os.path.dirname(source), name)
-
-
-def _check_output(directory: str, what: str):
-    """The output directory of a command, probed before anything is read or converted."""
-    from electra_tf import fileio
-    from electra_tf.conversion.formats import ConvertError
-    problem = fileio.writable_dir_problem(directory or ".")
-    if problem:
-        raise ConvertError(f"{what} {directory}: cannot write there ({problem})")
-
-
-# Where each command writes: (argument, whether it is a checkpoint prefix).
+# Where each command writes, probed before anything is read: (argument, is it a prefix).
 _OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
             "export-hf": ("out_dir", False), "import-hf": ("prefix", True),
             "export-keras-hub": ("out", True), "import-keras-hub": ("out", True)}
@@ -90,7 +75,10 @@ def main(argv=None) -> int:
         if args.command in _OUTPUTS:
             name, is_prefix = _OUTPUTS[args.command]
             out = getattr(args, name)
-            _check_output(os.path.dirname(out) if is_prefix else out, name.upper())
+            directory = os.path.dirname(out) if is_prefix else out
+            problem = fileio.writable_dir_problem(directory or ".")
+            if problem:
+                raise ConvertError(f"{name.upper()} {directory}: cannot write there ({problem})")
         if args.command == "inspect":
             print("\n".join(inspect_tf1(args.checkpoint, args.num_heads).lines()))
         elif args.command == "import-tf1":
@@ -125,7 +113,9 @@ def main(argv=None) -> int:
             src = resolve(args.source, num_heads=args.num_heads)
             if args.part == "generator" and not src.has_generator:
                 raise ConvertError(f"{args.source} holds no generator")
-            vocab = args.vocab_file or _beside(args.source, "vocab.txt")
+            # SOURCE's vocab.txt: in it (a directory) or beside it (a checkpoint prefix)
+            vocab = args.vocab_file or fileio.join(args.source if fileio.isdir(args.source)
+                                                   else os.path.dirname(args.source), "vocab.txt")
             print(keras_hub.export_keras_hub(src.arrays(slots=False), src.config, vocab, args.out,
                                              args.part, not args.cased))
         elif args.command == "import-keras-hub":

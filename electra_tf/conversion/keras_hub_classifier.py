@@ -28,7 +28,6 @@ class ElectraTextClassifier(TextClassifier):
 
     def __init__(self, backbone, num_classes, preprocessor=None, activation=None,
                  dropout=0.1, **kwargs):
-        # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
         if preprocessor is not None and preprocessor.sequence_length > backbone.max_sequence_length:
@@ -38,12 +37,10 @@ class ElectraTextClassifier(TextClassifier):
         self.output_dense = keras.layers.Dense(
             num_classes, activation=activation, dtype=backbone.dtype_policy,
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02), name="logits")
-        # === Functional Model ===
         inputs = backbone.input
         x = backbone(inputs)["sequence_output"][:, 0, :]
         outputs = self.output_dense(self.output_dropout(x))
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        # === Config ===
         self.num_classes = num_classes
         self.activation = keras.activations.get(activation)
         self.dropout = dropout

@@ -100,11 +100,8 @@ def _mean_last(x):
 
 
 class LayerNorm(keras.layers.Layer):
-    """LayerNorm over the last axis with TF1 names `gamma`/`beta`, computed in float32.
-
-    `call(x, residual=None)` normalises `x + residual` (the sum taken in float32) and
-    returns the result in the layer's compute dtype.
-    """
+    """LayerNorm over the last axis with TF1 names `gamma`/`beta`, computed in float32:
+    `call(x, residual=None)` normalises `x + residual` (summed in float32) -> compute dtype."""
 
     def __init__(self, size: int, epsilon: float = 1e-12, **kwargs):
         kwargs.setdefault("name", "LayerNorm")
@@ -135,12 +132,9 @@ DELTA_SUFFIX = "_delta"
 
 
 class Embeddings(keras.layers.Layer):
-    """Token + position + token-type embeddings, LayerNorm, dropout -> [B, L, E].
-
-    The tables stay float32 (gathered in float32, summed and normalised in float32); the
-    output is in the compute dtype. `word_embeddings` doubles as the generator's
-    output matrix (see `GeneratorPredictions`).
-    """
+    """Token + position + token-type embeddings, LayerNorm, dropout -> [B, L, E] in the
+    compute dtype; the tables are float32 (gathered, summed and normalised in float32).
+    `word_embeddings` doubles as the generator's output matrix (`GeneratorPredictions`)."""
 
     def __init__(self, config: ModelConfig, **kwargs):
         kwargs.setdefault("name", "embeddings")
@@ -182,10 +176,8 @@ class DisentangledEmbeddings(Embeddings):
     own (`word_embeddings_delta`, ...: zero at initialisation, so both start equal), so
     the discriminator's loss moves only the deltas and the generator's tables get only
     the generator's gradients. The LayerNorm is its own. Exports write `tables()` under the
-    released names (`released_arrays`).
-
-    The generator owns `source`; this layer holds a weak reference, so the generator's
-    variables are not counted among the discriminator's (`discriminator_variables`).
+    released names (`released_arrays`). `source` is held by a weak reference, so the
+    generator's variables are not among the discriminator's (`discriminator_variables`).
     """
 
     def __init__(self, config: ModelConfig, source: Embeddings, **kwargs):
@@ -202,7 +194,6 @@ class DisentangledEmbeddings(Embeddings):
     def tables(self):
         return tuple(tf.stop_gradient(table) + tf.convert_to_tensor(delta)
                      for table, delta in zip(self._source().tables(), self.deltas))
-
 
 
 DIRECTIONS = (None, "ltr", "rtl")
@@ -222,11 +213,8 @@ def attention_bias(input_mask, dtype=tf.float32, direction=None):
 
 
 class TransformerLayer(keras.layers.Layer):
-    """One post-LN BERT block, variables named as TF1's `layer_{i}/...`.
-
-    The sub-layers are plain `Dense` with [in, out] kernels; the head split is a
-    reshape/transpose of their outputs, so kernels map 1:1 to the TF1 ones.
-    """
+    """One post-LN BERT block, variables named as TF1's `layer_{i}/...`: plain `Dense` with
+    [in, out] kernels, heads split by reshaping their outputs, so kernels map 1:1 to TF1's."""
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
                  config: ModelConfig, direction: Optional[str] = None, **kwargs):
@@ -281,11 +269,9 @@ class TransformerLayer(keras.layers.Layer):
 
     def call(self, x, input_mask, training=False, seed=None):
         """x [B, L, H] (compute dtype), input_mask [B, L] 1 = real token, 0 = padding;
-        `seed` (optional [2] int32) makes the three dropout masks stateless.
-
-        (The mask is passed as ints, not as a float bias, so that Keras' input casting
-        cannot turn the bias into the compute dtype; XLA folds the per-layer copies.)
-        """
+        `seed` (optional [2] int32) makes the three dropout masks stateless. (The mask is
+        passed as ints so that Keras' input casting cannot turn the float32 bias into the
+        compute dtype; XLA folds the per-layer copies.)"""
         bias = attention_bias(input_mask, direction=self.direction)
         shape = tf.shape(x)
         batch, seq_len = shape[0], shape[1]
@@ -309,13 +295,10 @@ class TransformerLayer(keras.layers.Layer):
 
 
 class Encoder(keras.layers.Layer):
-    """Embeddings (own or shared) -> optional `embeddings_project` -> `encoder/layer_{i}`.
-
-    Named `electra` for the discriminator and `generator` for the generator, which gives
-    the TF1 scopes. A shared `embeddings` layer that is already built keeps its variables
-    (and their `electra/embeddings/...` paths); an unbuilt one is built here, under this
-    encoder's name. `direction` ("ltr" / "rtl") makes every block's attention one-sided.
-    """
+    """Embeddings (own or shared) -> optional `embeddings_project` -> `encoder/layer_{i}`,
+    named `electra` or `generator` (the TF1 scopes). Shared `embeddings` already built keep
+    their paths (`electra/embeddings/...`); unbuilt ones are built under this encoder's
+    name. `direction` ("ltr" / "rtl") makes every block's attention one-sided."""
 
     def __init__(self, config: ModelConfig, hidden_size: int, num_layers: int, num_heads: int,
                  intermediate_size: int, embeddings: Optional[Embeddings] = None,
@@ -370,10 +353,8 @@ class TwoTowerGenerator(keras.layers.Layer):
     UNMASKED input; position t gets [ltr output at t-1 ; rtl output at t+1], a
     representation of every token but t (the sequence ends wrap around; they are [CLS]
     and [SEP] / padding, which are never predicted). `hidden_size` is twice the towers'.
-
-    With shared embeddings both towers use the discriminator's; otherwise each has its
-    own and `embeddings` (what the cloze head's logits are tied to) is the ltr tower's.
-    """
+    With shared embeddings both towers use the discriminator's; otherwise each has its own
+    and `embeddings` (what the cloze head's logits are tied to) is the ltr tower's."""
 
     def __init__(self, config: ModelConfig, embeddings: Optional[Embeddings] = None,
                  **kwargs):
@@ -426,11 +407,8 @@ class DiscriminatorPredictions(keras.layers.Layer):
 
 
 class GeneratorPredictions(keras.layers.Layer):
-    """dense(E, gelu) -> LayerNorm -> x @ word_embeddings^T + output_bias -> float32 logits.
-
-    The vocabulary matmul runs in the compute dtype; its result is cast to float32 before
-    the (float32) bias is added.
-    """
+    """dense(E, gelu) -> LayerNorm -> x @ word_embeddings^T + output_bias -> float32 logits
+    (the matmul in the compute dtype, cast to float32 before the float32 bias is added)."""
 
     def __init__(self, config: ModelConfig, hidden_size: int, embeddings: Embeddings,
                  **kwargs):

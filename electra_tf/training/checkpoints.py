@@ -1,9 +1,5 @@
-"""Checkpoints on any filesystem: which checkpoint of a directory is the newest complete
-one (`newest_complete`, for resuming, fine-tuning and conversion alike), training
-checkpoints (saving with a one-line error, cleaning up what a killed write left behind)
-and name-based checkpoints in the released TF1 layout, read and written as
-{TF1 name: array} or straight from / into a model.
-"""
+"""Checkpoints on any filesystem: the newest complete one of a directory, training checkpoints
+(save, torn-write cleanup) and name-based ones in the released TF1 layout ({TF1 name: array})."""
 
 import dataclasses
 import datetime
@@ -81,13 +77,11 @@ def _table_block(data: bytes, handle: bytes) -> List[tuple]:
     return entries
 
 
-def index_entries(index_bytes: bytes):
+def index_entries(data: bytes):
     """-> (number of data shards, {tensor name: (shard, offset, size)}) from the bytes of
-    a checkpoint's `.index` file. Raises ValueError for anything that is not a complete
-    index."""
+    a checkpoint's `.index` file; a ValueError for anything but a complete index."""
     from tensorflow.core.protobuf import tensor_bundle_pb2
 
-    data = index_bytes
     if len(data) < _FOOTER_BYTES or struct.unpack("<Q", data[-8:])[0] != _TABLE_MAGIC:
         raise ValueError("no table footer at its end")
     footer = data[-_FOOTER_BYTES:]
@@ -97,8 +91,7 @@ def index_entries(index_bytes: bytes):
     for _, handle in _table_block(data, footer[i:]):
         for key, value in _table_block(data, handle):
             if key == b"":
-                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
-                num_shards = header.num_shards
+                num_shards = tensor_bundle_pb2.BundleHeaderProto.FromString(value).num_shards
                 continue
             entry = tensor_bundle_pb2.BundleEntryProto.FromString(value)
             tensors[key.decode("utf-8", "replace")] = (entry.shard_id, entry.offset,
@@ -159,10 +152,8 @@ def find_checkpoints(directory: str) -> List[FoundCheckpoint]:
             data.group(1) if data else None)
         if base:
             by_prefix.setdefault(base, []).append(name)
-    named = None
     state = tf.train.get_checkpoint_state(directory) if by_prefix else None
-    if state is not None and state.model_checkpoint_path:
-        named = os.path.basename(state.model_checkpoint_path)
+    named = os.path.basename(state.model_checkpoint_path) if state else None
     found = [FoundCheckpoint(fileio.join(directory, base), sorted(names))
              for base, names in by_prefix.items()]
     return sorted(found, key=lambda f: (f.step is not None, f.step or 0,
@@ -203,8 +194,6 @@ def newest_complete(directory: str, what: str = "", set_aside: bool = False
             break
         damaged.append((candidate, problem))
     else:
-        candidate = None
-    if candidate is None:
         if not found:
             return None
         listing = "; ".join(f"{os.path.basename(c.prefix)} ({p})" for c, p in damaged)
@@ -212,11 +201,9 @@ def newest_complete(directory: str, what: str = "", set_aside: bool = False
             f"{lead}no complete checkpoint in {directory}: {listing}. Nothing was changed; "
             "restore the missing files, or move them away to start this run over")
     for bad, problem in damaged:
-        note = ""
-        if set_aside:
-            note = f"; moved to {_set_aside(directory, bad)}"
-        elif bad.prefix in _REPORTED:  # a reader (each fine-tuning trial) says it once
+        if not set_aside and bad.prefix in _REPORTED:  # a reader (a fine-tuning trial) once
             continue
+        note = f"; moved to {_set_aside(directory, bad)}" if set_aside else ""
         _REPORTED.add(bad.prefix)
         logging.warning("%sthe checkpoint %s is damaged (%s)%s; using %s", lead, bad.prefix,
                         problem, note, os.path.basename(candidate.prefix))
@@ -258,17 +245,17 @@ def remove_torn_checkpoints(directory: str) -> int:
 
 
 def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
-    """manager.save at `step`; a failed write (a full disk, a lost bucket) is one RunError
-    naming the directory and the last good checkpoint, which stays the newest one (the
-    checkpoint index is only updated after a complete write)."""
+    """manager.save at `step`; a failed write (a full disk, a lost bucket) is one
+    CheckpointError naming the directory and the last good checkpoint, which stays the
+    newest (the checkpoint index is only updated after a complete write)."""
     try:
         return manager.save(checkpoint_number=step)
     except (tf.errors.OpError, OSError) as e:
         reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
         raise CheckpointError(f"could not write the step-{step} checkpoint to {manager.directory} "
-                       f"({reason}); last good checkpoint: "
-                       f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
-                       "same command") from None
+                              f"({reason}); last good checkpoint: "
+                              f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
+                              "same command") from None
 
 
 # --- name-based checkpoints in the released TF1 layout --------------------------------
