@@ -23,13 +23,10 @@ class CheckpointError(ValueError):
 
 
 # --- which checkpoint: complete or damaged ----------------------------------------------
-#
-# A checkpoint `P` is `P.index` (a table of every tensor's shard, offset and byte size)
-# plus the data shards `P.data-0000i-of-0000n`. A torn upload, a half-finished copy or a
-# deleted file leaves a checkpoint that TensorFlow either does not see (no index: a run
-# would start over from step 0) or fails to read after minutes of restoring ("Read less
-# bytes than requested"). `checkpoint_problem` finds both from the index and the shards'
-# sizes alone: a few kilobytes read and one stat per shard, however large the checkpoint.
+# A checkpoint `P` is `P.index` (every tensor's shard, offset and size) plus the shards
+# `P.data-0000i-of-0000n`. A torn upload or a deleted file leaves one that TensorFlow does
+# not see (no index: the run starts over) or fails to read after minutes of restoring;
+# `checkpoint_problem` finds both from the index and one stat per shard.
 
 _DATA_NAME = re.compile(r"^(.+)\.data-(\d{5})-of-(\d{5})$")
 _STEP = re.compile(r"-(\d+)$")
