@@ -345,6 +345,11 @@ def _outputs(start_index, start_lp, end_index, end_lp, null=None):
     return out
 
 
+def _one_span(start, end):
+    """Outputs of one window whose only candidate is the span start..end."""
+    return _outputs([[start]], [[0.0]], [[[end]]], [[[0.0]]])
+
+
 def _ten_windows(tmp_path, v2=False):
     ex = _examples(tmp_path, [{"context": TEN, "qas": [_qa("q", "Qq", [])]}], False, v2)
     f = features(ex, FakeTokenizer(), SPECIAL, max_seq_length=10,
@@ -366,33 +371,29 @@ TEN_OUTPUTS = _outputs(
 
 def test_postprocess_picks_best_valid_span(tmp_path):
     ex, f = _ten_windows(tmp_path)
-    preds, na, nbest = postprocess(ex, f, TEN_OUTPUTS)
-    assert preds == {"q": "W6 W7 W8"} and na is None
-    scores = np.array([-0.3, -0.4, -0.7, -2.0])
-    assert [n["text"] for n in nbest["q"]] == ["W6 W7 W8", "W1 W2", "W6", "W8 W9"]
-    probs = [n["probability"] for n in nbest["q"]]
-    assert probs == pytest.approx(np.exp(scores) / np.exp(scores).sum())
-    assert sum(probs) == pytest.approx(1.0)
-    assert nbest["q"][0]["start_log_prob"] == pytest.approx(-0.2)
-    assert nbest["q"][0]["end_log_prob"] == pytest.approx(-0.1)
-
-    preds, _, nbest = postprocess(ex, f, TEN_OUTPUTS, max_answer_length=2, n_best_size=2)
-    assert preds == {"q": "W1 W2"}
-    assert [n["text"] for n in nbest["q"]] == ["W1 W2", "W6"]
-    assert sum(n["probability"] for n in nbest["q"]) == pytest.approx(1.0)
+    # Two invalid spans score higher (-0.15, -0.01): neither is the answer.
+    preds, na = postprocess(ex, f, TEN_OUTPUTS)
+    assert preds == {"q": "W6 W7 W8"} and na is None  # -0.3
+    preds, _ = postprocess(ex, f, TEN_OUTPUTS, max_answer_length=2)
+    assert preds == {"q": "W1 W2"}  # -0.4
+    preds, _ = postprocess(ex, f, TEN_OUTPUTS, max_answer_length=1)
+    assert preds == {"q": "W6"}  # -0.7
+    # Equal scores: the first candidate (by window, start, end) wins.
+    tie = {k: v.copy() for k, v in TEN_OUTPUTS.items()}
+    tie["end_top_log_probs"][0, 0, 1] = -0.2  # W1 W2: -0.1 - 0.2, as W6 W7 W8: -0.2 - 0.1
+    assert postprocess(ex, f, tie)[0] == {"q": "W1 W2"}
 
 
 def test_postprocess_without_valid_span_and_na_probs(tmp_path):
     ex, f = _ten_windows(tmp_path, v2=True)
     nothing = _outputs([[0]] * 3, [[0.0]] * 3, [[[1]]] * 3, [[[0.0]]] * 3,
                        null=[2.0, -1.0, 0.5])
-    preds, na, nbest = postprocess(ex, f, nothing, v2=True)
+    preds, na = postprocess(ex, f, nothing, v2=True)
     assert preds == {"q": ""}
-    assert nbest["q"][0]["text"] == "" and nbest["q"][0]["probability"] == 1.0
     # The most confident window says answerable: sigmoid(min null_logit).
     assert na == {"q": pytest.approx(1 / (1 + math.exp(1.0)))}
-    preds, na, _ = postprocess(ex, f, dict(TEN_OUTPUTS, null_logit=np.array([3., 4., 5.])),
-                               v2=True)
+    preds, na = postprocess(ex, f, dict(TEN_OUTPUTS, null_logit=np.array([3., 4., 5.])),
+                            v2=True)
     assert preds == {"q": "W6 W7 W8"}  # the threshold is the metric's business
     assert na["q"] == pytest.approx(1 / (1 + math.exp(-3.0)))
 
@@ -407,7 +408,7 @@ def test_na_probs_two_windows_two_questions(tmp_path):
     # Start 4, end 5: "b c" in the first window, "d e" (less likely) in the second.
     out = _outputs([[4]] * 4, [[-0.5], [-0.9]] * 2, [[[5]]] * 4, [[[-0.5]]] * 4,
                    null=[-0.5, 1.5, 4.0, 2.0])
-    preds, na, _ = postprocess(ex, f, out, v2=True)
+    preds, na = postprocess(ex, f, out, v2=True)
     assert preds == {"x": "b c", "y": "b c"}
     assert na == {"x": pytest.approx(1 / (1 + math.exp(0.5))),
                   "y": pytest.approx(1 / (1 + math.exp(-2.0)))}
@@ -425,13 +426,13 @@ def test_postprocess_refines_within_words_keeping_case(tmp_path):
     assert f.input_ids[0, 7:11].tolist() == [tok.ids[p] for p in ["(", "189", "5", ")"]]
     out = _outputs([[8, 4]], [[-0.1, -0.2]], [[[9, 8], [5, 4]]],
                    [[[-0.1, -0.2], [-1.0, -2.0]]])
-    preds, _, nbest = postprocess(ex, f, out)
+    preds, _ = postprocess(ex, f, out)
     assert preds == {"q": "1895"}
-    # "189" alone (-0.3) shows as the basic piece it belongs to, "1895": a repeat, left
-    # out. "le caf" is the whole words "Le Café", accent restored.
-    assert [n["text"] for n in nbest["q"]] == ["1895", "Le Café", "Le"]
-    preds, _, _ = postprocess(ex, f, _outputs([[7]], [[0.0]], [[[9]]], [[[0.0]]]))
-    assert preds == {"q": "(1895"}
+    # "189" alone shows as the basic piece it belongs to, "1895"; "le caf" is the whole
+    # words "Le Café", accent restored.
+    spans = {(8, 8): "1895", (4, 5): "Le Café", (4, 4): "Le", (7, 9): "(1895"}
+    for (start, end), text in spans.items():
+        assert postprocess(ex, f, _one_span(start, end))[0] == {"q": text}
 
 
 def test_real_wordpiece_end_to_end(tmp_path):
@@ -457,10 +458,12 @@ def test_real_wordpiece_end_to_end(tmp_path):
     musee = ref.tokenize(context).index("musee") + off
     out = _outputs([[s, musee]], [[-0.1, -0.3]], [[[e + 1, e], [musee + 4, musee]]],
                    [[[-0.9, -0.1], [-0.1, -1.0]]])
-    preds, _, nbest = postprocess(ev, f, out)
+    preds, _ = postprocess(ev, f, out)
     assert preds == {"q": "1986"} and ev[0].answers == ("1986",)
     # "musee d ' orsay" maps back to the accented original.
-    assert [n["text"] for n in nbest["q"]] == ["1986", "Musée d'Orsay", "1986)", "Musée"]
+    spans = {(musee, musee + 4): "Musée d'Orsay", (s, e + 1): "1986)", (musee, musee): "Musée"}
+    for (start, end), text in spans.items():
+        assert postprocess(ev, f, _one_span(start, end))[0] == {"q": text}
 
 
 @pytest.mark.parametrize("pred,orig,lower,want", [

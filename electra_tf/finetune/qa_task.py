@@ -45,7 +45,6 @@ class SquadTask(Task):
     v2: bool = False
     doc_stride: int = 128
     max_query_length: int = 64
-    n_best_size: int = 20
     max_answer_length: int = 30
     beam: int = 20
     answerable_weight: float = 0.5
@@ -210,10 +209,8 @@ class SquadTask(Task):
         split: SquadSplit = data.meta
         n = len(split.features)
         outputs = {k: np.asarray(v)[:n] for k, v in fetched.items() if not k.startswith("_")}
-        preds, na_probs, _ = postprocess(split.examples, split.features, outputs,
-                                         self.n_best_size, self.max_answer_length,
-                                         split.do_lower_case, self.v2)
-        return preds, na_probs
+        return postprocess(split.examples, split.features, outputs, self.max_answer_length,
+                           split.do_lower_case, self.v2)
 
     def metrics(self, data, fetched):
         preds, na_probs = self.predictions(data, fetched)

@@ -391,14 +391,14 @@ def _span_text(words: Sequence[str], first_word: int, first_piece: int, last_wor
 
 
 def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
-                outputs: Mapping[str, np.ndarray], n_best_size: int = 20,
-                max_answer_length: int = 30, do_lower_case: bool = True, v2: bool = False,
-                ) -> Tuple[Dict[str, str], Optional[Dict[str, float]], Dict[str, List[dict]]]:
+                outputs: Mapping[str, np.ndarray], max_answer_length: int = 30,
+                do_lower_case: bool = True, v2: bool = False,
+                ) -> Tuple[Dict[str, str], Optional[Dict[str, float]]]:
     """Answer texts from the joint head's top-k `outputs` over features: start_top_log_probs
     / start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k'], v2: null_logit
-    [N]. Returns (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None,
-    nbest {qid: [{text, probability, start_log_prob, end_log_prob}]}). Spans score the sum
-    of log-probs; a text repeated by a better span is skipped; no valid span predicts ""."""
+    [N]. Returns (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None).
+    A span scores the sum of its log-probs; the best valid one (the first on ties) is the
+    answer, "" when there is none."""
     if features.num_examples != len(examples):
         raise ValueError(f"features were made from {features.num_examples} examples, "
                          f"got {len(examples)}")
@@ -417,9 +417,9 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
     for f, e in enumerate(features.example_index.tolist()):
         by_example[e].append(f)
 
-    predictions, na_probs, nbest_out = {}, ({} if v2 else None), {}
+    predictions, na_probs = {}, ({} if v2 else None)
     for e, ex in enumerate(examples):
-        candidates = []  # (score, start log-prob, end log-prob, feature, start, end)
+        best = None  # (score, feature, start, end)
         for f in by_example.get(e, []):
             orig, maxc = features.token_to_orig_map[f], features.token_is_max_context[f]
             for i in range(s_idx.shape[1]):
@@ -431,35 +431,18 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
                     if not start <= end < L or orig[end] < 0 \
                             or end - start + 1 > max_answer_length:
                         continue
-                    candidates.append((s_lp[f, i] + e_lp[f, i, j], s_lp[f, i],
-                                       e_lp[f, i, j], f, start, end))
-        candidates.sort(key=lambda c: -c[0])
-        kept, seen = [], set()
-        for score, slp, elp, f, start, end in candidates:
-            if len(kept) >= n_best_size:
-                break
+                    score = s_lp[f, i] + e_lp[f, i, j]
+                    if best is None or score > best[0]:
+                        best = (score, f, start, end)
+        predictions[ex.qid] = ""
+        if best is not None:
+            _, f, start, end = best
             orig, pieces = features.token_to_orig_map[f], features.token_piece[f]
-            text = _span_text(ex.doc_words, int(orig[start]), int(pieces[start]),
-                              int(orig[end]), int(pieces[end]), do_lower_case)
-            if text in seen:
-                continue
-            seen.add(text)
-            kept.append((score, slp, elp, text))
-        if kept:
-            scores = np.array([k[0] for k in kept])
-            probs = np.exp(scores - scores.max())
-            probs /= probs.sum()
-            nbest_out[ex.qid] = [
-                {"text": text, "probability": float(p), "start_log_prob": float(slp),
-                 "end_log_prob": float(elp)}
-                for (_, slp, elp, text), p in zip(kept, probs)]
-            predictions[ex.qid] = kept[0][3]
-        else:
-            nbest_out[ex.qid] = [{"text": "", "probability": 1.0, "start_log_prob": 0.0,
-                                  "end_log_prob": 0.0}]
-            predictions[ex.qid] = ""
+            predictions[ex.qid] = _span_text(ex.doc_words, int(orig[start]),
+                                             int(pieces[start]), int(orig[end]),
+                                             int(pieces[end]), do_lower_case)
         if v2:
             feats = by_example.get(e, [])
             # No window at all (empty context): certainly unanswerable from the model.
             na_probs[ex.qid] = _sigmoid(float(null[feats].min())) if feats else 1.0
-    return predictions, na_probs, nbest_out
+    return predictions, na_probs
