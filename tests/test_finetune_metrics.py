@@ -291,7 +291,6 @@ def test_extract_spans_bio_and_iob1():
     # change closes one and opens another, and the sentence end closes the last.
     tags = ["I-PER", "I-PER", "B-PER", "I-LOC", "O", "I-LOC"]
     assert extract_spans(tags) == {("PER", 0, 2), ("PER", 2, 3), ("LOC", 3, 4), ("LOC", 5, 6)}
-    assert extract_spans(tags, scheme="iob1") == extract_spans(tags)
     # Types may contain hyphens (conlleval splits at the first one).
     assert extract_spans(["B-MISC-X", "I-MISC-X"]) == {("MISC-X", 0, 2)}
     assert extract_spans(["O", "O"]) == set() and extract_spans([]) == set()
@@ -299,7 +298,7 @@ def test_extract_spans_bio_and_iob1():
 
 def test_extract_spans_iobes_and_no_prefix():
     tags = ["S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC", "B-ORG", "E-ORG", "O"]
-    assert extract_spans(tags, scheme="iobes") == {
+    assert extract_spans(tags) == {
         ("PER", 0, 1), ("LOC", 1, 4), ("LOC", 4, 5), ("ORG", 5, 7)}
     # E closes its chunk and B opens one (conlleval.pl itself would merge E-X B-X).
     assert extract_spans(["B-LOC", "E-LOC", "B-LOC", "E-LOC"]) == {("LOC", 0, 2),
@@ -308,20 +307,18 @@ def test_extract_spans_iobes_and_no_prefix():
     assert extract_spans(["S-LOC", "E-LOC", "E-LOC", "I-LOC"]) == {
         ("LOC", 0, 1), ("LOC", 1, 2), ("LOC", 2, 3), ("LOC", 3, 4)}
     # BILOU's U/L are S/E.
-    assert extract_spans(["U-PER", "B-LOC", "L-LOC"], scheme="bilou") == {
+    assert extract_spans(["U-PER", "B-LOC", "L-LOC"]) == {
         ("PER", 0, 1), ("LOC", 1, 3)}
     # No prefix: the tag is its type, a run of it one chunk.
     assert extract_spans(["PER", "PER", "O", "LOC", "PER"]) == {
         ("PER", 0, 2), ("LOC", 3, 4), ("PER", 4, 5)}
 
 
-def test_extract_spans_scheme_checks():
-    with pytest.raises(ValueError, match="no prefix"):
-        extract_spans(["PER"], scheme="iob2")
-    with pytest.raises(ValueError, match="prefix 'E'"):
-        extract_spans(["B-PER", "E-PER"], scheme="bio")
-    with pytest.raises(ValueError, match="unknown tagging scheme"):
-        extract_spans(["O"], scheme="xml")
+def test_extract_spans_rejects_unknown_prefixes():
+    with pytest.raises(ValueError, match="prefix 'X' is not one of B, E, I, L, S, U"):
+        extract_spans(["B-PER", "X-PER"])
+    with pytest.raises(ValueError, match="tags must be strings"):
+        extract_spans(["B-PER", 3])
 
 
 def test_entity_f1_bio():

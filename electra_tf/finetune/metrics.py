@@ -237,32 +237,24 @@ def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dic
 
 # ----------------------------------------------------------- Chunking / NER (conlleval)
 
-# Prefixes each scheme may use besides a bare "O"; "auto" accepts all, and BILOU's U/L are
-# IOBES's S/E under other names.
-_SCHEMES = {
-    "iob1": frozenset("BI"), "iob2": frozenset("BI"), "bio": frozenset("BI"),
-    "iobes": frozenset("BIES"), "bioes": frozenset("BIES"), "bilou": frozenset("BILU"),
-}
-_ALIASES = {"U": "S", "L": "E"}
+_PREFIXES = frozenset("BIESLU")
+_ALIASES = {"U": "S", "L": "E"}  # BILOU's U/L are IOBES's S/E under other names
 
 
-def _split_tag(tag, scheme):
+def _split_tag(tag):
     """(prefix, type) of a tag, prefix one of B I E S O."""
     if not isinstance(tag, str):
         raise ValueError(f"tags must be strings, got {tag!r}")
     if tag == "O":
         return "O", ""
     if "-" not in tag:
-        if scheme != "auto":
-            raise ValueError(f"tag {tag!r} has no prefix, which scheme {scheme!r} forbids")
         # A tag without a prefix is its own type, consecutive equal tags one chunk (IO).
         return "I", tag
     # Split at the first hyphen only: conlleval lets types contain hyphens.
     prefix, kind = tag.split("-", 1)
-    allowed = _SCHEMES.get(scheme, frozenset("BIESLU"))
-    if prefix not in allowed:
+    if prefix not in _PREFIXES:
         raise ValueError(f"tag {tag!r}: prefix {prefix!r} is not one of "
-                         f"{', '.join(sorted(allowed))} (scheme {scheme!r})")
+                         f"{', '.join(sorted(_PREFIXES))}")
     return _ALIASES.get(prefix, prefix), kind
 
 
@@ -285,21 +277,17 @@ def _chunk_starts(prev_tag, tag, prev_type, kind):
     return tag != "O" and prev_type != kind
 
 
-def extract_spans(tags, scheme="auto") -> set:
+def extract_spans(tags) -> set:
     """The chunks of one sentence as a set of (type, start, end), end exclusive. Chunk
     boundaries follow conlleval, so IOB1, IOB2/BIO, IOBES/BIOES (and BILOU) tags all decode
     with the same rules: an I- after O or after another type opens a chunk, a type change
-    closes one. A tag without a prefix (scheme "auto" only) is its own type, runs of it one
-    chunk. An explicit scheme ("iob1", "iob2"/"bio", "iobes"/"bioes", "bilou") only
-    restricts which prefixes are accepted. An empty sentence has no chunks."""
-    if scheme != "auto" and scheme not in _SCHEMES:
-        raise ValueError(f"unknown tagging scheme {scheme!r}; expected auto or one of "
-                         f"{', '.join(sorted(_SCHEMES))}")
+    closes one. A tag without a prefix is its own type, runs of it one chunk. An empty
+    sentence has no chunks."""
     spans = set()
     prev_tag, prev_type, start = "O", "", None
     # A trailing "O" closes a chunk still open at the end of the sentence.
     for i, raw in enumerate(list(tags) + ["O"]):
-        tag, kind = _split_tag(raw, scheme)
+        tag, kind = _split_tag(raw)
         if start is not None and _chunk_ends(prev_tag, tag, prev_type, kind):
             spans.add((prev_type, start, i))
             start = None
