@@ -19,7 +19,7 @@ from electra_tf.finetune import export
 from electra_tf.finetune import DataError
 from electra_tf.finetune.export import TEXT_SIGNATURE, TaskServer
 from electra_tf.finetune.model import FinetuningModel, make_head
-from electra_tf.finetune.tagging import LabelMap, Sentence, predictions_to_tags, read_conll
+from electra_tf.finetune.tagging import Sentence, predictions_to_tags, read_conll
 from electra_tf.finetune.tagging_task import TaggingTask
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.text import TextEncoder
@@ -139,7 +139,8 @@ def test_task_splits_and_label_map(encoder, data_dir):
         assert gold == [role[w] for w in sentence.words]
         # Sentences fit in MAX_LEN: every word has its label on one token.
         assert task.label_map.names(ids[weights > 0]) == gold
-    assert LabelMap.from_json(task.assets()["labels.json"]) == task.label_map
+    assert json.loads(task.assets()["labels.json"]) == {
+        "scheme": "bioes", "labels": list(task.label_map.labels)}
 
     (dev,) = task.eval_splits(data_dir, encoder, MAX_LEN)
     assert dev.num_examples == 64 and dev.meta.label_map is task.label_map
@@ -318,7 +319,8 @@ def test_exported_savedmodel_serves_the_same(trained, encoder, serve, tmp_path):
     task, finetuner = trained[:2]
     paths = export.export(task, finetuner.model, encoder, MAX_LEN, str(tmp_path), version=1)
     with open(os.path.join(paths["task"], "assets.extra_labels.json")) as f:
-        assert LabelMap.from_json(f.read()) == task.label_map
+        assert json.loads(f.read()) == {"scheme": task.scheme,
+                                        "labels": list(task.label_map.labels)}
     loaded = tf.saved_model.load(paths["task"]).signatures[TEXT_SIGNATURE]
     out = {k: v.numpy() for k, v in loaded(text=tf.constant(SENTENCES)).items()}
     assert _rows(out) == _rows(serve(SENTENCES))

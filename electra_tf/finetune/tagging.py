@@ -3,6 +3,7 @@ the features' container and sub-token predictions -> word tags (the features the
 are tagging_task.pack_words', shared with serving)."""
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -149,17 +150,12 @@ def sentence_labels(sentence: Sentence, scheme: str) -> List[str]:
                         f"not 'O' or B-/I-/E-/S-TYPE (needed for scheme {scheme!r})") from None
 
 
+@dataclasses.dataclass(frozen=True)
 class LabelMap:
-    """Tag name <-> class id. 'O' is id 0 (so padding/unweighted positions read as O),
-    the other names follow in sorted order."""
-
-    def __init__(self, labels: Iterable[str], scheme: str = "bioes"):
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown tagging scheme {scheme!r}; expected one of {SCHEMES}")
-        rest = sorted(set(labels) - {OUTSIDE})
-        self.labels: Tuple[str, ...] = (OUTSIDE,) + tuple(rest)
-        self.scheme = scheme
-        self._ids = {name: i for i, name in enumerate(self.labels)}
+    """Tag name <-> class id (its index in `labels`). 'O' is id 0 (so padding/unweighted
+    positions read as O), the other names follow in sorted order."""
+    labels: Tuple[str, ...]
+    scheme: str = "bioes"
 
     @classmethod
     def from_sentences(cls, sentences: Iterable[Sentence], scheme: str = "bioes") -> "LabelMap":
@@ -173,17 +169,14 @@ class LabelMap:
         if scheme in _PREFIXES:
             kinds = {t[2:] for t in seen if t != OUTSIDE}
             seen = {f"{p}-{k}" for k in kinds for p in _PREFIXES[scheme]}
-        return cls(seen, scheme)
+        return cls((OUTSIDE,) + tuple(sorted(seen - {OUTSIDE})), scheme)
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, LabelMap) and self.labels == other.labels
-                and self.scheme == other.scheme)
-
-    def __repr__(self) -> str:
-        return f"LabelMap({list(self.labels)!r}, scheme={self.scheme!r})"
+    @functools.cached_property
+    def _ids(self) -> Dict[str, int]:
+        return {name: i for i, name in enumerate(self.labels)}
 
     def get(self, label: str) -> Optional[int]:
         """The class id of `label`; None for a label not in the map."""
@@ -201,17 +194,6 @@ class LabelMap:
 
     def to_json(self) -> str:
         return json.dumps({"scheme": self.scheme, "labels": list(self.labels)}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "LabelMap":
-        data = json.loads(text)
-        labels = data["labels"]
-        if not labels or labels[0] != OUTSIDE or len(set(labels)) != len(labels):
-            raise ValueError("label map JSON: 'labels' must be unique and start with 'O'")
-        made = cls(labels, data.get("scheme", "bioes"))
-        if made.labels != tuple(labels):
-            raise ValueError("label map JSON: 'labels' after 'O' are not sorted")
-        return made
 
 
 @dataclasses.dataclass
