@@ -205,7 +205,7 @@ def test_training_lowers_the_loss_and_evaluates(v2_data, tmp_path):
     # The metrics, recomputed question by question from postprocess's answers of the same
     # outputs: abstain when P(no answer) > 0.5, then SQuAD 2.0's EM / F1.
     preds, na = task.predictions(dev, fetched)
-    golds = squad.to_dataset_answers(dev.meta.examples)
+    golds = {ex.qid: list(ex.answers) for ex in dev.meta.examples}
     assert set(preds) == set(na) == set(golds)
     answered = {q: "" if na[q] > 0.5 else preds[q] for q in golds}
     exact = {q: squad_em(answered[q], golds[q]) for q in golds}

@@ -51,8 +51,8 @@ def matthews_corrcoef(labels, predictions) -> float:
 
 
 def _correlation_inputs(x, y):
-    """Float64 copies of x and y; None when scipy's correlation is undefined (a constant
-    side, or a nan), for which the metrics return nan as scipy does, minus its warning."""
+    """Float64 x and y; None when scipy's correlation is undefined (a constant side, or a
+    nan): the metrics then return nan as scipy does, minus its warning."""
     x, y = _paired(x, y, ("x", "y"))
     if len(x) < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
@@ -116,10 +116,6 @@ def _golds(gold_answers):
     return golds or [""]
 
 
-def _exact(gold: str, prediction: str) -> float:
-    return float(normalize_answer(gold) == normalize_answer(prediction))
-
-
 def _token_f1(gold: str, prediction: str) -> float:
     gold_tokens = normalize_answer(gold).split()
     pred_tokens = normalize_answer(prediction).split()
@@ -136,7 +132,8 @@ def _token_f1(gold: str, prediction: str) -> float:
 def squad_em(prediction: str, gold_answers) -> float:
     """1.0 if the normalized prediction equals some normalized gold answer, else 0.0; an
     empty `gold_answers` list means unanswerable: only "" is then correct."""
-    return max(_exact(g, prediction) for g in _golds(gold_answers))
+    return max(float(normalize_answer(g) == normalize_answer(prediction))
+               for g in _golds(gold_answers))
 
 
 def squad_f1(prediction: str, gold_answers) -> float:
@@ -163,19 +160,15 @@ def _best_threshold(scores, predictions, na_probs, has_answer):
 
 
 def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dict:
-    """The official SQuAD scores; percentages (0-100) like evaluate-v1.1/v2.0.
+    """The official SQuAD scores in percent (0-100), as evaluate-v1.1/v2.0.
 
-    dataset: {qid: [gold answer texts]}, [] for an unanswerable question. predictions:
-    {qid: text}, "" for no answer; predictions for qids outside the dataset are ignored.
-    Returns exact_match, f1, total (questions) and missing (qids without a prediction,
-    scored as ""; the official v2.0 script instead drops them from the total). When some
-    question is unanswerable, also NoAns_exact/f1/total and (if some question is
-    answerable) HasAns_exact/f1/total.
-
-    na_probs: {qid: P(no answer)}, needed for every predicted qid; a prediction with
-    na_prob > na_prob_thresh is replaced by "". It also adds best_exact, best_f1 and their
-    thresholds best_exact_thresh/best_f1_thresh (evaluate-v2.0's sweep, done on the raw
-    predictions; a missing prediction with no na_prob is given na_prob 1.0)."""
+    dataset: {qid: [gold answer texts]}, [] when unanswerable. predictions: {qid: text},
+    "" for no answer (other qids are ignored). Returns exact_match, f1, total and missing
+    (qids without a prediction, scored as ""; evaluate-v2.0 drops them from the total);
+    with an unanswerable question also NoAns_/HasAns_exact/f1/total (HasAns_ when some
+    question is answerable). na_probs: {qid: P(no answer)} of every predicted qid; a
+    prediction above na_prob_thresh becomes "". It adds best_exact/best_f1 and their
+    _thresh (evaluate-v2.0's sweep over the raw predictions; a missing one gets 1.0)."""
     if not dataset:
         raise ValueError("the SQuAD dataset is empty")
     if na_probs is not None:
@@ -298,9 +291,8 @@ def extract_spans(tags) -> set:
 
 
 def entity_f1(gold_sequences, pred_sequences) -> dict:
-    """conlleval's overall chunk precision, recall and F1, in percent (0-100), of lists
-    of sentences, each a list of tag strings; a chunk is correct when its type, start and
-    end all match. A ratio with a zero denominator is 0."""
+    """conlleval's overall chunk precision, recall and F1 in percent (0-100) of lists of
+    sentences' tags; a chunk is correct when type, start and end match; x / 0 is 0."""
     gold_sequences, pred_sequences = list(gold_sequences), list(pred_sequences)
     if len(gold_sequences) != len(pred_sequences):
         raise ValueError(f"gold has {len(gold_sequences)} sentences but predictions have "

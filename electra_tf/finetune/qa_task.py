@@ -17,7 +17,7 @@ from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.metrics import squad_scores
 from electra_tf.finetune.squad import (WORD_SEPARATORS, SquadExample, SquadFeatures,
                                        improve_answer_span, postprocess, read_squad,
-                                       to_dataset_answers, word_pieces)
+                                       word_pieces)
 from electra_tf.text import TextEncoder
 
 # Serving must cut the context into the very words the training features were made from.
@@ -95,7 +95,6 @@ class SquadTask(Task):
         Training: a window holding the whole (`improve_answer_span`) answer points at it,
         any other at the CLS with is_impossible 1; a question whose answer words have no
         sub-tokens is dropped with a warning."""
-        self._check(max_seq_length)
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
                 "token_index", "request")
         parts = {k: [] for k in keys + ("doc_ids", "doc_word")}
@@ -215,8 +214,8 @@ class SquadTask(Task):
     def metrics(self, data, fetched):
         preds, na_probs = self.predictions(data, fetched)
         # v2: abstain above 0.5, as the served model does; best_f1 etc. sweep the threshold.
-        scores = squad_scores(to_dataset_answers(data.meta.examples), preds, na_probs,
-                              na_prob_thresh=0.5 if self.v2 else 1.0)
+        golds = {ex.qid: list(ex.answers) for ex in data.meta.examples}
+        scores = squad_scores(golds, preds, na_probs, na_prob_thresh=0.5 if self.v2 else 1.0)
         return {k: float(v) for k, v in scores.items()}
 
     # --- serving -----------------------------------------------------------------

@@ -1,6 +1,5 @@
-"""SQuAD 1.1 / 2.0 for fine-tuning: reading the official JSON, the features' container
-and turning the joint start/end head's top-k outputs back into answer texts (no TensorFlow;
-the windows themselves are qa_task's in-graph ones, shared with serving)."""
+"""SQuAD 1.1 / 2.0 without TensorFlow: reading the official JSON, the features' container
+and the joint head's top-k outputs back to answer texts (the windows are qa_task's)."""
 
 import bisect
 import collections
@@ -168,8 +167,8 @@ def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
 
 
 def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[SquadExample]:
-    """Questions of a parsed SQuAD JSON tree, checked as `read_squad` checks a file;
-    DataError names `source`."""
+    """Questions of a parsed SQuAD JSON tree, checked as by `read_squad`; DataError names
+    `source`."""
     try:
         return _parse(tree, is_training, v2, warn=True)
     except _Problem as p:
@@ -177,10 +176,9 @@ def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[Squ
 
 
 def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
-    """Questions of an official SQuAD JSON file, in file order. Training drops (warning)
-    answerable questions whose answer the context words cannot recover, as officially.
-    DataError naming file and line for bad JSON, fields, answer offsets or texts and,
-    for training, answerable questions without answers."""
+    """Questions of an official SQuAD JSON file, in order; training drops (warning) those
+    whose answer the context words cannot recover, as officially. DataError names file
+    and line (bad JSON, fields, answers; training: an answerable question without one)."""
     raw = read_bytes(path)
     try:
         text = raw.decode("utf-8-sig")
@@ -204,11 +202,6 @@ def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
         line = text.count("\n", 0, pos) + 1
         raise DataError(f"{path}:{line}: {' '.join(str(p).split())}") from None
     raise AssertionError("the located re-parse found no problem")  # pragma: no cover
-
-
-def to_dataset_answers(examples: Sequence[SquadExample]) -> Dict[str, List[str]]:
-    """{qid: gold answer texts} ([] when unanswerable), as the SQuAD metrics take it."""
-    return {ex.qid: list(ex.answers) for ex in examples}
 
 
 # ---------------------------------- BERT basic tokenization (placing answers inside words)
@@ -276,9 +269,8 @@ def _strip_spaces(text: str) -> Tuple[str, List[int]]:
 def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
                    search_from: int = 0) -> str:
     """The part of `orig_text` that `pred_text` (space-separated normalised basic tokens)
-    covers, else `orig_text`. Official BERT rule: find `pred_text` in the basic-tokenized
-    `orig_text` (from `search_from` first), map through the space-free texts (equal
-    lengths required)."""
+    covers, else `orig_text`. Official BERT rule: find it in the basic-tokenized
+    `orig_text` (from `search_from` first), map back through the space-free texts."""
     tok_text = " ".join(basic_tokenize(orig_text, do_lower_case))
     start = tok_text.find(pred_text, search_from) if pred_text else -1
     if start == -1 and search_from and pred_text:
@@ -327,8 +319,7 @@ class SquadFeatures:
 
 def word_pieces(words: Sequence[str], tokenize: Tokenize) -> Dict[str, np.ndarray]:
     """{word: int16 basic piece of each sub-token} for the distinct `words` of several
-    basic pieces; all -1 when the pieces tokenized alone differ from the word. One
-    `tokenize` call."""
+    basic pieces (all -1 when the pieces tokenized alone differ from the word)."""
     split = {w: _split_cased(w) for w in dict.fromkeys(words)
              if not (w.isascii() and w.isalnum())}
     split = {w: p for w, p in split.items() if len(p) > 1}

@@ -1,6 +1,5 @@
-"""Token-tagging data: CoNLL-format reading, IOB1/BIO -> BIOES conversion, the label map,
-the features' container and sub-token predictions -> word tags (the features themselves
-are tagging_task.pack_words', shared with serving)."""
+"""Token-tagging data: CoNLL reading, IOB1/BIO -> BIOES, the label map, the features'
+container (made by tagging_task.pack_words) and sub-token predictions -> word tags."""
 
 import dataclasses
 import functools
@@ -38,11 +37,10 @@ class Sentence:
 
 
 def read_conll(path, label_column: int = -1) -> List[Sentence]:
-    """Sentences of a CoNLL file on any filesystem (word in column 0, the label in
-    `label_column`). Blank lines separate sentences; `-DOCSTART-` lines are skipped; every
-    token line must have as many columns as the first one. DataError (one line, naming
-    path:line) for a wrong column count, bad UTF-8, an out-of-range label column or a
-    file without sentences."""
+    """Sentences of a CoNLL file (word in column 0, the label in `label_column`; blank lines
+    separate sentences; `-DOCSTART-` lines are skipped). DataError naming path:line for a
+    column count other than the first line's, bad UTF-8, an out-of-range label column or
+    a file without sentences."""
     path = os.fspath(path)
     raw_lines = read_bytes(path).split(b"\n")
     sentences: List[Sentence] = []
@@ -104,10 +102,9 @@ def _split_tag(index: int, tag: str) -> Tuple[str, str]:
 
 
 def to_bioes(labels: Sequence[str]) -> List[str]:
-    """IOB1, IOB2 (BIO) or BIOES tags -> BIOES tags (idempotent on BIOES). A chunk starts at
-    B-/S-, and at I-/E- when the previous token is O, another type, or already closed a
-    chunk (E-/S-) -- this covers IOB1, where I- opens chunks and B- only separates adjacent
-    chunks of one type. Raises ValueError for other tags."""
+    """IOB1, IOB2 (BIO) or BIOES tags -> BIOES tags. A chunk starts at B-/S-, and at I-/E-
+    after O, another type or a closed chunk (E-/S-): IOB1's I- opens chunks, its B- only
+    separates adjacent chunks of one type. ValueError for other tags."""
     parts = [_split_tag(i, t) for i, t in enumerate(labels)]
     starts = []
     for i, (prefix, kind) in enumerate(parts):
@@ -198,10 +195,8 @@ class LabelMap:
 
 @dataclasses.dataclass
 class TaggingFeatures:
-    """Model inputs for N sentences padded to L tokens, plus the word -> token alignment
-    (made by tagging_task.TaggingTask.features). word_positions[n][w]: token index of word
-    w's first sub-token in row n, -1 when the word has no tokens (untokenizable) or was
-    truncated away; such words read as 'O'."""
+    """Model inputs of N sentences padded to L tokens. word_positions[n][w]: the token of
+    word w's first sub-token in row n; -1 (read as 'O') without tokens or truncated."""
     input_ids: np.ndarray       # int32 [N, L]
     input_mask: np.ndarray      # int32 [N, L]
     segment_ids: np.ndarray     # int32 [N, L]

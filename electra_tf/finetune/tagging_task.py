@@ -1,6 +1,5 @@
-"""The token-tagging fine-tuning task (CoNLL-2000 chunking, CoNLL NER): data splits, the
-per-sentence loss, entity-F1 metrics and the raw-sentence serving signature, whose word
-packing (`pack_words`) also makes the training features."""
+"""The token-tagging task (CoNLL-2000 chunking, CoNLL NER): data, per-sentence loss,
+entity F1 and serving, whose word packing (`pack_words`) also makes the training data."""
 
 import dataclasses
 import os
@@ -26,8 +25,7 @@ _UNICODE_SPACES = r"[\p{Zs}\x{85}\x{2028}\x{2029}]"
 
 @dataclasses.dataclass
 class TaggingSplit:
-    """What the metrics of one split need: its sentences, their features and the gold
-    word tags in the task's scheme (every word, truncated ones included)."""
+    """What one split's metrics need; `gold`: every word's tag in the task's scheme."""
     sentences: List[Sentence]
     features: TaggingFeatures
     label_map: LabelMap
@@ -38,12 +36,10 @@ class TaggingSplit:
 class TaggingTask(Task):
     """Word tagging from CoNLL files `<data_dir>/<name>/{train,dev}.txt`.
 
-    label_column: the tag's column (0 is the word; -1 the last column, CoNLL-2000's chunk
-      and CoNLL-2003's NER tag). scheme: 'bioes' (default), 'bio' or 'raw'; tags are
-      converted before training and the model predicts tags in that scheme.
-    label_map: filled from the training file by `train_split` (it fixes the head's size,
-      so the trainer reads train before building the model, and the task is not frozen);
-      give one to serve or evaluate without reading train."""
+    label_column: the tag's column (0 is the word; -1, the last, is CoNLL-2000's chunk and
+      CoNLL-2003's NER tag). scheme: 'bioes', 'bio' or 'raw', what the model predicts.
+    label_map: set by `train_split` from the training file (it sizes the head, so the
+      task is not frozen); give one to serve or evaluate without reading train."""
     name: str = "chunk"
     label_column: int = -1
     scheme: str = "bioes"
@@ -87,10 +83,9 @@ class TaggingTask(Task):
 
     def features(self, sentences: Sequence[Sentence], encoder: TextEncoder,
                  max_seq_length: int, what: str = "") -> TaggingFeatures:
-        """Model inputs of `sentences`, packed by `pack_words` as serving packs them, with
-        each word's label on its first sub-token. DataError (path:line of the token) for
-        a label the map cannot hold, kept word or not; warns when words are cut by
-        max_seq_length. Unlabelled text can carry 'O' tags."""
+        """Model inputs of `sentences` (`pack_words`), each word's label on its first
+        sub-token. DataError (path:line) for a label not in the map, kept word or not;
+        warns of words cut by max_seq_length."""
         if max_seq_length < 2:
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] "
                              f"and [SEP]")
@@ -151,10 +146,9 @@ class TaggingTask(Task):
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):
-        """Per-sentence loss: the mean token cross-entropy over the sentence's labelled
-        words (first sub-tokens). Averaging within the row makes every sentence count
-        once, whatever its length, and keeps the scale at ln(num_labels) at init; a row
-        without labelled words (all truncated or untokenizable) contributes 0."""
+        """Per sentence, the mean cross-entropy over its labelled words (first sub-tokens):
+        every sentence counts once whatever its length, the scale is ln(num_labels) at
+        init; a row without labelled words contributes 0."""
         weights = tf.cast(batch["label_weights"], tf.float32)
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=tf.cast(batch["label_ids"], tf.int32), logits=outputs["logits"])
@@ -165,9 +159,8 @@ class TaggingTask(Task):
         return {"predictions": tf.argmax(outputs["logits"], axis=-1, output_type=tf.int32)}
 
     def metrics(self, data, fetched):
-        """conlleval entity precision/recall/F1 (percent) over every word of the split
-        (words cut by truncation are predicted 'O'), and `accuracy` (0-1) of the tag on
-        the labelled words' first sub-tokens."""
+        """conlleval entity precision/recall/F1 (percent) over every word (truncated ones
+        predicted 'O'), and `accuracy` (0-1) of the labelled words' tags."""
         split: TaggingSplit = data.meta
         n = data.num_examples
         predicted = fetched["predictions"][:n]
@@ -190,11 +183,9 @@ class TaggingTask(Task):
                 "probabilities": tf.nn.softmax(logits)}
 
     def serve_text(self, model, encoder, max_seq_length, texts) -> Dict[str, tf.Tensor]:
-        """Raw sentences [N] -> per word: `words` [N, W] and `tags` [N, W] (padded with ""),
-        `tag_ids` [N, W] (padded with -1) and `num_words` [N]. Words are the
-        whitespace-separated pieces of the text; each is WordPiece'd on its own and tagged
-        at its first sub-token, with the training truncation (words past max_seq_length - 2
-        tokens, and words without tokens, are 'O')."""
+        """Raw sentences [N] -> `words` and `tags` [N, W] (padded with ""), `tag_ids`
+        [N, W] (padded with -1) and `num_words` [N]. Words are split at whitespace and
+        tagged as in training (`pack_words`; words without a kept token are 'O')."""
         labels = tf.constant(list(self._labels().labels))
         text = tf.convert_to_tensor(texts[self.text_fields()[0]], tf.string)
         # Bad bytes become U+FFFD (dropped by the encoder's normalisation) so the words
@@ -222,12 +213,10 @@ class TaggingTask(Task):
 
 def pack_words(encoder: TextEncoder, words: tf.RaggedTensor,
                max_seq_length: int) -> Dict[str, tf.Tensor]:
-    """The one tagging preprocessor, of the serving signature and of training data:
-    sentences of words [N, (W)] -> `batch` (`[CLS] sub-tokens [SEP]` inputs [N, L]),
-    `position` [N, (W)] (the token index of each word's first sub-token, -1 for a word
-    without tokens or whose first sub-token is cut by max_seq_length - 2) and `num_tokens`
-    [total W]. Each word is WordPiece'd on its own; a word cut after its first sub-token
-    keeps its position."""
+    """The one tagging preprocessor (serving and training data): words [N, (W)], each
+    WordPiece'd alone -> `batch` (`[CLS] sub-tokens [SEP]` [N, L]), `position` [N, (W)]
+    (each word's first sub-token, -1 when it has none or it is cut by max_seq_length - 2)
+    and `num_tokens` [total W]."""
     pieces = encoder.tokenize(words.flat_values)         # [total W, (P)]
     tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)
     batch = encoder.pack(tokens, None, max_seq_length)

@@ -45,9 +45,9 @@ def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
 
 @dataclasses.dataclass
 class Rows:
-    """One split as every TsvTask source (TSV, tensorflow-datasets) reads it: `texts` per
-    text column, `labels` (ids, or targets divided by `regression_scale`; None for a test
-    split), `ids` (a test split's index column), `name` (its file, or dataset:split)."""
+    """One split as a TsvTask source (TSV, tensorflow-datasets) reads it: `texts` per text
+    column, `labels` (ids, or targets / `regression_scale`; None for a test split), `ids`
+    (a test split's index column), `name` (its file, or dataset:split)."""
     texts: List[List[str]]
     labels: Optional[List[Any]]
     ids: Optional[List[str]] = None
@@ -55,8 +55,7 @@ class Rows:
 
 
 class SubmissionFile(NamedTuple):
-    """A GLUE test `file` (in the task's folder; diagnostic.tsv also in
-    <data_dir>/diagnostic/) and its predictions' `submission`.tsv in <model_dir>/predictions."""
+    """A GLUE test `file` and its predictions' `submission`.tsv in <model_dir>/predictions."""
     file: str
     submission: str
     required: bool = True
@@ -116,7 +115,7 @@ class TsvTask(Task):
 
     def _table(self, path: str, wanted=None, header=None
                ) -> Tuple[List[int], List[Tuple[int, List[str]]]]:
-        """The wanted columns' indices and the data rows of `path`, their widths checked."""
+        """The wanted columns' indices and the checked data rows of `path`."""
         rows = read_tsv(path)
         if not rows:
             raise DataError(f"{path}: no rows")
@@ -179,7 +178,7 @@ class TsvTask(Task):
                     name=os.path.basename(path))
 
     def rows(self, data_dir: str, file: str) -> Rows:
-        """A labelled split (`train_file` or a `dev_files` one); tfds_data overrides it."""
+        """A labelled split; tfds_data overrides it."""
         return self.read(self._path(data_dir, file))
 
     def test_rows(self, data_dir: str, test: SubmissionFile) -> Optional[Rows]:
@@ -244,9 +243,6 @@ class TsvTask(Task):
             return tf.square(logits[:, 0] - tf.cast(batch["label"], tf.float32))
         return tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=tf.cast(batch["label"], tf.int32), logits=logits)
-
-    def fetches(self, outputs):
-        return {"logits": outputs["logits"]}
 
     def metrics(self, data, fetched):
         n = data.num_examples

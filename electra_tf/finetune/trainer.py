@@ -1,8 +1,6 @@
-"""The fine-tuning run: the train step under a tf.distribute strategy with layer-wise
-learning rates, evaluation, trials and their median. Per trial: seed -> fresh model ->
-encoder from the pre-trained checkpoint -> the task's epochs (no early stopping, as the
-paper) -> dev metrics -> `trial_<i>/`. A finished trial (its `result.json`) is not rerun;
-one stopped by SIGTERM saves its position and resumes from it."""
+"""The fine-tuning run: trials (seed -> fresh model -> the task's epochs, no early stopping
+as in the paper -> dev metrics -> `trial_<i>/`) and their median. A finished trial (its
+`result.json`) is not rerun; one stopped by SIGTERM resumes from its position."""
 
 import dataclasses
 import math
@@ -30,8 +28,7 @@ from electra_tf.training.trainer import Trainer
 
 
 class ModelMismatchError(InitError):
-    """The init checkpoint holds a model of another size than the config: the message
-    names the first variable whose shapes differ (the CLI adds which --config to give)."""
+    """The init checkpoint holds a model of another size than the config."""
 
 
 # assign_arrays' error for a checkpoint value of another shape than its variable.
@@ -39,8 +36,7 @@ _SHAPES = re.compile(r"(\S+): shape (\[[^\]]*\]) != variable shape (\[[^\]]*\])"
 
 
 def init_or_explain(encoder, init_checkpoint: str) -> str:
-    """`init_encoder`, with a restore into variables of other shapes (a config of another
-    size than the checkpoint's) raised as one ModelMismatchError line."""
+    """`init_encoder`; variables of other shapes raise a ModelMismatchError naming one."""
     try:
         return init_encoder(encoder, init_checkpoint)
     except ValueError as e:  # InitError included: it wraps assign_arrays' error
@@ -57,8 +53,8 @@ def init_or_explain(encoder, init_checkpoint: str) -> str:
 
 
 def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
-    """Pads every array to a multiple of `multiple` rows (copies of row 0, weight 0), so
-    that evaluation runs whole batches of one shape (one XLA compilation)."""
+    """Pads every array to a multiple of `multiple` rows (copies of row 0, weight 0): one
+    batch shape, one XLA compilation."""
     n = len(arrays["weight"])
     extra = -n % multiple
     if not extra:
@@ -69,10 +65,8 @@ def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarr
 
 
 class Finetuner(Trainer):
-    """A trial's state: the model (encoder from the pre-trained checkpoint, a new task
-    head), the optimizer (`make_optimizer`) with layer-wise learning rates, and the task's
-    loss over the global batch.
-    `reinitialize(seed)` starts the next trial on the same compiled step."""
+    """A trial's model (pre-trained encoder, new head), optimizer with layer-wise learning
+    rates and loss; `reinitialize(seed)` starts the next trial on the same compiled step."""
 
     # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
     # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
@@ -157,10 +151,9 @@ def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
 
 def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
                       out_dir: str, chief: bool = True) -> Dict[str, str]:
-    """`<out_dir>/<name>.tsv` for each test split, in the GLUE leaderboard's format
-    (`index<TAB>prediction`, the test file's index column, label strings or STS-B scores);
-    each written to a temporary file, then renamed. Every worker must call it (prediction
-    is collective); only the chief writes. Any filesystem (gs://...). Returns {name: path}."""
+    """`<out_dir>/<name>.tsv` (atomically) for each test split in the GLUE leaderboard's
+    format: `index<TAB>prediction`, label strings or STS-B scores. Every worker calls it
+    (prediction is collective); only the chief writes. Returns {name: path}."""
     paths = {}
     for data in tests:
         labels = task.predicted_labels(data, finetuner.predict(data))
@@ -179,9 +172,8 @@ def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int
                 logdir: Optional[str] = None, profile_steps=None, chief: bool = True,
                 run_lease=None) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
-    and on a preemption notice (then raises Preempted); resumes from `trial_dir` if it
-    holds one, at the data position it had reached. TensorBoard scalars (and a
-    --profile_steps trace) go to `logdir` when given."""
+    and on a preemption notice (then raises Preempted); resumes from `trial_dir` at its
+    data position. TensorBoard scalars and a --profile_steps trace go to `logdir`."""
     manager = loop.open_checkpoints(finetuner, trial_dir, max_to_keep=1)
     skip = int(finetuner.data_batches.numpy())
     iterator = iter(finetuner.train_dataset(train, seed, skip_batches=skip))
@@ -200,9 +192,8 @@ def median_trial(scores: List[float]) -> int:
 
 
 def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, float]:
-    """Metrics of every dev split; the first split's names are plain, the others are
-    prefixed by their file name (MNLI mismatched: `dev_mismatched/accuracy`) or tfds split
-    (`validation_mismatched/accuracy` from `glue/mnli:validation_mismatched`)."""
+    """Metrics of every dev split; after the first, prefixed by the file name or tfds split
+    (MNLI: `dev_mismatched/accuracy` or `validation_mismatched/accuracy`)."""
     result: Dict[str, float] = {}
     for i, data in enumerate(evals):
         prefix = os.path.splitext(data.name.rsplit(":", 1)[-1])[0]
@@ -213,11 +204,9 @@ def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, floa
 
 def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         options: FinetuneOptions) -> Dict[str, Any]:
-    """Fine-tunes `num_trials` seeds, writes `results.json` (every trial's metrics, the
-    median of the task's primary metric), with an export_dir exports the median trial and
-    with do_predict writes its test-set predictions to `<model_dir>/predictions/`
-    (`write_predictions`). Returns the results dict."""
-
+    """Fine-tunes `num_trials` seeds and writes `results.json` (every trial's metrics, the
+    median of the primary metric); the median trial is exported (export_dir) and predicts
+    the test sets (do_predict, `write_predictions`). Returns the results."""
     cfg.train.check(model_config)
     strategy, cfg, chief = loop.setup(options, cfg.resolved(model_config, task).check())
     # Outputs first: a directory that cannot be written fails now, not after training.
