@@ -13,10 +13,10 @@ from electra_tf.conversion import source
 from electra_tf.conversion.formats import ConvertError
 from electra_tf.training import loop
 from electra_tf.finetune import DataError
-from electra_tf.finetune.model import InitError
+from electra_tf.finetune.model import InitError, ModelMismatchError
 from electra_tf.finetune.tasks import get_task
 from electra_tf.finetune.tfds_data import from_tfds
-from electra_tf.finetune.trainer import ModelMismatchError, run
+from electra_tf.finetune.trainer import run
 from electra_tf.training.options import FinetuneOptions, options_from_flags
 
 USER_ERRORS = loop.USER_ERRORS + (DataError, InitError, ConvertError)

@@ -1,9 +1,6 @@
 """The fine-tuning model: the discriminator encoder (`electra/...`) plus one task head
-(`task_specific/...`), its encoder initialisation and the layer-wise learning rates.
-
-Heads follow the paper's Appendix and the official code: [CLS] -> dropout -> dense for
-classification and regression, a dense over every token for tagging, and the XLNet-style
-joint start/end head with an answerability classifier for SQuAD."""
+(`task_specific/...`, as the paper's Appendix and the official code), the encoder's
+initialisation and the layer-wise learning rates."""
 
 import re
 from typing import Dict
@@ -130,8 +127,8 @@ class QAHead(keras.layers.Layer):
 
 
 class FinetuningModel(keras.Model):
-    """`electra` (the discriminator encoder) + `task_specific` (a head). Inputs are the
-    packed batch dict; outputs the head's dict of float32 tensors."""
+    """`electra` (the discriminator encoder) + `task_specific` (a head): the packed batch
+    dict in, the head's dict of float32 tensors out."""
 
     def __init__(self, config: ModelConfig, head: keras.layers.Layer, dtype=None,
                  name="electra_finetuning", **kwargs):
@@ -165,20 +162,35 @@ def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 
 # --------------------------------------------------------------------------- init
 
 class InitError(ValueError):
-    """An --init_checkpoint that does not fit the encoder, or none; the message names it
-    (one that cannot be read is a `conversion.source` ConvertError)."""
+    """An --init_checkpoint that does not fit the encoder, or none (an unreadable one is
+    a `conversion.source` ConvertError)."""
+
+
+class ModelMismatchError(InitError):
+    """The init checkpoint holds a model of another size than the config."""
+
+
+# assign_arrays' error for a checkpoint value of another shape than its variable.
+_SHAPES = re.compile(r"(\S+): shape (\[[^\]]*\]) != variable shape (\[[^\]]*\])")
 
 
 def init_encoder(encoder: Encoder, path: str) -> str:
-    """Loads the discriminator encoder from any checkpoint source (`conversion.source`):
-    our pre-training run or a `ckpt-N` in it (a GDES run's tables folded), a released /
-    exported TF1 checkpoint, a Hugging Face ELECTRA / BERT directory. The generator, the
-    pooler and the pre-training heads are ignored. Returns the checkpoint used."""
+    """Loads the discriminator encoder from any `conversion.source` checkpoint (ignoring
+    the generator, the pooler and the pre-training heads); returns the checkpoint used."""
     src = source.resolve(path, encoder.config, "--init_checkpoint")
     try:
         assign_arrays(encoder, src.arrays(tf1_variables(encoder)))
     except ValueError as e:
-        raise InitError(f"--init_checkpoint {src.path}: {str(e).splitlines()[0]}") from None
+        mismatch = _SHAPES.search(str(e))
+        if mismatch is None:
+            raise InitError(f"--init_checkpoint {src.path}: {str(e).splitlines()[0]}") from None
+        name, theirs, ours = mismatch.groups()
+        config = encoder.config
+        raise ModelMismatchError(
+            f"--init_checkpoint {path} does not fit the model config: {name} is {theirs} in "
+            f"the checkpoint but {ours} in the model (hidden_size={config.hidden_size}, "
+            f"embedding_size={config.embedding_size}, "
+            f"num_hidden_layers={config.num_hidden_layers})") from None
     if src.ignored:
         logging.info("--init_checkpoint %s: ignored %d parameters not in the encoder: %s",
                      path, len(src.ignored), ", ".join(src.ignored))

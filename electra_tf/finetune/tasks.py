@@ -1,6 +1,5 @@
 """Fine-tuning tasks by name (`get_task`): GLUE, the bundled polarity set and user TSV
-tasks (`TsvTask`; a new one is one `TsvTask(...)`, see `GLUE`), with SQuAD (`qa_task.py`)
-and tagging (`tagging_task.py`); all implement `base_task.Task`."""
+tasks (`TsvTask`; a new one is one `TsvTask(...)`, see `GLUE`), SQuAD and tagging."""
 
 import collections
 import dataclasses
@@ -24,8 +23,8 @@ Column = Union[str, int]  # a header name, or an index for header-less files
 # --------------------------------------------------------------------------- TSV reading
 
 def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
-    """(1-based line number, fields) of each non-empty line of a tab-separated file (quotes
-    are data: GLUE's files are not CSV-quoted); bad UTF-8 is a DataError naming the line."""
+    """(1-based line number, fields) of each non-empty line of a TSV file (quotes are data:
+    GLUE's files are not CSV-quoted); bad UTF-8 is a DataError naming the line."""
     raw = read_bytes(path)
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
@@ -63,19 +62,16 @@ class SubmissionFile(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class TsvTask(Task):
-    """A sentence (pair) classification or regression task read from
+    """A sentence (pair) classification or regression task from
     `<data_dir>/<dir_name>/<file>.tsv`.
 
     text_columns / label_column: header names, or 0-based indices when `header=False`.
     labels: label strings in id order; None for regression (`regression_scale` divides
-      the target, as STS-B's 0-5 -> 0-1). metric: see `metrics.classification_metrics`.
-    both_orders: also train on (b, a) for symmetric pair tasks (MRPC, STS-B).
-    test_files: GLUE's unlabelled test sets: a header, the `test_index_column` and the
-      text columns named `test_text_columns` (default: `text_columns`).
-    exact_columns: every row as many columns as the header (or first row), else enough for
-      the wanted ones. User tasks set it (a stray tab shifts the label column); GLUE's
-      files legitimately vary (MNLI's optional annotator labels, QQP).
-    labels_from: the training file the label set was read from (None: given)."""
+      the target: STS-B's 0-5 -> 0-1). metric: see `metrics.classification_metrics`.
+    both_orders: also train on (b, a) for symmetric pairs (MRPC, STS-B).
+    test_files: GLUE's test sets (a header, `test_index_column`, `test_text_columns`).
+    exact_columns: every row as wide as the header or first row (user tasks: a stray tab
+      shifts the label); GLUE's rows vary (MNLI's optional annotator labels, QQP)."""
     name: str
     text_columns: Tuple[Column, ...]
     label_column: Column
@@ -145,7 +141,7 @@ class TsvTask(Task):
         return indices, data
 
     def _label(self, path: str, number: int, raw: str, lookup: Dict[str, int]):
-        """The id of label `raw` (for regression its target); DataError naming the row."""
+        """The id (regression: the target) of label `raw`; DataError naming the row."""
         if not self.labels:
             try:
                 return float(raw) / self.regression_scale
@@ -182,9 +178,9 @@ class TsvTask(Task):
         return self.read(self._path(data_dir, file))
 
     def test_rows(self, data_dir: str, test: SubmissionFile) -> Optional[Rows]:
-        """A test split from its TSV file; None when an optional one is absent."""
+        """A test split; None when an optional one is absent."""
         candidates = [self._path(data_dir, test.file)]
-        if test.file == "diagnostic.tsv":  # where GLUE's download script puts AX
+        if test.file == "diagnostic.tsv":  # also where GLUE's download script puts AX
             candidates.append(os.path.join(data_dir, "diagnostic", test.file))
         for path in candidates:
             if fileio.isfile(path):
@@ -196,7 +192,7 @@ class TsvTask(Task):
 
     def encode(self, rows: Rows, encoder: TextEncoder, max_seq_length: int,
                both_orders: bool = False) -> TaskData:
-        """Model inputs of `rows`, with `label` if labelled; a test split's ids in `meta`."""
+        """Model inputs of `rows` (`label` if labelled; a test split's ids in `meta`)."""
         texts, labels = rows.texts, rows.labels
         if both_orders and len(texts) == 2:
             texts = [texts[0] + texts[1], texts[1] + texts[0]]
@@ -318,9 +314,9 @@ def find_dir(data_dir: str, task: TsvTask) -> TsvTask:
     return task
 
 
-# A label inferred from the training file is suspect (a typo, a shifted column) when it
-# has fewer rows than 1% of the most common label's, or a single row while the most common
-# has at least RARE_SINGLETON_MIN. Only a warning: rare classes can be real.
+# An inferred label is suspect (a typo, a shifted column) with fewer rows than 1% of the
+# commonest's, or one row while the commonest has RARE_SINGLETON_MIN. Rare classes can be
+# real: only a warning.
 RARE_SHARE = 0.01
 RARE_SINGLETON_MIN = 10
 MAX_RARE_WARNINGS = 5
@@ -337,8 +333,8 @@ def rare_labels(counts: Dict[str, int]) -> List[str]:
 
 
 def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
-    """The sorted label set of the training file `path`; warns of rare labels (naming
-    each one's count and first line). An empty label is an error."""
+    """The sorted labels of the training file `path` (warning of rare ones, naming each
+    one's count and first line); an empty label is an error."""
     indices, rows = task._table(path)
     counts: Dict[str, int] = collections.Counter()
     first: Dict[str, int] = {}
@@ -371,10 +367,9 @@ def infer_labels(task: TsvTask, path: str) -> Tuple[str, ...]:
 def tsv_task(name: str, text_columns: Sequence[str], label_column: str,
              labels: Optional[Sequence[str]], metric: str = "accuracy",
              data_dir: Optional[str] = None) -> TsvTask:
-    """A user TSV task (header names for the columns; every row as many columns as the
-    header). labels None: read the label set from the training file (sorted), warn of rare
-    labels, and check the dev files that exist against it (a label the training file lacks
-    is an error naming its line); labels () : regression."""
+    """A user TSV task (columns by header name, every row as wide as the header). labels
+    (): regression; None: `infer_labels`, and the existing dev files are checked against
+    them now (a label the training file lacks is an error naming its line)."""
     task = TsvTask(name, tuple(text_columns), label_column,
                    labels=tuple(labels) if labels else None, metric=metric,
                    exact_columns=True)
@@ -384,9 +379,7 @@ def tsv_task(name: str, text_columns: Sequence[str], label_column: str,
         raise DataError(f"task {name}: give its labels or a data_dir to read them from")
     path = task._path(data_dir, task.train_file)
     task = dataclasses.replace(task, labels=infer_labels(task, path), labels_from=path)
-    # Now rather than after tokenizing the training set; a missing dev file is reported
-    # where it is read.
-    for dev in task.dev_files:
+    for dev in task.dev_files:  # a missing one is reported where it is read
         dev_path = task._path(data_dir, dev)
         if fileio.exists(dev_path):
             task.read(dev_path)

@@ -1,8 +1,6 @@
 """GLUE and SQuAD from tensorflow-datasets prepared on disk (`glue/<task>`, `glue/ax`,
-`squad/v1.1`, `squad/v2.0`), read into the very rows the TSV / JSON readers make:
-`from_tfds(task, data_dir)` replaces only the task's reading; nothing is downloaded (data
-not on disk is a DataError). Rows come in the source files' order (GLUE: by `idx`, the
-row number TFDS stores beside its shuffled records), so both sources train identically."""
+`squad/v1.1`, `squad/v2.0`; never downloaded) as the rows the TSV / JSON readers make, in
+the files' order (GLUE: by `idx`), so both sources train identically (`from_tfds`)."""
 
 import dataclasses
 import functools
@@ -188,7 +186,7 @@ class TfdsGlueTask(TsvTask):
 @dataclasses.dataclass(frozen=True)
 class TfdsSquadTask(SquadTask):
     """SQuAD from `squad/v1.1` or `squad/v2.0`, regrouped into the official JSON's
-    articles and paragraphs and parsed by the JSON reader's code (same checks and words)."""
+    paragraphs and parsed by the JSON reader's code."""
     tfds_data_dir: Optional[str] = None
 
     @property
@@ -219,8 +217,8 @@ class TfdsSquadTask(SquadTask):
 # --------------------------------------------------------------------------- entry
 
 def from_tfds(task: Task, data_dir: Optional[str] = None) -> Task:
-    """`task` reading its data from tensorflow-datasets prepared under `data_dir` (None:
-    TFDS's default). GLUE's eight tasks and SQuAD 1.1 / 2.0 have a tfds source."""
+    """`task` (GLUE's eight, SQuAD 1.1 / 2.0) reading tensorflow-datasets prepared under
+    `data_dir` (None: TFDS's default)."""
     fields = lambda t: {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
     if isinstance(task, TsvTask) and task.name in GLUE_FEATURES:
         return TfdsGlueTask(**fields(task), tfds_data_dir=data_dir)

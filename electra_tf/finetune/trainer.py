@@ -5,7 +5,6 @@ as in the paper -> dev metrics -> `trial_<i>/`) and their median. A finished tri
 import dataclasses
 import math
 import os
-import re
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -15,7 +14,7 @@ from absl import logging
 from electra_tf import fileio
 from electra_tf.training import distribute, lease
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
-from electra_tf.finetune.model import (FinetuningModel, InitError, init_encoder,
+from electra_tf.finetune.model import (FinetuningModel, init_encoder,
                                        layerwise_lr_multipliers, make_head)
 from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
@@ -25,31 +24,6 @@ from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import loop
 from electra_tf.training.options import FinetuneOptions
 from electra_tf.training.trainer import Trainer
-
-
-class ModelMismatchError(InitError):
-    """The init checkpoint holds a model of another size than the config."""
-
-
-# assign_arrays' error for a checkpoint value of another shape than its variable.
-_SHAPES = re.compile(r"(\S+): shape (\[[^\]]*\]) != variable shape (\[[^\]]*\])")
-
-
-def init_or_explain(encoder, init_checkpoint: str) -> str:
-    """`init_encoder`; variables of other shapes raise a ModelMismatchError naming one."""
-    try:
-        return init_encoder(encoder, init_checkpoint)
-    except ValueError as e:  # InitError included: it wraps assign_arrays' error
-        mismatch = _SHAPES.search(str(e))
-        if mismatch is None:
-            raise
-    name, theirs, ours = mismatch.groups()
-    config = encoder.config
-    raise ModelMismatchError(
-        f"--init_checkpoint {init_checkpoint} does not fit the model config: {name} is "
-        f"{theirs} in the checkpoint but {ours} in the model (hidden_size="
-        f"{config.hidden_size}, embedding_size={config.embedding_size}, "
-        f"num_hidden_layers={config.num_hidden_layers})")
 
 
 def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
@@ -84,7 +58,7 @@ class Finetuner(Trainer):
             head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
             model = FinetuningModel(model_config, head)
             if init_checkpoint:
-                init_or_explain(model.electra, init_checkpoint)
+                init_encoder(model.electra, init_checkpoint)
             return model
 
         optimizer = dataclasses.replace(  # warmup: a share of this run's steps
