@@ -203,7 +203,8 @@ def test_unreadable_file(tmp_path):
         read_squad(str(tmp_path / "missing.json"), is_training=False, v2=False)
     path = tmp_path / "latin1.json"
     path.write_bytes(b'{"data": [\n\n"caf\xe9"]}')
-    with pytest.raises(DataError, match=r"latin1\.json:3: not UTF-8"):
+    with pytest.raises(DataError,
+                       match=r"latin1\.json:3: not valid UTF-8 \(byte 0xe9 at column 5\)"):
         read_squad(str(path), is_training=False, v2=False)
 
 

@@ -90,8 +90,16 @@ def test_malformed_tsv_names_file_and_line(tmp_path, encoder):
         task.train_split(d, encoder, 8)
     with open(f"{d}/SST-2/train.tsv", "wb") as f:
         f.write(b"sentence\tlabel\nok\t1\nbad \xe9\t0\n")
-    with pytest.raises(DataError, match=r"train.tsv:3: not valid UTF-8"):
+    with pytest.raises(DataError, match=r"train.tsv:3: not valid UTF-8 \(byte 0xe9 at col"):
         read_tsv(f"{d}/SST-2/train.tsv")
+    with open(f"{d}/SST-2/train.tsv", "wb") as f:  # the BOM is not part of line 1
+        f.write(b"\xef\xbb\xbfsentence\tlabel\n \xa0\t1\n")
+    with pytest.raises(DataError, match=r"train.tsv:2: not valid UTF-8 \(byte 0xa0 at col"):
+        read_tsv(f"{d}/SST-2/train.tsv")
+    with open(f"{d}/SST-2/train.tsv", "wb") as f:  # only ASCII blanks make a blank line
+        f.write("\ufeffsentence\tlabel\r\n \t\r\n\u00a0\t1\n".encode())
+    assert read_tsv(f"{d}/SST-2/train.tsv") == [(1, ["sentence", "label"]),
+                                                (3, ["\u00a0", "1"])]
     with pytest.raises(DataError, match="is not a known task"):
         get_task("nosuch", d)
 

@@ -6,12 +6,22 @@ class DataError(ValueError):
     """A malformed task data file; the one-line message names the file and line."""
 
 
-def read_bytes(path: str) -> bytes:
-    """The bytes of a task data file on any filesystem TensorFlow knows (gs://...);
-    DataError names it. TensorFlow is imported here: squad.py must not import it."""
+def read_text(path: str) -> str:
+    """The text of a UTF-8 task data file (a BOM dropped) on any filesystem TensorFlow
+    knows (gs://...); DataError names the file, and the line of bad UTF-8. TensorFlow is
+    imported here: squad.py must not import it."""
     import tensorflow as tf
     from electra_tf import fileio
     try:
-        return fileio.read_bytes(path)
+        raw = fileio.read_bytes(path)
     except (OSError, tf.errors.OpError) as e:
         raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - raw.rfind(b"\n", 0, e.start)  # 1-based: rfind is -1 on line 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                        f"column {column})") from None

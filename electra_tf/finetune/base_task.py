@@ -1,5 +1,5 @@
 """The interface every fine-tuning task implements (`Task`) and the packed split it hands
-the trainer (`TaskData`); GLUE/TSV, SQuAD and tagging tasks all build on it."""
+the trainer (`TaskData`)."""
 
 import abc
 import dataclasses
@@ -90,8 +90,7 @@ class Task(abc.ABC):
     # --- test-set predictions ----------------------------------------------------
     def test_splits(self, data_dir: str, encoder: TextEncoder,
                     max_seq_length: int) -> List[TaskData]:
-        """The unlabelled test sets that `--do_predict` writes predictions for (`name`: the
-        submission file's stem, `meta`: the index column). Tasks that have them also
-        implement `predicted_labels(data, fetched)`: one submitted string per example."""
+        """The test sets `--do_predict` predicts (`name`: the submission file's stem, `meta`:
+        the index column); such tasks also implement `predicted_labels(data, fetched)`."""
         raise DataError(f"task {self.name}: --do_predict writes GLUE test-set predictions; "
                         "this task has no test sets")

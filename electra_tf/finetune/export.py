@@ -1,7 +1,6 @@
-"""SavedModel export for serving: raw strings in (tokenized inside the graph), labels,
-probabilities, scores, tags or answer spans out; a token-id signature; an encoder export.
-`<export_dir>/<task>/<version>/` holds the task model, `<export_dir>/encoder/<version>/`
-the encoder alone (sequence output for feature extraction), TensorFlow Serving's layout."""
+"""SavedModel export in TensorFlow Serving's layout: `<export_dir>/<task>/<version>/` the
+task model (raw strings, tokenized in-graph, or token ids in; the task's answers out),
+`<export_dir>/encoder/<version>/` the encoder alone (features for extraction)."""
 
 import os
 import time
@@ -33,10 +32,9 @@ def _check_rows(texts: Dict[str, tf.Tensor]):
 
 
 def _hold(module: tf.Module, name: str, layer):
-    """Keeps a Keras layer on `module` untracked and tracks its plain tf.Variables instead.
-    Keras 3 saves each of its variables as a second tf.Variable copied from the one the
-    functions read; TF2 loading copes, but the session-based loader of TensorFlow Serving
-    and `saved_model_cli run` restores only the copy and fails on the other."""
+    """Keeps a Keras layer on `module` untracked, tracking its plain tf.Variables instead:
+    Keras 3 would save a copy of each variable beside the one the functions read, and the
+    session-based loader (TensorFlow Serving, `saved_model_cli run`) restores only the copy."""
     module.__dict__[name] = layer
     setattr(module, f"{name}_variables", [v.value for v in layer.variables])
 
@@ -103,11 +101,9 @@ def _write(module: tf.Module, signatures, directory: str, assets: Dict[str, str]
 
 
 def _save(module: tf.Module, signatures, directory: str, assets: Dict[str, str]) -> str:
-    """Writes the SavedModel and its extra assets so that a reader (or Serving, which polls
-    the directory) never loads a half-written version. Local: into a temporary sibling,
-    renamed into place (atomic). Elsewhere (gs://...), where renaming a directory copies
-    each file: into a local staging directory, then copied over with `saved_model.pb`,
-    without which nothing loads the version, last."""
+    """Writes the SavedModel and its assets so that no reader (Serving polls) loads a
+    half-written version: locally into a sibling renamed into place; elsewhere (gs://...,
+    where a rename copies each file) staged locally, then copied `saved_model.pb` last."""
     if not fileio.is_remote(directory):
         tmp = directory + ".tmp"
         fileio.rmtree(tmp)

@@ -1,5 +1,5 @@
-"""The SQuAD 1.1 / 2.0 fine-tuning task: data, loss and metrics of the joint start/end head,
-and its in-graph serving (raw question and context in, answer spans over all windows out)."""
+"""The SQuAD 1.1 / 2.0 task: data, loss and metrics of the joint start/end head, and its
+in-graph windows, shared by the training data and serving."""
 
 import dataclasses
 import os
@@ -36,12 +36,10 @@ class SquadSplit:
 
 @dataclasses.dataclass(frozen=True)
 class SquadTask(Task):
-    """SQuAD 1.1 (v2=False) or 2.0 (v2=True, with the answerability classifier).
-
-    Data: `<data_dir>/squad/{train,dev}.json`, or the official `{train,dev}-v1.1.json` /
-    `-v2.0.json`. do_lower_case: how postprocessing maps answers back to the original
-    text (None: as the TextEncoder). serve_windows_per_call: serving runs the model over at
-    most this many windows at once (a long context costs time, not memory)."""
+    """SQuAD 1.1, or 2.0 (`v2`, with the answerability classifier), from
+    `<data_dir>/squad/{train,dev}.json` or the official `{train,dev}-v1.1.json` / `-v2.0.json`.
+    do_lower_case: of answers mapped back to the text (None: the TextEncoder's).
+    serve_windows_per_call: windows per model call in serving (bounds the memory)."""
     v2: bool = False
     doc_stride: int = 128
     max_query_length: int = 64
@@ -91,10 +89,10 @@ class SquadTask(Task):
     def features(self, examples: List[SquadExample], encoder: TextEncoder,
                  max_seq_length: int, is_training: bool,
                  chunk: int = 2048) -> SquadFeatures:
-        """The serving `windows` of `examples` (`chunk` at a time) but a token-less context's.
+        """The `windows` of `examples` (`chunk` at a time) but a token-less context's.
         Training: a window holding the whole (`improve_answer_span`) answer points at it,
-        any other at the CLS with is_impossible 1; a question whose answer words have no
-        sub-tokens is dropped with a warning."""
+        any other at the CLS with is_impossible 1; an answer without sub-tokens is dropped
+        (warning)."""
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
                 "token_index", "request")
         parts = {k: [] for k in keys + ("doc_ids", "doc_word")}
@@ -158,7 +156,7 @@ class SquadTask(Task):
             f["max_context"], piece.astype(np.int16), len(examples))
 
     def read_examples(self, data_dir: str, split: str, is_training: bool):
-        """(questions of `split` ("train"/"dev"), their source for messages, a short name)."""
+        """(questions of "train" / "dev", their source for messages, a short name)."""
         path = self.data_file(data_dir, split)
         return read_squad(path, is_training=is_training, v2=self.v2), path, \
             os.path.basename(path)
@@ -223,17 +221,15 @@ class SquadTask(Task):
         return self.fetches(outputs)
 
     def windows(self, encoder: TextEncoder, max_seq_length: int, question, context):
-        """The windows of every (question, context) row, in-graph: the one SQuAD
-        preprocessor, of serving and (through `features`) of the data.
-
-        `[CLS] query [SEP] doc-window [SEP]` (official layout); the context is cut into
-        words at WORD_SEPARATORS, each WordPiece'd alone; windows of `room` tokens slide by
-        doc_stride. Returns `batch` (input_ids / input_mask / segment_ids [W, L]), `request`
-        [W] (each window's row), `token_word` / `token_index` [W, L] (each token's context
-        word / index in its context, -1 outside it), `max_context` [W, L], `window_splits`
-        [N + 1], the context `words` with byte `begins` / `ends` ([N, (words)]), `doc_ids`
-        / `doc_word` ([N, (tokens)]: sub-tokens, their words), `num_tokens` [N]. A context
-        without tokens still gets one (context-less) window."""
+        """The one SQuAD preprocessor: windows `[CLS] query [SEP] doc-window [SEP]`
+        (official layout) of every (question, context) row, in-graph. The context is cut
+        into words at WORD_SEPARATORS, each WordPiece'd alone; windows of `room` tokens
+        slide by doc_stride; a context without tokens gets one empty window. Returns
+        `batch` (the inputs [W, L]), `request` [W] (each window's row), `token_word` /
+        `token_index` [W, L] (each token's context word / index, -1 outside it),
+        `max_context` [W, L], `window_splits` [N + 1], the context `words` with byte
+        `begins` / `ends`, `doc_ids` / `doc_word` (sub-tokens, their words) and
+        `num_tokens` [N]."""
         self._check(max_seq_length)
         L = max_seq_length
         specials = encoder.special_ids
@@ -333,13 +329,10 @@ class SquadTask(Task):
                 for k, v in out.items()}
 
     def serve_text(self, model, encoder, max_seq_length, texts):
-        """Answers [N] from raw `question` and `context`: the best valid span (start + end
-        log-prob; both in the context, end >= start, at most max_answer_length tokens, start
-        in its max-context window) over a row's windows, as whole words cut from the context
-        bytes. Outputs: answer ("" when no valid span or, v2, no_answer_probability > 0.5),
-        start_word / end_word (-1 when none; kept when v2 withholds the answer), score (-inf
-        when none), v2: no_answer_probability (sigmoid of the windows' smallest null logit;
-        1 for a context without tokens)."""
+        """Answers [N] from raw `question` and `context`: postprocess's best span over a
+        row's windows, as whole words cut from the context bytes. Outputs: answer (""
+        when there is none or, v2, no_answer_probability > 0.5), start_word / end_word
+        (-1 when none), score (-inf when none), v2: no_answer_probability."""
         context = tf.convert_to_tensor(texts["context"], tf.string)
         win = self.windows(encoder, max_seq_length, texts["question"], context)
         out = self._run(model, win["batch"], max_seq_length)
@@ -358,7 +351,7 @@ class SquadTask(Task):
         k2 = tf.cast(tf.shape(s_idx)[1] ** 2, tf.int64)
         splits = win["window_splits"]
         # Row-major over (window, start, end): argmax's first maximum is postprocess's
-        # first candidate after its stable sort.
+        # first best candidate.
         per_row = tf.RaggedTensor.from_row_splits(tf.reshape(score, [-1]), splits * k2)
         dense = tf.concat([per_row.to_tensor(default_value=-np.inf),
                            tf.fill([per_row.nrows(), 1], tf.constant(-np.inf, tf.float64))],

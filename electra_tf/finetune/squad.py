@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
-from electra_tf.finetune import DataError, read_bytes
+from electra_tf.finetune import DataError, read_text
 
 # The official readers split the context on exactly these characters (U+202F appears in
 # SQuAD contexts and must not end up inside a word); serving splits on them too.
@@ -179,12 +179,7 @@ def read_squad(path: str, is_training: bool, v2: bool) -> List[SquadExample]:
     """Questions of an official SQuAD JSON file, in order; training drops (warning) those
     whose answer the context words cannot recover, as officially. DataError names file
     and line (bad JSON, fields, answers; training: an answerable question without one)."""
-    raw = read_bytes(path)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
+    text = read_text(path)
     try:
         tree = json.loads(text)
     except json.JSONDecodeError as e:

@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from electra_tf.finetune import DataError, read_bytes
+from electra_tf.finetune import DataError, read_text
 
 SCHEMES = ("bioes", "bio", "raw")
 OUTSIDE = "O"
@@ -42,7 +42,7 @@ def read_conll(path, label_column: int = -1) -> List[Sentence]:
     column count other than the first line's, bad UTF-8, an out-of-range label column or
     a file without sentences."""
     path = os.fspath(path)
-    raw_lines = read_bytes(path).split(b"\n")
+    lines = read_text(path).split("\n")
     sentences: List[Sentence] = []
     tokens: List[Tuple[int, List[str]]] = []  # (line, fields) of the sentence being read
     n_columns = label_index = None
@@ -54,12 +54,7 @@ def read_conll(path, label_column: int = -1) -> List[Sentence]:
                                       path))
             tokens.clear()
 
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{number}: not valid UTF-8 "
-                            f"(byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    for number, text in enumerate(lines, start=1):
         if number == 1:
             text = text.lstrip("\ufeff")
         text = text.strip(_BLANKS)

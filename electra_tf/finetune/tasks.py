@@ -11,7 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from electra_tf.finetune import DataError, metrics, read_bytes
+from electra_tf.finetune import DataError, metrics, read_text
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tagging_task import TaggingTask
@@ -25,19 +25,11 @@ Column = Union[str, int]  # a header name, or an index for header-less files
 def read_tsv(path: str) -> List[Tuple[int, List[str]]]:
     """(1-based line number, fields) of each non-empty line of a TSV file (quotes are data:
     GLUE's files are not CSV-quoted); bad UTF-8 is a DataError naming the line."""
-    raw = read_bytes(path)
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
     rows = []
-    for number, line in enumerate(raw.split(b"\n"), 1):
-        line = line.rstrip(b"\r")
-        if not line.strip():
+    for number, text in enumerate(read_text(path).split("\n"), 1):
+        text = text.rstrip("\r")
+        if not text.strip(" \t\n\r\v\f"):  # ASCII blanks: a line of U+00A0 is a row
             continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{number}: not valid UTF-8 (byte "
-                            f"0x{line[e.start]:02x} at column {e.start + 1})") from None
         rows.append((number, text.split("\t")))
     return rows
 
