@@ -13,7 +13,8 @@ from electra_tf import rng
 from electra_tf.conversion import source
 from electra_tf.configs import ModelConfig
 from electra_tf.training.checkpoints import assign_arrays
-from electra_tf.model.modeling import Encoder, dropout, gelu, tf1_variables, truncated_normal
+from electra_tf.model.modeling import (Encoder, build_discriminator_encoder, dropout, gelu,
+                                      tf1_variables, truncated_normal)
 
 HEAD_SCOPE = "task_specific"
 _NEG = -1e4  # masked logits; float32, so safe under every precision
@@ -135,11 +136,8 @@ class FinetuningModel(keras.Model):
         super().__init__(name=name, dtype=dtype, **kwargs)
         config.check()
         self.config = config
-        self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
-                               config.num_attention_heads, config.intermediate_size,
-                               name="electra", dtype=self.dtype_policy)
+        self.electra = build_discriminator_encoder(config, self.dtype_policy)
         self.head = head
-        self.electra.build()
         with keras.name_scope(HEAD_SCOPE):
             head.build()
         self.built = True
