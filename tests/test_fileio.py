@@ -40,7 +40,7 @@ ALLOWED = {
     ("electra_tf/fileio.py", "fsync", "os.open"): "fsync of a local file (URLs return first)",
     # Local paths only, after a "://" check: abspath keeps the build fingerprint and the
     # logged vocab path of a local file what they were.
-    ("tfrecord_builder/corpus.py", "absolute", "os.path.abspath"): "local only, after ://",
+    ("tfrecord_builder/corpus.py", "expand_inputs", "os.path.abspath"): "local only, after ://",
     ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
     ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
     ("electra_tf/text.py", "__init__", "os.path.abspath"): "local only",

@@ -1,30 +1,16 @@
 """The build as an Apache Beam pipeline, for corpora too big for one machine.
 
-    input files (one element each) -> Reshuffle -> read chunks -> Reshuffle
-      -> encode chunk (one tokenizer per DoFn instance, built in setup())
-           -> (shard, serialized example) -> GroupByKey -> write each shard into a
-                                              staging directory -> records per shard
-           -> chunk stats -> CombineGlobally -> totals, unigram counts
+    inputs -> Reshuffle -> read chunks -> Reshuffle -> encode chunk (one tokenizer per
+      DoFn, built in setup()) -> (shard, example) -> GroupByKey -> write each shard
+                              -> chunk stats -> CombineGlobally -> totals, unigram counts
 
-Every chunk is encoded exactly as in the local build (`examples.encode_chunk` with the
-RNG keyed by seed, file index and chunk index), so both builds hold the same multiset of
-examples for the same seed; only which shard an example lands in differs (a chunk deals
-its examples round-robin from a shard fixed by its file and chunk index). The runner is
-any Beam runner (DirectRunner by default; DataflowRunner, FlinkRunner, SparkRunner, ...)
-with its options passed through `beam_options`.
-
-Nothing appears under a final name until the pipeline has succeeded: the shards are
-written under `<output_dir>/.building-beam/` and moved into place afterwards, then
-token_counts.txt, and the manifest last (on a bucket, where a move is a copy, the
-manifest still lands after every file it names). A failed run leaves no partial build;
-rerunning starts over (the runner retries failed work items itself).
-
-Every file access, on the launcher and on the workers, goes through TensorFlow's
-filesystem layer (`electra_tf.fileio`, `tf.io.TFRecordWriter`), as in the local build:
-inputs and --output_dir may be local paths visible to every worker (a shared mount) or
-any URL TensorFlow knows, such as gs://bucket/dir. The vocabulary is read on the
-launching machine and shipped to the workers with the job. Apache Beam is an optional
-extra and is imported only when a pipeline is built.
+A chunk is encoded exactly as in the local build (`examples.encode_chunk`), so both builds
+hold the same multiset of examples for a seed; only the shards differ (a chunk deals its
+examples round-robin from a shard fixed by its file and chunk index). The shards are
+written under `<output_dir>/.building-beam/` and published as the local build publishes
+(manifest last) only once the pipeline has succeeded; a failed run leaves no partial build.
+Workers read and write through TensorFlow's filesystem layer (shared mounts, gs://), and
+the vocabulary travels with the job. Apache Beam is imported only to build a pipeline.
 """
 
 import dataclasses
@@ -34,7 +20,7 @@ import json
 import os
 import time
 import zlib
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -53,14 +39,13 @@ DEFAULT_RUNNER = "DirectRunner"
 STAGING_DIR = ".building-beam"
 STATS_NAME = "stats.json"
 SHARD_COUNTS_NAME = "shard_counts.json"
-_NEED_BEAM = "--runner needs Apache Beam: pip install -e .[beam]"
 
 
 def _import_beam():
     try:
         import apache_beam
     except ImportError:
-        raise BuildError(_NEED_BEAM) from None
+        raise BuildError("--runner needs Apache Beam: pip install -e .[beam]") from None
     return apache_beam
 
 
@@ -94,11 +79,6 @@ def _write_json(value, path: str):
     fileio.write_atomic(path, json.dumps(value))
 
 
-def _first_skips(skips: List[tuple]) -> List[tuple]:
-    """The skipped-line examples the local build keeps: the first ones in chunk order."""
-    return heapq.nsmallest(MAX_SKIP_EXAMPLES, skips)
-
-
 _FNS = {}
 
 
@@ -128,12 +108,9 @@ def _beam_fns() -> dict:
         chunk index, ChunkStats) on the "stats" output. The tokenizer is built once per
         instance."""
 
-        def __init__(self, vocab: VocabInfo, vocab_bytes: bytes, max_seq_length: int,
-                     seed: int, num_shards: int):
+        def __init__(self, cfg: BuildConfig, vocab: VocabInfo, vocab_bytes: bytes):
             super().__init__()
-            self.vocab, self.vocab_bytes = vocab, vocab_bytes
-            self.max_seq_length, self.seed = max_seq_length, seed
-            self.num_shards = num_shards
+            self.cfg, self.vocab, self.vocab_bytes = cfg, vocab, vocab_bytes
             self.tokenizer = None
 
         def setup(self):
@@ -145,17 +122,19 @@ def _beam_fns() -> dict:
             self.tokens = metrics.counter("tfrecord_builder", "corpus_tokens")
 
         def process(self, chunk):
-            packed, stats = encode_chunk(chunk, self.tokenizer, self.max_seq_length, self.seed)
-            first = _first_shard(chunk.file_index, chunk.index, self.num_shards)
+            cfg = self.cfg
+            packed, stats = encode_chunk(chunk, self.tokenizer, cfg.max_seq_length, cfg.seed)
+            first = _first_shard(chunk.file_index, chunk.index, cfg.num_shards)
             for j, record in enumerate(serialize_examples(packed)):
-                yield (first + j) % self.num_shards, record
+                yield (first + j) % cfg.num_shards, record
             self.examples.inc(stats.examples)
             self.tokens.inc(stats.corpus_tokens)
             yield beam.pvalue.TaggedOutput("stats", (chunk.file_index, chunk.index, stats))
 
     class CombineStats(beam.CombineFn):
         """Sums chunk stats as examples.merge_stats does; the accumulator is
-        (ChunkStats, dense unigram counts, corpus tokens per input, skip examples)."""
+        (ChunkStats, dense unigram counts, corpus tokens per input, skip examples keyed
+        by their place in chunk order)."""
 
         def __init__(self, vocab_size: int):
             super().__init__()
@@ -165,13 +144,11 @@ def _beam_fns() -> dict:
             return ChunkStats(), np.zeros([self.vocab_size], np.int64), {}, []
 
         def add_input(self, acc, item):
-            totals, counts, per_input, skips = acc
+            # A chunk is an accumulator of one; merge_stats adds its sparse unigram counts.
             file_index, chunk_index, stats = item
-            merge_stats(totals, dataclasses.replace(stats, skip_examples=[]), counts)
-            per_input[file_index] = per_input.get(file_index, 0) + stats.corpus_tokens
-            skips = _first_skips(skips + [((file_index, chunk_index, j), s)
-                                          for j, s in enumerate(stats.skip_examples)])
-            return totals, counts, per_input, skips
+            skips = [((file_index, chunk_index, j), s) for j, s in enumerate(stats.skip_examples)]
+            one = (stats, 0, {file_index: stats.corpus_tokens}, skips)
+            return self.merge_accumulators([acc, one])
 
         def merge_accumulators(self, accumulators):
             totals, counts, per_input, skips = self.create_accumulator()
@@ -180,7 +157,8 @@ def _beam_fns() -> dict:
                 counts += c
                 for k, v in p.items():
                     per_input[k] = per_input.get(k, 0) + v
-                skips = _first_skips(skips + list(s))
+                # The skipped-line examples the local build keeps: the first in chunk order.
+                skips = heapq.nsmallest(MAX_SKIP_EXAMPLES, skips + list(s))
             return totals, counts, per_input, skips
 
         def extract_output(self, acc):
@@ -216,7 +194,7 @@ def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
               | "ReadChunks" >> beam.ParDo(fns["ReadChunks"](cfg))
               | "SpreadChunks" >> beam.Reshuffle())
     encoded = chunks | "Encode" >> beam.ParDo(
-        fns["EncodeChunk"](vocab, vocab_bytes, cfg.max_seq_length, cfg.seed, cfg.num_shards)
+        fns["EncodeChunk"](cfg, vocab, vocab_bytes)
     ).with_output_types(Tuple[int, bytes]).with_outputs("stats", main="records")
     # One (shard, b"") placeholder each, so that a shard no example lands in is written
     # (empty) too. Each shard is written by one worker through TensorFlow's filesystem
@@ -236,19 +214,15 @@ def _add_transforms(beam, p, cfg: BuildConfig, source: Source, vocab: VocabInfo,
 # ----------------------------------------------------------------------------- build
 
 
-def _beam_fingerprint(cfg: BuildConfig, source: Source, vocab: VocabInfo) -> str:
-    """The local build's fingerprint, marked as Beam's: same examples, other shards."""
-    local = build_fingerprint(cfg, source, vocab)
-    return hashlib.sha256(f"beam:{local}".encode()).hexdigest()
-
-
 def build_with_beam(cfg: BuildConfig, runner: Optional[str] = None,
                     beam_options: Sequence[str] = ()) -> dict:
     """Builds the dataset of `cfg` as a Beam pipeline on `runner`; returns the manifest."""
     beam = _import_beam()
     runner = runner or DEFAULT_RUNNER
     vocab, vocab_bytes, source = open_inputs(cfg)
-    fingerprint = _beam_fingerprint(cfg, source, vocab)
+    # The local build's, marked as Beam's: the same examples, in other shards.
+    local = build_fingerprint(cfg, source, vocab)
+    fingerprint = hashlib.sha256(f"beam:{local}".encode()).hexdigest()
     staging = fileio.join(cfg.output_dir, STAGING_DIR)
     with output_dir_errors(cfg):
         done = finished_build(cfg, fingerprint)

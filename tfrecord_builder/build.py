@@ -1,20 +1,12 @@
 """The local build: chunks -> worker processes -> pieces -> round-robin shards -> manifest.
 
-Work is cut into document-aligned chunks whose examples depend only on the chunk and
-the seed, so the shards are byte-identical whatever --num_workers is. Each finished
-chunk is kept as a piece under `.building/`; a rerun reuses them (resume), and nothing
-with a final name appears until every shard is complete. The manifest comes last.
-
-Inputs and --output_dir may be local or on any filesystem TensorFlow knows (gs://...):
-every access goes through `electra_tf.fileio` / TensorFlow ops. A piece is its records
-(`.tfrecord`) plus a marker (`.stats.npz`) written after them, so a marker always vouches
-for a complete piece. Worker processes write their pieces straight into `.building/`
-when --output_dir is local; for a remote one they write into a local staging directory
-and the main process copies each finished piece there, records first, marker last (a
-`ram://` path, for one, is private to its process). Shards are dealt under
-`.building/shards/`, renamed into place, then token_counts.txt, and manifest.json last:
-where a rename is a copy (Cloud Storage) a kill at any moment leaves either no manifest
-or one whose shards are all there.
+A chunk's examples depend only on the chunk and the seed, so the shards are byte-identical
+whatever --num_workers is. A finished chunk is a piece under `.building/pieces`: its
+records, then a marker (`.stats.npz`) that vouches for them; a rerun reuses the pieces.
+For a remote --output_dir (gs://, ram://) workers stage pieces locally and the main
+process copies them over, marker last. Shards are dealt under `.building/shards/`,
+renamed into place, then token_counts.txt, and manifest.json last: where a rename is a
+copy, a kill leaves no manifest or one whose shards are all there.
 """
 
 import concurrent.futures
@@ -41,7 +33,8 @@ from electra_tf import fileio
 from tfrecord_builder import BuildError, __version__, start_worker
 from electra_tf.data import manifest as manifest_lib
 from tfrecord_builder import corpus, tfds_source
-from tfrecord_builder.examples import ChunkStats, encode_chunk, merge_stats, serialize_examples
+from tfrecord_builder.examples import (FEATURES, ChunkStats, encode_chunk, merge_stats,
+                                       serialize_examples)
 from tfrecord_builder.progress import Progress
 from electra_tf.text import Tokenizer, VocabInfo, read_vocab_data, vocab_info
 
@@ -89,18 +82,13 @@ def shard_name(i: int, n: int) -> str:
 # ----------------------------------------------------------------------------- sources
 
 
-def open_source(cfg: BuildConfig) -> corpus.Source:
-    """The inputs of the build: cfg's files, or its tensorflow-datasets split."""
-    if cfg.tfds_name:
-        return tfds_source.open_tfds_source(cfg)
-    return corpus.open_files(cfg.inputs)
-
-
 def open_inputs(cfg: BuildConfig) -> Tuple[VocabInfo, bytes, corpus.Source]:
-    """Checks `cfg` and what it reads: (vocabulary, its bytes for the workers, source)."""
+    """Checks `cfg` and what it reads: (vocabulary, its bytes for the workers, source:
+    cfg's files or its tensorflow-datasets split)."""
     cfg.check()
     vocab = vocab_info(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
-    return vocab, read_vocab_data(vocab), open_source(cfg)
+    source = tfds_source.open_tfds_source(cfg) if cfg.tfds_name else corpus.open_files(cfg.inputs)
+    return vocab, read_vocab_data(vocab), source
 
 
 def input_chunks(cfg: BuildConfig, file_index: int, path: str) -> Iterator[corpus.Chunk]:
@@ -128,8 +116,7 @@ _WORKER = {}
 
 
 def _die_with_parent():
-    """Linux: the kernel sends this worker SIGKILL when the build process dies, so a
-    killed build (kill -9) leaves no orphaned workers behind. Elsewhere a no-op."""
+    """Linux: the worker gets SIGKILL when the build process dies (no orphans)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -143,8 +130,7 @@ def _die_with_parent():
 
 
 def _init_worker(vocab: VocabInfo, vocab_data: Optional[bytes] = None):
-    """`vocab_data`: the vocabulary file's bytes, so that a worker process need not see
-    the file (tokenizers.read_vocab_data); read from `vocab.path` when None."""
+    """`vocab_data`: the vocabulary's bytes (a worker need not see the file), else read."""
     _die_with_parent()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _WORKER["tokenizer"] = Tokenizer(vocab, vocab_data)
@@ -191,9 +177,8 @@ def _load_stats(marker: str) -> Optional[ChunkStats]:
 
 def _publish_piece(staging_dir: str, pieces_dir: str, chunk: corpus.Chunk,
                    stale: bool = False):
-    """Main process: copies a piece a worker staged locally into `pieces_dir` (the output
-    dir's `.building/pieces`), the records first and their marker last, then drops the
-    local copy. A kill in between leaves records without a marker: redone on resume.
+    """Main process: copies a piece a worker staged locally into `pieces_dir`, records
+    first, marker last (a kill in between: redone on resume), then drops the local copy.
     `stale`: a killed run left records under the piece's name (removed first: ram://
     appends to a file it reopens for writing)."""
     src_piece, src_marker = _piece_paths(staging_dir, chunk)
@@ -207,11 +192,8 @@ def _publish_piece(staging_dir: str, pieces_dir: str, chunk: corpus.Chunk,
 
 
 class _Runner:
-    """Runs chunks in order, in-process or on a bounded pool of spawned workers.
-
-    Workers of a pool write to `pieces_dir` directly when it is local (every process
-    sees it), else to a local staging directory from which the main process publishes
-    each finished piece (`_publish_piece`) before it is yielded."""
+    """Runs chunks in order, in-process or on a bounded pool of spawned workers (which
+    stage their pieces locally when `pieces_dir` is remote)."""
 
     def __init__(self, cfg: BuildConfig, vocab: VocabInfo, vocab_data: bytes, pieces_dir: str):
         self.cfg, self.pieces_dir = cfg, pieces_dir
@@ -424,9 +406,8 @@ def out_of_space_errors(cfg: BuildConfig, writing: str, cleanup: Optional[str] =
 
 
 def warn_empty_shards(cfg: BuildConfig, counts: Sequence[int]):
-    """One log line when shards hold no example. They are written all the same (empty
-    files, 0 in the manifest): --num_shards fixes the file names and how many hosts can
-    split the data, and the input pipeline reads empty shards."""
+    """One log line when shards hold no example (written all the same, as empty files:
+    --num_shards fixes the file names and how many hosts can split the data)."""
     empty = sum(1 for c in counts if c == 0)
     if not empty:
         return
@@ -447,9 +428,8 @@ def discard(path: str):
         logging.warning("Could not remove %s: %s", path, fileio.error_reason(e))
 
 
-def _prepare_state_dir(cfg: BuildConfig, fingerprint: str):
+def _prepare_state_dir(cfg: BuildConfig, fingerprint: str, state_dir: str):
     """Keeps the pieces of an unfinished run of this build (resume), else starts over."""
-    state_dir = fileio.join(cfg.output_dir, STATE_DIR)
     state_file = fileio.join(state_dir, "state.json")
     state = {}
     if fileio.exists(state_file):
@@ -475,13 +455,12 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
     """Builds the dataset described by `cfg`; returns the manifest."""
     vocab, vocab_data, source = open_inputs(cfg)
     fingerprint = build_fingerprint(cfg, source, vocab)
+    state_dir = fileio.join(cfg.output_dir, STATE_DIR)
     with output_dir_errors(cfg):
         done = finished_build(cfg, fingerprint)
         if done is not None:
             return done
-        _prepare_state_dir(cfg, fingerprint)
-
-    state_dir = fileio.join(cfg.output_dir, STATE_DIR)
+        _prepare_state_dir(cfg, fingerprint, state_dir)
     pieces_dir = fileio.join(state_dir, "pieces")
     total_bytes = sum(source.sizes)
     offsets = np.concatenate([[0], np.cumsum(source.sizes)]).tolist()
@@ -574,8 +553,7 @@ def make_manifest(cfg: BuildConfig, vocab: VocabInfo, source: corpus.Source,
         "seed": cfg.seed,
         "chunk_bytes": cfg.chunk_bytes,
         "num_shards": cfg.num_shards,
-        "features": {k: f"int64[{cfg.max_seq_length}]"
-                     for k in ("input_ids", "input_mask", "segment_ids")},
+        "features": {k: f"int64[{cfg.max_seq_length}]" for k in FEATURES},
         "inputs": list(source.names),
         "token_counts_file": TOKEN_COUNTS_NAME,
         "shards": [{"name": n, "examples": c} for n, c in zip(names, counts)],

@@ -1,9 +1,8 @@
 """Command line: `build` (default) packs a corpus into TFRecords; `learn_vocab` learns a
-WordPiece vocabulary or a SentencePiece model from the same corpus.
-
-Flags map onto `BuildConfig` / `VocabConfig`; all logic lives in the library modules.
+WordPiece vocabulary or a SentencePiece model from the same corpus. No logic lives here.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -60,26 +59,12 @@ SUBCOMMANDS = ("build", "learn_vocab")
 
 
 def _build_config():
+    """BuildConfig from the flags of the same names (--input gives `inputs`)."""
     from tfrecord_builder.build import BuildConfig
-    use_tfds = bool(FLAGS.tfds_name)
-    return BuildConfig(
-        output_dir=FLAGS.output_dir,
-        inputs=() if use_tfds else tuple(FLAGS.input),
-        vocab_file=None if FLAGS.spm_model else FLAGS.vocab_file,
-        spm_model=FLAGS.spm_model,
-        do_lower_case=FLAGS.do_lower_case,
-        max_seq_length=FLAGS.max_seq_length,
-        num_shards=FLAGS.num_shards,
-        num_workers=FLAGS.num_workers,
-        seed=FLAGS.seed,
-        chunk_bytes=FLAGS.chunk_bytes,
-        resume=FLAGS.resume,
-        overwrite=FLAGS.overwrite,
-        tfds_name=FLAGS.tfds_name,
-        tfds_split=FLAGS.tfds_split,
-        tfds_text_key=FLAGS.tfds_text_key,
-        tfds_data_dir=FLAGS.tfds_data_dir,
-    )
+    fields = {f.name: FLAGS[f.name].value for f in dataclasses.fields(BuildConfig)
+              if f.name not in ("inputs", "vocab_file")}
+    return BuildConfig(**fields, inputs=() if FLAGS.tfds_name else tuple(FLAGS.input),
+                       vocab_file=None if FLAGS.spm_model else FLAGS.vocab_file)
 
 
 def _build():
@@ -164,13 +149,9 @@ def main(argv):
 
 
 def _import_tensorflow_quietly():
-    """Imports TensorFlow with file descriptor 2 pointed at /dev/null, unless the user
-    asked for its C++ logs (TF_CPP_MIN_LOG_LEVEL below 2).
-
-    Every path goes through TensorFlow's filesystem layer, so even a bad flag reaches
-    TensorFlow; its start-up lines (no CUDA driver found, CPU features) are written
-    before its logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says, and would bury the
-    one-line error. A failed import raises again, visibly, where TensorFlow is used."""
+    """Imports TensorFlow with fd 2 on /dev/null unless TF_CPP_MIN_LOG_LEVEL < 2: its
+    start-up lines (no CUDA driver, CPU features) ignore that variable and would bury the
+    one-line error of a bad flag. A failed import raises again where TensorFlow is used."""
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") < "2":
         return
     sys.stderr.flush()

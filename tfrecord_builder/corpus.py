@@ -109,18 +109,7 @@ def expand_inputs(patterns: Sequence[str]) -> List[str]:
         files.extend(found)
     if not files:
         raise BuildError("--input: no input files given")
-    return sorted(set(absolute(f) for f in files))
-
-
-def absolute(path: str) -> str:
-    """An absolute local path; a URL (gs://b/x, ram://x) as it is."""
-    if "://" in path:
-        return path
-    return os.path.abspath(path)  # local path only: URLs returned above
-
-
-def _hidden(name: str, pattern_part: str) -> bool:
-    return name.startswith(".") and not pattern_part.startswith(".")
+    return sorted(set(f if "://" in f else os.path.abspath(f) for f in files))
 
 
 def _glob(pattern: str) -> List[str]:
@@ -130,8 +119,9 @@ def _glob(pattern: str) -> List[str]:
         found = []
         for path in fileio.glob(pattern):
             got = path.split("/")
-            if len(got) == len(parts) and any(
-                    glob.has_magic(p) and _hidden(g, p) for g, p in zip(got, parts)):
+            # A wildcard matches no hidden name, unless the pattern part starts with '.'.
+            if len(got) == len(parts) and any(glob.has_magic(p) and g.startswith(".") and
+                                              not p.startswith(".") for g, p in zip(got, parts)):
                 continue
             found.append(path)
         return found
@@ -160,15 +150,6 @@ def _glob(pattern: str) -> List[str]:
     if not head:  # "**/x" names paths relative to the working directory
         found = [p[2:] if p.startswith("./") else p for p in found]
     return sorted(set(found))
-
-
-def open_binary(path: str):
-    """Opens `path` (any filesystem) for binary reading, decompressing .gz / .bz2 by
-    extension. The file is opened on the first read; errors come from there."""
-    try:
-        return fileio.open_compressed(path)
-    except (OSError, tf.errors.OpError) as e:
-        raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
 
 
 def _doc_boundary(buf: bytes, start: int) -> int:
@@ -202,7 +183,7 @@ def iter_file_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[C
     hard_limit = chunk_bytes * MAX_CHUNK_FACTOR
     index, line_no, buf, eof, raw_pos = 0, 1, b"", False, 0
     try:
-        with open_binary(path) as f:
+        with fileio.open_compressed(path) as f:  # opened, and failing, on the first read
             raw = getattr(f, "fileobj", None) or getattr(f, "_fp", None)
             while True:
                 while not eof and len(buf) <= hard_limit:
@@ -245,7 +226,6 @@ def _raw_tell(f, raw) -> int:
 class LineStats:
     """Per-chunk line accounting, summed into the manifest."""
     lines: int = 0
-    documents: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
     examples_of_skips: list = dataclasses.field(default_factory=list)
 

@@ -101,13 +101,11 @@ def serialize_examples(packed: PackedExamples) -> List[bytes]:
     from tensorflow.core.example import example_pb2, feature_pb2
     Feature, Int64List = feature_pb2.Feature, feature_pb2.Int64List
     out = []
-    for ids, mask, segs in zip(packed.input_ids.tolist(), packed.input_mask.tolist(),
-                               packed.segment_ids.tolist()):
+    for row in zip(packed.input_ids.tolist(), packed.input_mask.tolist(),
+                   packed.segment_ids.tolist()):
         example = example_pb2.Example(features=feature_pb2.Features(feature={
-            "input_ids": Feature(int64_list=Int64List(value=ids)),
-            "input_mask": Feature(int64_list=Int64List(value=mask)),
-            "segment_ids": Feature(int64_list=Int64List(value=segs)),
-        }))
+            name: Feature(int64_list=Int64List(value=values))
+            for name, values in zip(FEATURES, row)}))
         out.append(example.SerializeToString(deterministic=True))
     return out
 

@@ -1,32 +1,20 @@
-"""Reading a text dataset that tensorflow-datasets has already prepared locally.
+"""Reading a text dataset that tensorflow-datasets has already prepared locally
+(`--tfds_name` under `--tfds_data_dir`); nothing is ever downloaded or prepared here.
 
-`--tfds_name` (e.g. `wikipedia/20230601.en`, `c4/en`, `my_ds/config:1.2.0`) names a
-dataset prepared under `--tfds_data_dir` (TFDS's default when unset). Nothing is ever
-downloaded or prepared here: a dataset that is not on disk is an error.
-
-Each record of the split is one document. Its text (the `--tfds_text_key` feature, a
-string, or a list of strings taken as its lines) is put in the builder's corpus layout:
-every non-empty line, stripped, is a "sentence" line, blank lines inside the document are
-dropped, and documents are separated by one blank line. Consecutive records are batched
-into document-aligned chunks of about `chunk_bytes`, exactly as `corpus.iter_file_chunks`
-does for files, so the encoding workers cannot tell the two sources apart.
-
-For a TFDS chunk the fields of `corpus.Chunk` mean:
-  file_index  always 0 (a TFDS source is a single input);
-  index       the chunk number, from 0;
-  path        the label "tfds:NAME/SPLIT" (also the manifest's `inputs` entry);
-  first_line  the 0-based number of the chunk's first record in the split, so the chunk
-              can be found again with --tfds_split "SPLIT[first_line:]";
-  raw_pos     records consumed once the chunk is done (progress = raw_pos against
-              corpus.Source.sizes == (num_examples,)).
+Each record is one document; its text (the `--tfds_text_key` feature: a string, or a list
+of strings taken as its lines) becomes the corpus layout: stripped non-empty lines, one
+blank line between documents, in chunks cut as `corpus.iter_file_chunks` cuts files. A
+TFDS chunk's `file_index` is 0 (a single input), its `path` the label "tfds:NAME/SPLIT",
+its `first_line` the 0-based number of its first record (--tfds_split "SPLIT[n:]" finds
+it again), its `raw_pos` the records consumed (progress against num_examples).
 """
 
+import itertools
 import os
 from typing import Iterator, List, Optional
 
 import tensorflow as tf
 
-from electra_tf import fileio
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
 
@@ -43,7 +31,8 @@ def source_label(cfg) -> str:
 
 def _where(cfg, data_dir: Optional[str] = None) -> str:
     """'NAME' plus the data dir, for error messages."""
-    return f"--tfds_name {cfg.tfds_name} (data dir {data_dir or cfg.tfds_data_dir or _default_data_dir()})"
+    data_dir = data_dir or cfg.tfds_data_dir or _default_data_dir()
+    return f"--tfds_name {cfg.tfds_name} (data dir {data_dir})"
 
 
 def _default_data_dir() -> str:
@@ -66,13 +55,13 @@ def _first_line(e, limit: int = 300) -> str:
 def _import_tfds():
     try:
         import tensorflow_datasets as tfds
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] == "tensorflow_datasets":
+    except ImportError as e:
+        top = (e.name or "").split(".")[0]
+        if isinstance(e, ModuleNotFoundError) and top == "tensorflow_datasets":
             raise BuildError("--tfds_name needs tensorflow-datasets: "
                              "pip install -e .[tfds]") from None
-        raise BuildError(f"--tfds_name: cannot import tensorflow-datasets: {_first_line(e)}") from None
-    except ImportError as e:
-        raise BuildError(f"--tfds_name: cannot import tensorflow-datasets: {_first_line(e)}") from None
+        raise BuildError(f"--tfds_name: cannot import tensorflow-datasets: "
+                         f"{_first_line(e)}") from None
     try:
         tfds.disable_progress_bar()
     except Exception:  # pragma: no cover
@@ -103,29 +92,17 @@ def _open_builder(cfg):
                          "it is not prepared in the data dir") from None
     except Exception as e:  # bad config or version, unreadable dataset_info.json, ...
         raise BuildError(f"{_where(cfg)}: {_first_line(e)}") from None
-    root = _data_dir_root(builder, cfg)
-    if not _is_prepared(builder):
+    try:
+        prepared = bool(builder.is_prepared())
+    except Exception:  # pylint: disable=broad-except
+        prepared = False
+    if not prepared:
+        root = getattr(builder, "data_dir_root", None) or cfg.tfds_data_dir or _default_data_dir()
         raise BuildError(
             f"{_where(cfg, root)}: the dataset is not prepared there (no "
             f"{builder.data_dir}); prepare it first, e.g. `tfds build {name} --data_dir "
             f"{root}` (this builder never downloads)")
     return tfds, builder
-
-
-def _data_dir_root(builder, cfg) -> str:
-    try:
-        return str(builder.data_dir_root)
-    except Exception:
-        return cfg.tfds_data_dir or _default_data_dir()
-
-
-def _is_prepared(builder) -> bool:
-    try:
-        if hasattr(builder, "is_prepared"):
-            return bool(builder.is_prepared())
-        return fileio.exists(fileio.join(str(builder.data_dir), "dataset_info.json"))
-    except Exception:
-        return False
 
 
 def _split_info(cfg, builder):
@@ -188,18 +165,10 @@ def open_tfds_source(cfg):
         num_bytes = int(split_info.num_bytes)
     except Exception:
         num_bytes = 0
-    fingerprint = {
-        "tfds": {
-            "name": cfg.tfds_name,
-            "full_name": str(info.full_name),
-            "version": str(info.version),
-            "split": cfg.tfds_split,
-            "text_key": cfg.tfds_text_key,
-            "num_examples": num_examples,
-            "num_bytes": num_bytes,
-            "layout": LAYOUT_VERSION,
-        }
-    }
+    fingerprint = {"tfds": {
+        "name": cfg.tfds_name, "full_name": str(info.full_name), "version": str(info.version),
+        "split": cfg.tfds_split, "text_key": cfg.tfds_text_key, "num_examples": num_examples,
+        "num_bytes": num_bytes, "layout": LAYOUT_VERSION}}
     return corpus.Source((source_label(cfg),), (num_examples,), fingerprint)
 
 
@@ -275,31 +244,27 @@ def chunk_documents(texts, label: str, chunk_bytes: int) -> Iterator[corpus.Chun
     (at a space within a giant line, flagged `split_line`), as for files.
     """
     hard_limit = chunk_bytes * corpus.MAX_CHUNK_FACTOR
-    index = 0
+    chunk_index = itertools.count()
     parts: List[bytes] = []  # documents of the chunk being filled, blank lines included
     size = 0
     first = 0  # record number of the chunk's first record
     records = 0  # records consumed
 
-    def emit(data: bytes, split: bool, raw_pos: int):
-        nonlocal index
-        chunk = corpus.Chunk(0, index, label, first, data, split, raw_pos)
-        index += 1
-        return chunk
+    def emit(data: bytes, split: bool = False):
+        return corpus.Chunk(0, next(chunk_index), label, first, data, split, records)
 
     for text in texts:
         doc = document_bytes(text)
         if doc and size and size + 1 + len(doc) > hard_limit:
-            yield emit(b"".join(parts), False, records)
+            yield emit(b"".join(parts))
             parts, size, first = [], 0, records
         if not size:
             first = records
-        if len(doc) > hard_limit:
-            while len(doc) > hard_limit:
-                end, split = corpus.hard_cut(doc, hard_limit)
-                yield emit(doc[:end], split, records)
-                doc = doc[end:]
-                first = records
+        while len(doc) > hard_limit:
+            end, split = corpus.hard_cut(doc, hard_limit)
+            yield emit(doc[:end], split)
+            doc = doc[end:]
+            first = records
         records += 1
         if doc:
             if size:
@@ -308,10 +273,10 @@ def chunk_documents(texts, label: str, chunk_bytes: int) -> Iterator[corpus.Chun
             parts.append(doc)
             size += len(doc)
         if size >= chunk_bytes:
-            yield emit(b"".join(parts), False, records)
+            yield emit(b"".join(parts))
             parts, size, first = [], 0, records
     if size:
-        yield emit(b"".join(parts), False, records)
+        yield emit(b"".join(parts))
 
 
 def iter_tfds_chunks(cfg) -> Iterator[corpus.Chunk]:

@@ -1,24 +1,12 @@
 """`learn_vocab`: a WordPiece vocab.txt or a SentencePiece model learned from the corpus.
 
-The corpus is read exactly as `build` reads it (`corpus.expand_inputs`, chunked reading
-of plain/.gz/.bz2 files, `clean_lines` dropping invalid UTF-8 and NUL lines), and at
-most `max_sentences` non-empty lines are kept: all of them if there are that few, else
-a uniform reservoir sample with a fixed seed (memory holds only the sample).
-
-The special tokens the builder needs come first, [PAD] at id 0:
-[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 in both kinds of vocabulary. In the
-SentencePiece model [CLS], [SEP] and [MASK] are control symbols, so the literal text
-"[MASK]" in a line is never encoded as the mask id.
-
-Text is normalised as the builder's `Tokenizer` does before tokenizing: for WordPiece
-`tokenizers.bert_normalize` (drop control characters; if lower-casing, lower + NFD +
-strip accents); for SentencePiece `str.lower()` when lower-casing (the model's own
-NFKC normaliser does the rest). Results go to their final names atomically.
-
-Inputs and the output may be local or on any filesystem TensorFlow knows (gs://...).
-SentencePiece's trainer writes local files only: it trains into a local staging
-directory, and the results are then copied to the output (PREFIX.vocab first,
-PREFIX.model, the file `build` is given, last).
+The corpus is read as `build` reads it (`corpus`), keeping at most `max_sentences`
+non-empty lines (a seeded reservoir sample), normalised as the builder's `Tokenizer`
+normalises (WordPiece: `bert_normalize`; SentencePiece: `str.lower()` when lower-casing,
+the model's NFKC does the rest). Both vocabularies start [PAD]=0, [UNK]=1, [CLS]=2,
+[SEP]=3, [MASK]=4; in a SentencePiece model the last three are control symbols, so the
+text "[MASK]" is never the mask id. SentencePiece trains into a local staging directory;
+its results are copied to the output (any filesystem), PREFIX.model last.
 """
 
 import collections
@@ -27,13 +15,13 @@ import os
 import posixpath
 import random
 import re
-import uuid
 from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
+from electra_tf.data.files import shown
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
 from electra_tf.text import SPECIAL_TOKENS, bert_normalize, vocab_info
@@ -282,22 +270,11 @@ def _parent(path: str) -> str:
 
 def _check_writable(path: str):
     directory = _parent(path)
-    try:
-        fileio.makedirs(directory)
-        probe = fileio.join(directory, f".learn_vocab-{uuid.uuid4().hex[:12]}.probe")
-        with fileio.open_file(probe, "wb") as f:
-            f.write(b"")
-        fileio.remove(probe)
-        is_dir = fileio.isdir(path)
-    except (OSError, tf.errors.OpError) as e:
-        raise BuildError(f"--vocab_output: cannot write to {directory}: "
-                         f"{fileio.error_reason(e)}") from None
-    if is_dir:
+    problem = fileio.writable_dir_problem(directory)
+    if problem:
+        raise BuildError(f"--vocab_output: cannot write to {directory}: {problem}")
+    if fileio.isdir(path):
         raise BuildError(f"--vocab_output: {path} is a directory")
-
-
-def _describe(files: Sequence[str]) -> str:
-    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
 
 
 def learn_vocab(inputs: Sequence[str], output: str, vocab_type: str = "wordpiece",
@@ -324,13 +301,13 @@ def learn_vocab(inputs: Sequence[str], output: str, vocab_type: str = "wordpiece
     _check_writable(path)  # before the (long) read and learning
     lines, files, _ = sample_lines(files, max_sentences, seed)
     if not lines:
-        raise BuildError(f"--input: no text to learn a vocabulary from in {_describe(files)}")
+        raise BuildError(f"--input: no text to learn a vocabulary from in {shown(files)}")
 
     if vocab_type == "wordpiece":
         tokens = learn_wordpiece(lines, vocab_size, do_lower_case)
         if len(tokens) <= len(RESERVED_TOKENS):
             raise BuildError(f"--input: no words to learn a vocabulary from in "
-                             f"{_describe(files)}")
+                             f"{shown(files)}")
         fileio.write_atomic(path, "".join(token + "\n" for token in tokens))
         info = vocab_info(vocab_file=path, do_lower_case=do_lower_case)
     else:
