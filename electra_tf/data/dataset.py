@@ -40,26 +40,22 @@ class InputConfig:
     def __post_init__(self):
         if not self.file_pattern or not self.file_pattern.strip(" ,"):
             raise ValueError("InputConfig.file_pattern is empty")
-        if self.skip_batches < 0:
-            raise ValueError(f"InputConfig.skip_batches={self.skip_batches}: must be >= 0")
+        for name in ("skip_batches", "shuffle_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"InputConfig.{name}={getattr(self, name)}: must be >= 0")
         for name in ("max_seq_length", "batch_size", "cycle_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"InputConfig.{name}={getattr(self, name)}: must be at least 1")
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"InputConfig.shuffle_buffer={self.shuffle_buffer}: must be >= 0")
         if self.deterministic and self.seed is None:
             # Unseeded shuffles differ per run, so "deterministic" would silently not be.
             raise ValueError("InputConfig.deterministic=True needs a seed")
         files.check_policy(self.on_bad_shard, "InputConfig.")
 
 
-def feature_spec(max_seq_length: int) -> Dict[str, tf.io.FixedLenFeature]:
-    return {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in FEATURE_NAMES}
-
-
 def parse_batch(serialized: tf.Tensor, max_seq_length: int) -> Dict[str, tf.Tensor]:
     """A batch of serialized examples -> the model's input dict of int32 tensors."""
-    parsed = tf.io.parse_example(serialized, feature_spec(max_seq_length))
+    spec = {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in FEATURE_NAMES}
+    parsed = tf.io.parse_example(serialized, spec)
     # int64 is slow or unsupported on TPU and ids fit easily in int32.
     return {name: tf.cast(parsed[name], tf.int32) for name in FEATURE_NAMES}
 
@@ -69,14 +65,10 @@ def make_dataset(config: InputConfig,
                  log: Optional[shards.ShardLog] = None) -> tf.data.Dataset:
     """The batched dataset of one input pipeline (one host): with an input context (from
     distribute_datasets_from_function) its share of the files in per-replica batches,
-    without one every file in config.batch_size batches. Each element is the model's input
-    dict {"input_ids", "input_mask", "segment_ids"}, int32 [batch, max_seq_length]; batches
-    are full (drop_remainder: static shapes for XLA), so with repeat=False one pass reads
-    every example once, minus fewer than one batch at the end.
-
-    A shard found unreadable while read (InputConfig.on_bad_shard) is reported into `log`
-    (this dataset's own when None): skipped and listed in `log.skipped()`, or it fails the
-    read with an error `shards.explain_read_error(error, files, log)` makes one line of.
+    without one every file in config.batch_size batches, of int32 [batch, max_seq_length]
+    input dicts; batches are full (static shapes for XLA). A shard found unreadable is
+    reported into `log` (its own when None): skipped (`log.skipped()`), or it fails the
+    read with an error that `shards.explain_read_error(error, files, log)` explains.
     """
     paths = files.resolve_files(config.file_pattern, config.on_bad_shard)
     if config.check_data:

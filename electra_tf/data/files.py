@@ -3,6 +3,7 @@ their manifest and the run config, and owns the bad-shard policy and the input e
 """
 
 import concurrent.futures
+import glob
 import os
 import struct
 from typing import Callable, Dict, List, Optional, Sequence
@@ -105,16 +106,13 @@ def _manifest_shards(directory: str, on_bad_shard: str = "stop") -> List[str]:
     return [os.path.join(directory, n) for n in names if n in present]
 
 
-_GLOB_CHARS = frozenset("*?[")
-
-
 def _resolve_one(pattern: str, on_bad_shard: str = "stop") -> List[str]:
     if tf.io.gfile.isdir(pattern):
         if _has_manifest(pattern):
             return _manifest_shards(pattern, on_bad_shard)
         pattern = os.path.join(pattern, _UNMANIFESTED_DIR_GLOB)
     files = [f for f in tf.io.gfile.glob(pattern) if _is_data_file(f)]
-    if not files and not _GLOB_CHARS & set(pattern):
+    if not files and not glob.has_magic(pattern):
         # A file named outright (as the trainer passes its shards) that is not there: a
         # glob would drop it silently.
         bad_shard(on_bad_shard, f"{pattern}: no such file", pattern)

@@ -175,11 +175,9 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
                 pipeline: int):
     """The records of one shard, read to its first error; a shard that ends before its
     expected record count (manifest) or size (stat) is reported to `log`, which skips it
-    or stops the input (an op error with _SHARD_END_MESSAGE).
-
-    Nothing runs in Python on the normal path, and the checks run on blocks of
-    _CHECK_BLOCK records (per-record dataset functions would cost ~10x the read); the
-    verdict comes once, on a trailer block after the shard's last records.
+    or stops the input (an op error with _SHARD_END_MESSAGE). The counts run on blocks of
+    _CHECK_BLOCK records (per-record functions would cost ~10x the read); the verdict
+    comes on a trailer block after the last one: no Python on the normal path.
     """
     # ignore_errors ends a shard at its first bad record, but a file it cannot OPEN is
     # retried forever (a deleted shard would hang the run): the shard is looked up first
@@ -205,22 +203,16 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
         return log.report(pipeline, ShardEnd(p.decode(), int(n), int(e), int(nb), int(eb)),
                           on_bad_shard)
 
-    def on_short(n, nbytes):
+    def on_short(n, nbytes):  # the trailer is dropped, or the input stops here
         stop = tf.numpy_function(ended_early, [path, n, expected_records, nbytes,
                                                expected_bytes], tf.bool, stateful=True)
         stop = tf.reshape(stop, [])
-
-        def fail():
-            with tf.control_dependencies([tf.debugging.Assert(False, [_SHARD_END_MESSAGE])]):
-                return tf.constant(False)
-        return tf.cond(stop, fail, lambda: tf.constant(False))
-
-    def at_trailer(n, nbytes):
-        short = tf.logical_or(n < expected_records, nbytes < expected_bytes)
-        return tf.cond(short, lambda: on_short(n, nbytes), lambda: tf.constant(False))
+        with tf.control_dependencies([tf.debugging.Assert(~stop, [_SHARD_END_MESSAGE])]):
+            return tf.constant(False)
 
     def keep(block, is_trailer, n, nbytes):
-        return tf.cond(is_trailer, lambda: at_trailer(n, nbytes), lambda: tf.constant(True))
+        short = is_trailer & ((n < expected_records) | (nbytes < expected_bytes))
+        return tf.cond(short, lambda: on_short(n, nbytes), lambda: ~is_trailer)
 
     return counted.filter(keep).map(lambda block, is_trailer, n, nbytes: block).unbatch()
 
