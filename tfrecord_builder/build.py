@@ -63,14 +63,10 @@ class BuildConfig:
     tfds_data_dir: Optional[str] = None
 
     def check(self):
-        if self.max_seq_length < 5:
-            raise BuildError(f"--max_seq_length={self.max_seq_length}: must be at least 5")
-        if self.num_shards < 1:
-            raise BuildError(f"--num_shards={self.num_shards}: must be at least 1")
-        if self.num_workers < 1:
-            raise BuildError(f"--num_workers={self.num_workers}: must be at least 1")
-        if self.chunk_bytes < 1024:
-            raise BuildError(f"--chunk_bytes={self.chunk_bytes}: must be at least 1024")
+        for flag, least in (("max_seq_length", 5), ("num_shards", 1), ("num_workers", 1),
+                            ("chunk_bytes", 1024)):
+            if getattr(self, flag) < least:
+                raise BuildError(f"--{flag}={getattr(self, flag)}: must be at least {least}")
         if bool(self.inputs) == bool(self.tfds_name):
             raise BuildError("give either --input or --tfds_name")
 
@@ -216,18 +212,15 @@ class _Runner:
             self._stack.close()
             raise
 
-    def _reuse(self, chunk: corpus.Chunk) -> Optional[ChunkStats]:
-        if _piece_stem(chunk) + MARKER_SUFFIX not in self.finished:
-            return None
-        return _load_stats(_piece_paths(self.pieces_dir, chunk)[1])
-
     def run(self, chunks: Iterator[corpus.Chunk]) -> Iterator[Tuple[corpus.Chunk, ChunkStats, bool]]:
         """Yields (chunk, stats, reused) in chunk order; at most 2 x workers in flight."""
         args = (self.staging_dir or self.pieces_dir, self.cfg.max_seq_length, self.cfg.seed)
         pending: List[Tuple[corpus.Chunk, object, bool]] = []
         limit = 2 * self.cfg.num_workers
         for chunk in chunks:
-            stats = self._reuse(chunk) if self.cfg.resume else None
+            stats = None
+            if self.cfg.resume and _piece_stem(chunk) + MARKER_SUFFIX in self.finished:
+                stats = _load_stats(_piece_paths(self.pieces_dir, chunk)[1])
             if stats is not None:
                 pending.append((chunk, stats, True))
             elif self.pool is None:
@@ -462,9 +455,8 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
             return done
         _prepare_state_dir(cfg, fingerprint, state_dir)
     pieces_dir = fileio.join(state_dir, "pieces")
-    total_bytes = sum(source.sizes)
     offsets = np.concatenate([[0], np.cumsum(source.sizes)]).tolist()
-    progress = Progress(total_bytes, "tfrecord_builder", stream=progress_stream)
+    progress = Progress(sum(source.sizes), "tfrecord_builder", stream=progress_stream)
     totals = ChunkStats()
     vocab_counts = np.zeros([vocab.vocab_size], np.int64)
     pieces, reused = [], 0
@@ -500,10 +492,10 @@ def build(cfg: BuildConfig, progress_stream=None) -> dict:
         manifest = publish(cfg, shards_dir, vocab_counts, make_manifest(
             cfg, vocab, source, totals, counts, empty_inputs, fingerprint))
     discard(state_dir)
-    elapsed = time.monotonic() - t0
     logging.info("Wrote %d examples (%d tokens, retention %.4f) in %d shards to %s in %.1fs "
                  "(%d chunks reused; encode %.1fs)", totals.examples, totals.example_tokens,
-                 manifest["retention"], cfg.num_shards, cfg.output_dir, elapsed, reused, encode_s)
+                 manifest["retention"], cfg.num_shards, cfg.output_dir, time.monotonic() - t0,
+                 reused, encode_s)
     return manifest
 
 

@@ -219,13 +219,11 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
 
 def explain_read_error(error: BaseException, files: Sequence[str],
                        log: Optional[ShardLog] = None) -> Optional[InputDataError]:
-    """The one-line InputDataError for an error that reading the input raised (inside
-    `next(iterator)`), or None when it did not come from the input; `log`: the ShardLog the
-    input's make_dataset reported into. A shard that stopped the input is named from the
-    log (with what a host-side check finds wrong); TFRecord reader errors name no file, so
-    the files are checked host-side, in order, until one is bad. OutOfRangeError (every
-    shard skipped) lists the skipped shards.
-    """
+    """The one-line InputDataError for an error raised reading the input (in
+    `next(iterator)`), None when it did not come from the input. A shard that stopped the
+    input is named from `log` (make_dataset's ShardLog); reader errors name no file, so the
+    files are checked host-side, in order, until one is bad; OutOfRangeError (every shard
+    skipped) lists the skipped shards."""
     message = getattr(error, "message", None) or str(error)
     skipped = [s.path for s in log.skipped()] if log is not None else []
     end = log.stopped if log is not None else None
@@ -266,12 +264,10 @@ def explain_read_error(error: BaseException, files: Sequence[str],
 
 def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: set,
                         on_bad_shard: str):
-    """A resumed stream's position comes from the manifest's record counts: the shards
-    open at that position (`paths`, one group) are read through and must hold exactly
-    their counts, or the run would continue on other records than it would have without
-    the interruption. A count that disagrees stops the run (InputDataError naming the
-    shard); a shard that fails to read is a bad shard (on_bad_shard). Files whose counts
-    were `counted` just now need no second read."""
+    """The shards open at a resumed position (`paths`, one group) are read through: the
+    position came from their manifest counts, so a count that disagrees stops the run
+    (InputDataError naming the shard: it would go on with other records than uninterrupted);
+    a shard that fails to read is a bad shard. Files `counted` just now are not reread."""
     listed = [p for p in paths if p not in counted and p in counts]
     if not listed:
         return
