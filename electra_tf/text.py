@@ -1,13 +1,8 @@
-"""Tokenization, the one owner: vocabularies, BERT's text normalisation, the builder's
-batch `Tokenizer` and the in-graph `TextEncoder` (tokenize and pack BERT inputs) that
-fine-tuning, the exported SavedModels and scoring use. All normalise with `normalize` and
-look up with the same tf-text tokenizers (WordPiece through FastBertTokenizer,
-SentencePiece), so the builder and fine-tuning give the same ids for the same text.
-
-A leaf module: it imports only `electra_tf.fileio`. Tokenization runs whole batches in
-C++; a vocabulary is checked for the special tokens ELECTRA needs before any work starts.
-Vocabulary files and SentencePiece models are read through TensorFlow's filesystem layer,
-so they may be local or on any filesystem TensorFlow knows (gs://...).
+"""Tokenization, the one owner: vocabularies (on any filesystem, checked for ELECTRA's
+special tokens), BERT's text normalisation, the builder's batch `Tokenizer` and the in-graph
+`TextEncoder` (tokenize and pack BERT inputs) of fine-tuning, exports and scoring. Both use
+`normalize` and the same tf-text tokenizers, so the builder and fine-tuning give the same
+ids. A leaf module: it imports only `electra_tf.fileio`.
 """
 
 import dataclasses
@@ -23,19 +18,12 @@ import tensorflow_text as tf_text
 from electra_tf import fileio
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+KIND_FLAGS = {"wordpiece": "--vocab_file", "sentencepiece": "--spm_model"}  # kind -> its flag
 
 
 class VocabError(ValueError):
     """A vocabulary or SentencePiece model that cannot be read or lacks a special token;
     the message is one line naming the flag and the file."""
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with fileio.open_file(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_vocab_bytes(path: str, flag: str) -> bytes:
@@ -71,7 +59,10 @@ def wordpiece_tokenizer(vocab: List[str]) -> tf_text.FastBertTokenizer:
                                      lower_case_nfd_strip_accents=False)
 
 
-def _special_ids(lookup: Dict[str, int], path: str, flag: str) -> Dict[str, int]:
+def _special_ids(vocab: List[str], path: str, flag: str) -> Dict[str, int]:
+    lookup = {}
+    for i, token in enumerate(vocab):
+        lookup.setdefault(token, i)
     missing = [t for t in SPECIAL_TOKENS if t not in lookup]
     if missing:
         raise VocabError(f"{flag}: {path} lacks the special token(s) {', '.join(missing)}")
@@ -104,32 +95,39 @@ def read_spm_model(path: str, data: Optional[bytes] = None):
                          f"({str(e).splitlines()[0]})") from None
 
 
+def read_vocab(kind: str, path: str, data: Optional[bytes] = None) -> Tuple[List[str], bytes]:
+    """(tokens by id, the file's bytes) of a WordPiece vocab or a SentencePiece model
+    (`kind`); `data`: the bytes when at hand."""
+    data = read_vocab_bytes(path, KIND_FLAGS[kind]) if data is None else data
+    if kind == "sentencepiece":
+        proc = read_spm_model(path, data)[1]
+        return [proc.id_to_piece(i) for i in range(proc.get_piece_size())], data
+    return read_wordpiece_vocab(path, data), data
+
+
+def tf_tokenizer(kind: str, vocab: List[str], data: bytes):
+    """The tf-text tokenizer of a vocabulary `read_vocab` read."""
+    if kind == "sentencepiece":
+        return tf_text.SentencepieceTokenizer(model=data, out_type=tf.int32)
+    return wordpiece_tokenizer(vocab)
+
+
 def vocab_info(vocab_file: Optional[str] = None, spm_model: Optional[str] = None,
                do_lower_case: bool = True) -> VocabInfo:
     """Reads and checks a WordPiece vocab or SentencePiece model."""
-    if spm_model:
-        model, proc = read_spm_model(spm_model)
-        pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-        lookup = {p: i for i, p in enumerate(pieces)}
-        return VocabInfo("sentencepiece", spm_model, len(pieces),
-                         hashlib.sha256(model).hexdigest(),
-                         _special_ids(lookup, spm_model, "--spm_model"), do_lower_case)
-    if not vocab_file:
+    if not (spm_model or vocab_file):
         raise VocabError("give --vocab_file (WordPiece) or --spm_model (SentencePiece)")
-    raw = read_vocab_bytes(vocab_file, "--vocab_file")
-    tokens = read_wordpiece_vocab(vocab_file, raw)
-    lookup = {}
-    for i, t in enumerate(tokens):
-        lookup.setdefault(t, i)
-    return VocabInfo("wordpiece", vocab_file, len(tokens), hashlib.sha256(raw).hexdigest(),
-                     _special_ids(lookup, vocab_file, "--vocab_file"), do_lower_case)
+    kind, path = ("sentencepiece", spm_model) if spm_model else ("wordpiece", vocab_file)
+    tokens, data = read_vocab(kind, path)
+    return VocabInfo(kind, path, len(tokens), hashlib.sha256(data).hexdigest(),
+                     _special_ids(tokens, path, KIND_FLAGS[kind]), do_lower_case)
 
 
 def read_vocab_data(info: VocabInfo) -> bytes:
     """The bytes of `info`'s vocabulary, checked against its sha256. Worker processes get
     these rather than the path: they need not see the file (a ram:// file is private to
     its process; a Beam worker may not see the launcher's disk)."""
-    flag = "--spm_model" if info.kind == "sentencepiece" else "--vocab_file"
+    flag = KIND_FLAGS[info.kind]
     data = read_vocab_bytes(info.path, flag)
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise VocabError(f"{flag}: {info.path} changed while it was read; run again")
@@ -186,18 +184,13 @@ class Tokenizer:
         `info.path` when not given."""
         self.info = info
         self.special_ids = info.special_ids
+        self.vocab, data = read_vocab(info.kind, info.path, data)
+        self._tokenizer = tf_tokenizer(info.kind, self.vocab, data)
         lower = info.do_lower_case
-        if info.kind == "sentencepiece":
-            model, proc = read_spm_model(info.path, data)
-            self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-            tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
-            # SentencePiece models see raw text, lower-cased only when asked.
-            options = dict(lower=lower, strip_accents=False, clean=False)
-        else:
-            self.vocab = read_wordpiece_vocab(info.path, data)
-            tokenizer = wordpiece_tokenizer(self.vocab)
-            options = dict(lower=lower, strip_accents=lower)
-        self._tokenizer, self._options = tokenizer, options
+        # SentencePiece models see raw text, lower-cased only when asked.
+        self._options = (dict(lower=lower, strip_accents=False, clean=False)
+                         if info.kind == "sentencepiece" else
+                         dict(lower=lower, strip_accents=lower))
 
     def tokenize(self, lines: List[str]) -> Tuple[np.ndarray, np.ndarray]:
         """Batch of lines -> (flat int32 ids, int64 row splits of len(lines) + 1)."""
@@ -225,24 +218,13 @@ class TextEncoder(tf.Module):
         if (vocab_file is None) == (spm_model is None):
             raise VocabError("give exactly one of --vocab_file and --spm_model")
         self.do_lower_case = bool(do_lower_case)
-        if spm_model is not None:
-            proto, proc = read_spm_model(spm_model)
-            self.vocab = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-            self.kind = "sentencepiece"
-            self.asset = tf.saved_model.Asset(spm_model)
-            self._tokenizer = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
-        else:
-            self.vocab = read_wordpiece_vocab(vocab_file)
-            self.kind = "wordpiece"
-            self.asset = tf.saved_model.Asset(vocab_file)
-            self._tokenizer = wordpiece_tokenizer(self.vocab)
-        lookup = {}
-        for i, token in enumerate(self.vocab):
-            lookup.setdefault(token, i)
-        self.special_ids: Dict[str, int] = _special_ids(
-            lookup, vocab_file or spm_model, "--vocab_file" if spm_model is None else "--spm_model")
+        self.kind = "wordpiece" if spm_model is None else "sentencepiece"
+        path = vocab_file if spm_model is None else spm_model
+        self.vocab, data = read_vocab(self.kind, path)
+        self.asset = tf.saved_model.Asset(path)
+        self._tokenizer = tf_tokenizer(self.kind, self.vocab, data)
+        self.special_ids: Dict[str, int] = _special_ids(self.vocab, path, KIND_FLAGS[self.kind])
         self.vocab_size = len(self.vocab)
-        path = vocab_file or spm_model
         self.vocab_path = path if fileio.is_remote(path) else \
             os.path.abspath(path)  # local paths only: abspath would mangle gs://b/x
         self._tokenize_fn = tf.function(self.tokenize, reduce_retracing=True)
@@ -295,7 +277,11 @@ class TextEncoder(tf.Module):
     def encode_numpy(self, first: Sequence[str], second: Optional[Sequence[str]] = None,
                      max_seq_length: int = 128, batch_size: int = 4096) -> Dict[str, np.ndarray]:
         """Python strings -> numpy int32 inputs [N, max_seq_length] (the training path)."""
-        fn = self._encode_fn(max_seq_length, second is not None)
+        cache = self.__dict__.setdefault("_encode_cache", {})  # a tf.function per length
+        if max_seq_length not in cache:
+            cache[max_seq_length] = tf.function(
+                lambda a, b=None: self.encode(a, b, max_seq_length), reduce_retracing=True)
+        fn = cache[max_seq_length]
         parts: Dict[str, List[np.ndarray]] = {}
         for start in range(0, len(first), batch_size):
             args = [tf.constant(list(first[start:start + batch_size]), tf.string)]
@@ -307,14 +293,3 @@ class TextEncoder(tf.Module):
             return {k: np.zeros([0, max_seq_length], np.int32)
                     for k in ("input_ids", "input_mask", "segment_ids")}
         return {k: np.concatenate(v) for k, v in parts.items()}
-
-    def _encode_fn(self, max_seq_length: int, pair: bool):
-        key = (max_seq_length, pair)
-        cache = self.__dict__.setdefault("_encode_cache", {})
-        if key not in cache:
-            if pair:
-                fn = lambda a, b: self.encode(a, b, max_seq_length)
-            else:
-                fn = lambda a: self.encode(a, None, max_seq_length)
-            cache[key] = tf.function(fn, reduce_retracing=True)
-        return cache[key]
