@@ -1,8 +1,6 @@
-"""The outer training loop that pre-training and fine-tuning share (`train`, host loops of
-compiled steps, each ending at the next log, checkpoint, phase or profile boundary), with
-one policy for logging (throughput, ETA, FLOP/s and MFU), TensorBoard, non-finite steps,
-preemption, the profiler window and checkpoints (`open_checkpoints` resumes a trainer).
-"""
+"""The training loop both jobs share (`train`: host loops of compiled steps) and its one
+policy for logging (throughput, ETA, MFU), TensorBoard, non-finite steps, preemption, the
+profiler window and checkpoints (`open_checkpoints` resumes a trainer)."""
 
 import contextlib
 import dataclasses
@@ -35,14 +33,13 @@ USER_ERRORS = (configs.ConfigError, RunError, files.InputDataError, VocabError,
 # With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss
 # scaling needs at most ~25 to come down from 2^15 after an overflow).
 MAX_CONSECUTIVE_SKIPS = 100
-ON_NAN = ("skip", "stop")
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """When the loop logs, saves and stops; `batch_size` is the global batch (for
-    sequences/s). on_nan: a non-finite step is never applied; "skip" goes on (stopping
-    after MAX_CONSECUTIVE_SKIPS in a row), "stop" stops naming the last good checkpoint."""
+    """When the loop logs, saves and stops (`batch_size`: the global batch). on_nan: a
+    non-finite step is never applied; "skip" goes on (up to MAX_CONSECUTIVE_SKIPS in a
+    row), "stop" stops naming the last good checkpoint."""
     num_train_steps: int
     batch_size: int
     steps_per_loop: int
@@ -54,8 +51,8 @@ class Schedule:
     @classmethod
     def of(cls, train, num_train_steps: Optional[int] = None,
            log_each_loop: bool = False) -> "Schedule":
-        """A job's schedule from its `TrainConfig` (`num_train_steps` when the job computes
-        it); `log_each_loop`: a log line after every host loop, not every log_every_steps."""
+        """A job's schedule from its `TrainConfig` (`num_train_steps`: when the job computes
+        it)."""
         return cls(num_train_steps or train.num_train_steps, train.train_batch_size,
                    train.steps_per_loop,
                    train.steps_per_loop if log_each_loop else train.log_every_steps,
@@ -63,10 +60,8 @@ class Schedule:
 
 
 def setup(options, cfg):
-    """The start both jobs share: the strategy `options` name, `cfg.train.precision`
-    resolved for it (auto: bfloat16 on TPU) and set as the Keras dtype policy, and whether
-    this process is the chief (it writes the run's outputs).
-    -> (strategy, cfg with the resolved precision, chief)."""
+    """-> (the strategy `options` name, `cfg` with its precision resolved for it and set as
+    the Keras dtype policy, whether this process is the chief: it writes the outputs)."""
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
                                         options.gcp_project)
     precision = distribute.resolve_precision(cfg.train.precision, strategy)
@@ -76,8 +71,7 @@ def setup(options, cfg):
 
 
 def check_writable(path: str, flag: str):
-    """Creates directory `path` and probes it with a small file, so that an output that
-    cannot be written fails at the start of a run, not after training."""
+    """Fails at the start of a run, not after training, if `path` cannot be written."""
     problem = fileio.writable_dir_problem(path)
     if problem:
         raise RunError(f"{flag}={path}: cannot write there: {problem}")
@@ -111,9 +105,8 @@ def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
                     mfu: Optional[float] = None, fields: Sequence[str] = ()) -> str:
     """One log line: step and loss, the job's `fields` (`Trainer.log_fields`), then the
     learning rate, throughput, FLOP/s and MFU, ETA and skipped steps."""
-    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}", *fields]
-    parts.append(f"lr {lr:.3g}")
-    parts.append(f"{seqs_per_s:.1f} seq/s")
+    parts = [f"step {step}/{total}", f"loss {out.loss:.4f}", *fields, f"lr {lr:.3g}",
+             f"{seqs_per_s:.1f} seq/s"]
     if flops_per_s is not None:
         parts.append(hardware.format_flops(flops_per_s) +
                      ("" if mfu is None else f" MFU {100 * mfu:.1f}%"))
@@ -131,8 +124,8 @@ def write_scalars(writer, step: int, out, extra: Dict[str, float]):
 
 
 def write_results(path: str, results: Dict, lease=None):
-    """A run's results (evaluation metrics) as JSON with sorted keys, in one rename (never
-    torn), after `lease` (lease.RunLease) confirms this process still holds the run."""
+    """A run's results as JSON with sorted keys, never torn, if `lease` (lease.RunLease)
+    is still this process's."""
     if lease is not None:
         lease.check()
     fileio.write_json_atomic(path, results, sort_keys=True)
@@ -168,9 +161,8 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class Perf:
-    """What a log line's FLOP/s and MFU need: the hardware-convention train FLOPs of one
-    step (`flops.HARDWARE`: the matmuls the step executes, backward = 2 x forward) and the
-    peak FLOP/s of all devices (None: unknown, FLOP/s without MFU)."""
+    """A step's train FLOPs (`flops.HARDWARE`: the matmuls it executes, backward = 2 x
+    forward) and the peak FLOP/s of all devices (None: unknown, no MFU)."""
     flops_per_step: float
     peak: Optional[float]
 
@@ -192,12 +184,9 @@ class Perf:
 
 
 class ProfileWindow:
-    """Traces global steps START+1..END with the TensorFlow profiler into
-    <logdir>/plugins/profile/<run>/ (TensorBoard's Profile tab reads it).
-
-    `n_until_boundary` ends host loops at START and END, so a trace holds exactly those
-    steps; every worker of a job ends its loops there (the loops are collective), only
-    the chief traces."""
+    """Traces global steps START+1..END into <logdir>/plugins/profile/ (TensorBoard's
+    Profile tab). Every worker ends its host loops at START and END (`n_until_boundary`:
+    the loops are collective); only the chief traces."""
 
     def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, enabled: bool):
         self.steps, self.logdir, self.enabled = steps, logdir, enabled and steps is not None
@@ -240,9 +229,8 @@ class ProfileWindow:
 
 
 class InputWatch:
-    """What the loop asks of the input: `guard(manager)` wraps each host loop (turning a
-    read failure into a one-line error), `after_loop()` reports input scalars for
-    TensorBoard. In-memory input (fine-tuning) needs neither."""
+    """`guard(manager)` wraps each host loop (a read failure -> a one-line error);
+    `after_loop()` -> input scalars for TensorBoard. In-memory input needs neither."""
 
     def guard(self, manager):
         return contextlib.nullcontext()
@@ -257,15 +245,11 @@ class InputWatch:
 def open_checkpoints(trainer: Trainer, directory: str, save_dir: Optional[str] = None,
                      max_to_keep: int = 1, clean: bool = True
                      ) -> tf.train.CheckpointManager:
-    """Resumes `trainer` from the newest complete checkpoint in `directory` and returns
-    the manager that saves to `save_dir` (default `directory`; another worker's scratch
-    copy in multi-worker jobs).
-
-    With `clean` (the process that owns the directory) what a killed write left there is
-    deleted first, and newer damaged checkpoints are set aside (`newest_complete`), so the
-    run continues from the one before and can write those steps again. A directory with
-    checkpoint files none of which is complete stops the run (CheckpointError): a run
-    never starts over from step 0 beside its own checkpoints."""
+    """Resumes `trainer` from the newest complete checkpoint in `directory`; -> the manager
+    saving to `save_dir` (default `directory`; a non-chief worker's scratch copy).
+    `clean` (the directory's owner): delete what a killed write left and set newer damaged
+    checkpoints aside (`newest_complete`); checkpoint files none of which is complete stop
+    the run (CheckpointError), never a start over from step 0."""
     if clean:
         remove_torn_checkpoints(directory)
     latest = newest_complete(directory, set_aside=clean)
@@ -283,15 +267,13 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
           chief: bool = True, inputs: Optional[InputWatch] = None,
           metrics_from_sums: Callable = lambda sums: sums, what: str = "", lease=None
           ) -> Dict[str, float]:
-    """Trains from the trainer's global step to `schedule.num_train_steps`; returns the
-    last logged metrics. A preemption notice stops it at the end of the current host loop,
-    after a checkpoint (multi-worker: at a step agreed with the other workers), by
-    raising `preemption.Preempted`. `lease` (lease.RunLease) is checked before every
-    save: a run whose directory another process has taken stops without writing."""
+    """Trains from the global step to `schedule.num_train_steps`; -> the last logged
+    metrics. A preemption notice saves and raises `preemption.Preempted` after the current
+    host loop (at a step all workers agree on). `lease` (lease.RunLease) is checked before
+    every save."""
     s = schedule
     total = s.num_train_steps
     inputs = inputs or InputWatch()
-    loops = {}  # one compiled host loop per phase
     step = int(trainer.global_step.numpy())
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
@@ -317,13 +299,11 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
                 s.log_every_steps - step % s.log_every_steps,
                 s.save_checkpoints_steps - step % s.save_checkpoints_steps,
                 trainer.steps_left_in_phase(step) or total))
-            phase = trainer.phase_at(step)
-            if phase not in loops:
-                loops[phase] = trainer.make_train_loop(phase)
+            host_loop = trainer.make_train_loop(trainer.phase_at(step))  # made once a phase
             trainer.enter_phase(step)
             profile.before_loop(step)
             with inputs.guard(manager):
-                loop_sums = loops[phase](iterator, tf.constant(n))
+                loop_sums = host_loop(iterator, tf.constant(n))
             trainer.data_batches.assign_add(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
             step = int(trainer.global_step.numpy())  # waits for the loop's steps

@@ -1,9 +1,6 @@
-"""The training state and the compiled step that pre-training (`pretraining.Pretrainer`)
-and fine-tuning (`finetune.trainer.Finetuner`) share: model, optimizer and counters (the
-checkpoint's object graph); the job's loss in micro-batches, then one step tail for every
-job (all-reduce, unscale, clip, a non-finite step skipped, update, float16 loss scaling);
-host loops of such steps returning the metric sums, reduced over replicas.
-"""
+"""The training state (the checkpoint's object graph) and the compiled step both jobs
+share: the job's loss in micro-batches, then one step tail (all-reduce, unscale, clip, skip a
+non-finite step, update, float16 loss scaling); host loops return replica-reduced sums."""
 
 import abc
 import dataclasses
@@ -22,10 +19,9 @@ _PER_STEP = ("steps", "grad_norm_sum", "skipped")
 
 
 def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
-    """XLA on accelerators (on TPU the strategy compiles anyway). On a CPU-only run,
-    `on_cpu`: the job's measured choice (`Trainer.xla_on_cpu`); never for MirroredStrategy
-    over several logical CPU devices, where XLA cannot place the per-replica variables, nor
-    under a TensorFlow build without XLA:CPU (the TPU build, `compat.xla_cpu_available`)."""
+    """XLA on accelerators. CPU-only: `on_cpu` (`Trainer.xla_on_cpu`), but never under a
+    MirroredStrategy (XLA cannot place per-replica variables) nor without XLA:CPU (the TPU
+    build, `compat.xla_cpu_available`)."""
     if not distribute.is_cpu_only(strategy):
         return True
     if isinstance(strategy, (tf.distribute.MirroredStrategy,
@@ -44,23 +40,18 @@ class LoopOutput:
 
 
 class Trainer(abc.ABC):
-    """The state of a training run and its compiled functions. `build_model()` and
-    `build_optimizer()` run under the strategy's scope and the Keras dtype policy, after
-    the global seed is set: every rerun and worker starts from the same model.
-    `seed_stream` tells this job's dropout/masking seeds from another's with the same seed.
-    """
+    """A run's state and compiled functions. `build_model()` and `build_optimizer()` run
+    under the strategy's scope after the global seed is set (every rerun and worker starts
+    from the same model); `seed_stream` tells this job's random streams from another's."""
 
-    # Whether the step is XLA-compiled on a CPU-only run when the user does not say
-    # (--jit_compile); a job sets it from measurement (README, Benchmarks).
+    # XLA on a CPU-only run without --jit_compile; a job's measured choice (README).
     xla_on_cpu = True
 
     def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
                  build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float,
-                 grad_accum_steps: int = 1,
-                 jit_compile: Optional[bool] = None):
+                 grad_accum_steps: int = 1, jit_compile: Optional[bool] = None):
         self.strategy = strategy
-        # The precision the model is built with (distribute.set_precision); float16 scales
-        # the loss dynamically.
+        # The model's precision (distribute.set_precision); float16 scales the loss.
         self.float16 = distribute.active_precision() == "float16"
         self.clip_norm = clip_norm
         self.grad_accum_steps = grad_accum_steps
@@ -79,14 +70,13 @@ class Trainer(abc.ABC):
                                           trainable=False, name="loss_scale", aggregation=agg)
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="loss_scale_good_steps", aggregation=agg)
-            # Global batches read so far: where the input resumes. It runs ahead of
-            # global_step by the steps skipped for non-finite gradients.
+            # Global batches read: where the input resumes (ahead of global_step by the
+            # skipped non-finite steps).
             self.data_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                             name="data_batches", aggregation=agg)
-            # Masks and dropout are a function of this, the step and the row: a resumed
-            # run redraws what an uninterrupted one would have drawn. A variable (not in
-            # the checkpoint: it comes from the flags), so `reinitialize` can change it
-            # under the compiled step.
+            # Masks and dropout are a function of this, the step and the row, so a resumed
+            # run redraws the same. Not checkpointed (from the flags); a variable so that
+            # `reinitialize` can change it under the compiled step.
             self.base_seed = tf.Variable([seed, seed_stream], dtype=tf.int32,
                                          trainable=False, name="base_seed", aggregation=agg)
         # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
@@ -109,9 +99,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def loss(self, batch, seed, context, training: bool, phase: int = 0):
-        """-> (scalar float32 loss, dict of additive float32 metric sums) of this
-        replica's (micro-)batch, already divided by global denominators so that replicas
-        and micro-batches add up to the loss of the whole global batch."""
+        """-> (float32 loss, additive float32 metric sums) of this replica's (micro-)batch,
+        over global denominators: replicas and micro-batches add up to the global batch's."""
 
     def step_context(self, batch) -> Dict[str, tf.Tensor]:
         """Whatever `loss` needs from the whole replica batch before it is split into
@@ -137,9 +126,8 @@ class Trainer(abc.ABC):
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint(self, data_position: bool = True) -> tf.train.Checkpoint:
-        """The object graph of a training checkpoint: model, optimizer slots, step, loss
-        scale and the data position (what a rerun resumes from; without it, the graph of
-        checkpoints written before `data_batches` existed)."""
+        """A training checkpoint's object graph; without `data_position`, that of
+        checkpoints written before `data_batches` existed."""
         state = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
                      loss_scale=self.loss_scale, loss_scale_good_steps=self.good_steps)
         if data_position:
@@ -147,9 +135,8 @@ class Trainer(abc.ABC):
         return tf.train.Checkpoint(**state)
 
     def restore(self, path: str):
-        """Restores a training checkpoint. One written before data_batches existed puts
-        the data position at global_step."""
-        # The prefix's own reader: list_variables takes a ram:// prefix for a directory.
+        """Restores a training checkpoint (one without data_batches resumes the input at
+        global_step). The prefix's own reader: list_variables takes a ram:// one for a dir."""
         reader = tf.compat.v1.train.NewCheckpointReader(path)
         saved = {name.split("/")[0] for name in reader.get_variable_to_shape_map()}
         data_position = "data_batches" in saved
@@ -158,11 +145,9 @@ class Trainer(abc.ABC):
             self.data_batches.assign(self.global_step)
 
     def reinitialize(self, seed: int):
-        """Puts the trainer where a new one built with `seed` would start: the weights
-        `build_model` draws under that seed, zero optimizer slots, step 0, the initial loss
-        scale, data position 0 and the seed's dropout/mask streams. The compiled step, eval
-        step and host loops are kept, so a run of several trials (fine-tuning seeds)
-        traces and compiles once."""
+        """Puts the trainer where a new one built with `seed` would start (weights, zero
+        slots and counters, loss scale, random streams), keeping its compiled functions:
+        several trials (fine-tuning seeds) trace once."""
         keras.utils.set_random_seed(seed)
         with self.strategy.scope():
             fresh = self._build_model()
@@ -250,9 +235,8 @@ class Trainer(abc.ABC):
         return sums
 
     def _accumulated_grads(self, batch, seed, context, phase=0):
-        """Gradients of the replica's batch in `grad_accum_steps` micro-batches, whose
-        losses are shares of the global batch's: one running sum of their gradients (the
-        memory of one micro-batch)."""
+        """Gradients of the replica's batch in `grad_accum_steps` micro-batches, summed as
+        they go (the memory of one micro-batch)."""
         k = self.grad_accum_steps
         if k == 1:
             return self._grads(batch, seed, context, phase)
@@ -277,10 +261,9 @@ class Trainer(abc.ABC):
     # ------------------------------------------------------------------ host loops
 
     def make_train_loop(self, phase: int = 0):
-        """A tf.function running `num_steps` train steps of `phase` from a distributed
-        iterator and returning the metric sums, reduced over replicas and summed over the
-        steps (a loop must not cross a phase boundary: `steps_left_in_phase`). Made once
-        per phase: a new iterator with the same element spec reuses its trace."""
+        """The tf.function (one per phase) running `num_steps` steps of `phase` from a
+        distributed iterator -> metric sums over replicas and steps. A loop must not cross
+        a phase boundary (`steps_left_in_phase`)."""
         if phase not in self._train_loops:
             self._train_loops[phase] = self._host_loop(self.replica_step(phase))
         return self._train_loops[phase]
@@ -327,7 +310,7 @@ def summarize(sums: Dict[str, tf.Tensor],
               metrics_from_sums: Callable = lambda sums: sums) -> LoopOutput:
     """Metric sums of one or more steps -> the reported numbers (`metrics_from_sums`
     turns the job's own sums into its metrics)."""
-    sums = {k: v for k, v in sums.items()}
+    sums = dict(sums)
     steps = max(float(sums.pop("steps")), 1.0)
     loss = float(sums.pop("loss_sum")) / steps
     skipped = int(round(float(sums.pop("skipped", 0.0))))
