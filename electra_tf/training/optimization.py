@@ -1,12 +1,8 @@
-"""Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping.
+"""Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping: plain
+TensorFlow, so a whole train step is one XLA-compilable function under any strategy. Slots
+are `<var>/adam_m` and `<var>/adam_v`, as in the official TF1 checkpoints."""
 
-Plain TensorFlow on `tf.Variable`s, so one train step (forward, backward, clipping, update)
-lives in a single `tf.function(jit_compile=True)` run through `strategy.run` under any
-strategy. Slots are named `<var>/adam_m` and `<var>/adam_v`, as in the official TF1
-checkpoints. `apply_gradients` does not all-reduce (it expects the same gradients on every
-replica); call `optimizer.build(variables)` once, eagerly, under `strategy.scope()`.
-"""
-
+import dataclasses
 import functools
 import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -19,10 +15,9 @@ DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 # --------------------------------------------------------------------------- schedule
 
 class WarmupPolynomialDecay:
-    """The official ELECTRA learning rate, `step -> float32 lr` (`step` any numeric dtype):
-    decay = (lr - end) * (1 - min(step, total) / total) ** power + end (TF1
-    polynomial_decay), times min(1, step / warmup_steps): warmup multiplies the decayed
-    value, as in the official code."""
+    """The official ELECTRA learning rate, `step -> float32 lr`: TF1's polynomial_decay
+    (lr - end) * (1 - min(step, total) / total) ** power + end, times
+    min(1, step / warmup_steps) (warmup multiplies the decayed value, as officially)."""
 
     def __init__(self, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                  end_learning_rate: float = 0.0, power: float = 1.0):
@@ -75,38 +70,30 @@ def _dense(grad):
     return grad
 
 
+@dataclasses.dataclass
 class _Entry:
     """What the optimizer knows about one trained variable (plain object: not tracked)."""
-
-    def __init__(self, variable, name: str, excluded: bool, decay: bool, m, v):
-        self.variable = variable
-        self.tf_variable = _tf_variable(variable)
-        self.name = name
-        self.excluded = excluded  # matches exclude_from_weight_decay
-        self.decay = decay  # weight decay applied (not excluded and weight_decay != 0)
-        self.m = m
-        self.v = v
+    tf_variable: tf.Variable
+    name: str
+    excluded: bool  # matches exclude_from_weight_decay
+    decay: bool  # weight decay applied (not excluded and weight_decay != 0)
+    m: tf.Variable
+    v: tf.Variable
 
 
+@dataclasses.dataclass
 class _State:
     """Plain container, so that tf.Module does not track the bookkeeping."""
-
-    def __init__(self):
-        self.entries: List[_Entry] = []
-        self.by_id: Dict[int, int] = {}
-        self.by_name: Dict[str, int] = {}
-
-
-def _variable_strategy(tf_var):
-    if tf.distribute.has_strategy():
-        return tf.distribute.get_strategy()
-    return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
+    entries: List[_Entry] = dataclasses.field(default_factory=list)
+    by_id: Dict[int, int] = dataclasses.field(default_factory=dict)
+    by_name: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _zeros_like_variable(tf_var, name: str):
     """A non-trainable zeros variable shaped like `tf_var`, created in its strategy's scope
     (mirrored under MirroredStrategy/TPUStrategy) and colocated with it."""
-    strategy = _variable_strategy(tf_var)
+    strategy = (tf.distribute.get_strategy() if tf.distribute.has_strategy() else
+                getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy())
     shape, dtype = tf_var.shape, tf_var.dtype
     with strategy.scope(), strategy.extended.colocate_vars_with(tf_var):
         return tf.Variable(lambda: tf.zeros(shape, dtype), trainable=False, name=name)
@@ -154,10 +141,9 @@ class _AdamFamily(tf.Module):
         return any(re.search(pattern, name) for pattern in self.exclude_from_weight_decay)
 
     def build(self, variables: Iterable) -> "_AdamFamily":
-        """Creates zero slots `<var>/adam_m`, `<var>/adam_v` for each new variable and fixes
-        its weight-decay flag from its name. Call eagerly, under the variables' strategy
-        scope (the slots are mirrored alike); built variables are skipped (a new task head
-        can be added later)."""
+        """Creates zero slots for each variable not built yet (a task head can come later)
+        and fixes its weight-decay flag from its name. Call eagerly, under the variables'
+        strategy scope."""
         state = self._state
         for variable in variables:
             tf_var = _tf_variable(variable)
@@ -174,7 +160,7 @@ class _AdamFamily(tf.Module):
             self.adam_v[f"{name}/adam_v"] = v
             state.by_id[id(tf_var)] = len(state.entries)
             state.by_name[name] = len(state.entries)
-            state.entries.append(_Entry(variable, name, excluded,
+            state.entries.append(_Entry(tf_var, name, excluded,
                                         decay=self.weight_decay != 0.0 and not excluded, m=m, v=v))
         return self
 
@@ -188,8 +174,7 @@ class _AdamFamily(tf.Module):
                 for name, slot in ((f"{e.name}/adam_m", e.m), (f"{e.name}/adam_v", e.v))}
 
     def _resolve_multipliers(self, lr_multipliers: LrMultipliers) -> Dict[int, float]:
-        """{entry index: multiplier}; keys may be variables (TF or Keras), `var.ref()`
-        references or variable names. A key naming no built variable is an error."""
+        """{entry index: multiplier} of `apply_gradients`' `lr_multipliers`."""
         if not lr_multipliers:
             return {}
         items = lr_multipliers.items() if isinstance(lr_multipliers, Mapping) else lr_multipliers
@@ -217,12 +202,10 @@ class _AdamFamily(tf.Module):
     def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]], step,
                         lr_multipliers: LrMultipliers = None, should_update=None):
         """Updates the variables (and m, v) in place from gradients already aggregated over
-        replicas (None skipped, IndexedSlices densified). `step`: updates applied so far
-        (lr = learning_rate_fn(step), bias correction t = step + 1; not incremented here).
-        `lr_multipliers`: {variable | var.ref() | name: float} or (variable, float) pairs
-        (layer-wise decay). `should_update`: a boolean scalar tensor; where False nothing
-        changes (selects, not a branch: XLA- and replica-context-safe). Eager, in a
-        tf.function, in cross-replica context or under `strategy.run` (one merge_call)."""
+        replicas (None skipped). `step`: updates applied so far (lr = learning_rate_fn(step),
+        bias correction t = step + 1). `lr_multipliers`: {variable | var.ref() | name: float}
+        or (variable, float) pairs. `should_update`: a boolean scalar; where False nothing
+        changes (selects, not a branch). Eager, in a tf.function or under `strategy.run`."""
         grads_and_vars = list(grads_and_vars)
         if not self.built and tf.executing_eagerly() and not tf.distribute.has_strategy():
             self.build(v for _, v in grads_and_vars)  # convenience for eager, one device
@@ -350,14 +333,10 @@ def global_norm(grads: Sequence) -> tf.Tensor:
 
 
 def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
-    """Scales the gradients by min(1, clip_norm / global_norm) (clip_norm <= 0 or None: no
-    clipping); returns (grads, the norm before clipping). None stays None; IndexedSlices
-    stay IndexedSlices (duplicate indices count separately, as in tf.clip_by_global_norm).
-
-    A non-finite norm gives all-zero gradients (tf.clip_by_global_norm gives NaNs) and the
-    non-finite norm; zeros still move AdamW/LAMB weights (momentum, decay), so to skip the
-    step pass `should_update=tf.math.is_finite(norm)` to `apply_gradients`.
-    """
+    """-> (the gradients times min(1, clip_norm / global norm), the norm); no clipping for
+    clip_norm <= 0 or None; IndexedSlices stay so. A non-finite norm gives zeros (not
+    tf.clip_by_global_norm's NaNs), which still move AdamW/LAMB weights: to skip the step,
+    pass `should_update=tf.math.is_finite(norm)` to `apply_gradients`."""
     grads = list(grads)
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
@@ -385,8 +364,8 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
 
 
 def all_reduce_gradients(grads: Sequence) -> List:
-    """Sums gradients over replicas in replica context; identity outside `strategy.run` or
-    with one replica. None stays None; IndexedSlices are densified first (XLA-friendly)."""
+    """Sums gradients over replicas (identity outside `strategy.run` or with one replica);
+    IndexedSlices are densified first (XLA-friendly)."""
     ctx = tf.distribute.get_replica_context()
     grads = list(grads)
     if ctx is None or ctx.num_replicas_in_sync == 1:
