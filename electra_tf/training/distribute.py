@@ -1,12 +1,7 @@
-"""Choosing the tf.distribute strategy and the numeric precision for a run.
-
-`--strategy=auto|tpu|gpu|multi_worker|cpu` maps to TPUStrategy, MirroredStrategy,
-MultiWorkerMirroredStrategy or OneDeviceStrategy; `auto` takes what the machine has.
-Which TPU, and how TensorFlow reaches it, is `resolve_tpu_target`, a pure function of the
-flags, the environment and what `probe_tpu_host` saw (kinds below; README: Cloud TPU
-quickstart). A multi-host TPU VM slice is driven by ONE program on worker 0, with
-`TPU_LOAD_LIBRARY=0` and the TPU's name: it is the chief and writes every output. Every
-refusal is a one-line `StrategyError`.
+"""The tf.distribute strategy (`--strategy`; `auto` takes what the machine has) and the
+numeric precision of a run. Which TPU, and how it is reached, is `resolve_tpu_target`, a pure
+function of the flags, the environment and `probe_tpu_host`; a multi-host TPU VM slice is
+driven by ONE program on worker 0 (the chief). Every refusal is a one-line `StrategyError`.
 """
 
 import dataclasses
@@ -96,11 +91,8 @@ def _tpu_from_env(env: Mapping[str, str]):
 def resolve_tpu_target(strategy: str, tpu: Optional[str], tpu_zone: Optional[str],
                        gcp_project: Optional[str], env: Mapping[str, str],
                        host: TpuHost) -> TpuTarget:
-    """Decides whether and how the run uses a TPU, without side effects.
-
-    strategy: the --strategy flag; tpu, tpu_zone, gcp_project: the flags (None or '' when
-    not given); env: the environment (TPU_NAME, KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS,
-    TPU_LOAD_LIBRARY); host: what this machine has (`probe_tpu_host`). Raises
+    """Whether and how the run uses a TPU, from the flags (None or '' when not given), the
+    environment (TPU_NAME, KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_LOAD_LIBRARY) and `host`;
     StrategyError for contradictions and for a TPU that cannot be used from here."""
     tpu, tpu_zone, gcp_project = (v.strip() if v else None for v in (tpu, tpu_zone, gcp_project))
     location = " ".join(f"--{k}" for k, v in (("tpu_zone", tpu_zone),
@@ -133,6 +125,7 @@ def resolve_tpu_target(strategy: str, tpu: Optional[str], tpu_zone: Optional[str
                                 "name (drop them)")
         return TpuTarget(TPU_GRPC, {"tpu": tpu}, _flag(source, tpu))
     if tpu:  # a TPU's name
+        named = _flag(source, tpu)
         if host.tpu_vm:
             if host.hosts == 1 and source != "--tpu":  # e.g. a TPU_NAME left in the shell
                 return _local(host, load_library, f"this TPU VM ({host.accelerator_type}); "
@@ -142,18 +135,24 @@ def resolve_tpu_target(strategy: str, tpu: Optional[str], tpu_zone: Optional[str
                     f"--tpu={tpu}: this TPU VM ({host.accelerator_type}) is a single host: "
                     "use --tpu=local (or no --tpu); a name is for a multi-host slice (from its "
                     "worker 0) or a TPU Node")
-            _check_pod_host(host, load_library, _flag(source, tpu))
-            _check_api(host, _flag(source, tpu))
+            _check_worker_0(host, named)
+            if load_library != "0":
+                raise StrategyError(
+                    f"{named}: driving a multi-host slice from worker 0 needs "
+                    "TPU_LOAD_LIBRARY=0 (export it before starting) so that this program "
+                    "leaves the chips to the TPU runtime; for this host's chips alone use "
+                    "--tpu=local")
+            _check_api(host, named)
             return TpuTarget(TPU_POD, {"tpu": tpu, "zone": tpu_zone, "project": gcp_project},
-                             f"{_flag(source, tpu)} from worker 0 of "
+                             f"{named} from worker 0 of "
                              f"{host.accelerator_type or 'a multi-host slice'}")
-        _check_api(host, _flag(source, tpu))
+        _check_api(host, named)
         if not host.on_gce and not (tpu_zone and gcp_project):
             raise StrategyError(
-                f"{_flag(source, tpu)}: outside Google Cloud give --tpu_zone and --gcp_project "
+                f"{named}: outside Google Cloud give --tpu_zone and --gcp_project "
                 "(TensorFlow otherwise asks the GCE metadata server), or --tpu=grpc://HOST:8470")
         return TpuTarget(TPU_NODE, {"tpu": tpu, "zone": tpu_zone, "project": gcp_project},
-                         _flag(source, tpu))
+                         named)
 
     # No TPU named: what is attached to this machine.
     if host.tpu_vm:
@@ -202,15 +201,6 @@ def _check_worker_0(host: TpuHost, what: str):
             "(gcloud compute tpus tpu-vm ssh NAME --worker=0)")
 
 
-def _check_pod_host(host: TpuHost, load_library: str, what: str):
-    _check_worker_0(host, what)
-    if load_library != "0":
-        raise StrategyError(
-            f"{what}: driving a multi-host slice from worker 0 needs TPU_LOAD_LIBRARY=0 "
-            "(export it before starting) so that this program leaves the chips to the TPU "
-            "runtime; for this host's chips alone use --tpu=local")
-
-
 def _check_api(host: TpuHost, what: str):
     if not host.api_client:
         raise StrategyError(f"{what}: finding a TPU by name needs the Cloud TPU API client: "
@@ -221,9 +211,9 @@ def _check_api(host: TpuHost, what: str):
 
 
 def probe_tpu_host(env: Optional[Mapping[str, str]] = None) -> TpuHost:
-    """What this machine has: TPU chips from /dev (no network); on a TPU VM only, the
-    slice's accelerator type and this host's worker number from TPU_ACCELERATOR_TYPE /
-    TPU_WORKER_ID (GKE) or the GCE metadata server."""
+    """What this machine has: TPU chips from /dev (no network); on a TPU VM, the slice's
+    type and this host's worker number from TPU_ACCELERATOR_TYPE / TPU_WORKER_ID (GKE) or
+    the GCE metadata server."""
     env = os.environ if env is None else env
     chips = tpu_chips()
     tf_devices = 0 if chips else len(tf.config.list_logical_devices("TPU"))
@@ -307,8 +297,8 @@ def task(strategy: tf.distribute.Strategy):
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes the run's outputs: the chief, or worker 0 of a cluster
-    without one; always true outside multi-worker training. On TPU, a multi-host slice
-    included, one program (on worker 0 of a slice) drives every host: it is the chief."""
+    without one; always true outside multi-worker training (on TPU one program drives every
+    host)."""
     task_type, task_id = task(strategy)
     return task_type in (None, "chief") or (
         task_type == "worker" and task_id == 0
@@ -316,9 +306,8 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
-    """Where this process saves checkpoints: `model_dir` for the chief; a scratch
-    directory for the other workers, which must take part in every save (it is a
-    collective) but whose copies nobody reads."""
+    """Where this process saves checkpoints: `model_dir` for the chief; for the other
+    workers (a save is a collective) a scratch directory nobody reads."""
     if is_chief(strategy):
         return model_dir
     task_type, task_id = task(strategy)
@@ -340,8 +329,7 @@ def set_precision(precision: str):
 
 
 def active_precision() -> str:
-    """The compute precision models are built with now (`set_precision`'s): float32,
-    bfloat16 or float16."""
+    """The compute precision models are built with now (`set_precision`'s)."""
     return {"float16": "float16", "bfloat16": "bfloat16"}.get(
         keras.mixed_precision.global_policy().compute_dtype, "float32")
 

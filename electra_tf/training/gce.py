@@ -1,6 +1,5 @@
 """The Google Compute Engine VM this process may run on (Cloud TPU VMs included): whether
-it is one, and its metadata server, which the TPU resolution (`distribute.py`), the
-peak-FLOP/s lookup (`hardware.py`) and the preemption watch (`preemption.py`) read."""
+it is one, and its metadata server."""
 
 import os
 import urllib.request
@@ -12,9 +11,8 @@ METADATA_HOST_ENV = "GCE_METADATA_IP"
 
 
 def on_gce() -> bool:
-    """Whether this machine is a GCE VM (Cloud TPU VMs included), from the DMI product
-    name, as Google's client libraries check it; no network. The metadata address
-    variable forces it on."""
+    """Whether this machine is a GCE VM, from the DMI product name as Google's client
+    libraries check it (no network), or forced by the metadata address variable."""
     if os.environ.get(METADATA_HOST_ENV):
         return True
     try:

@@ -1,13 +1,8 @@
-"""Peak FLOP/s of the devices a run trains on (what model-FLOPs utilisation divides by):
-the table of accelerators' published dense peaks, the device kind of a strategy, and a
-timed matmul where no table applies (CPU).
-
-The column (`Chip.peak`): 16-bit runs take the dense bf16 tensor-core / MXU peak (V100,
-without bf16 tensor cores: fp16's). float32 matmuls run in TensorFloat-32 by default
-(`tf.config.experimental.tensor_float_32_execution_enabled`): the TF32 peak on A100 /
-H100 / H200, one bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32
-(TPU: HIGHEST, six bf16 passes). NVIDIA's sheets quote peaks "with sparsity"; the table
-holds the dense half. TPU v2/v3 chips are two TensorFlow devices (`devices_per_chip`).
+"""Peak FLOP/s of the devices a run trains on (what MFU divides by): a table of
+accelerators' published dense peaks (NVIDIA's sheets quote "with sparsity": the table holds
+half), the device kind of a strategy, and a timed matmul where no table applies (CPU).
+float32 matmuls run in TensorFloat-32 by default: the TF32 column on A100/H100/H200, one
+bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32 (TPU: HIGHEST).
 """
 
 import dataclasses
@@ -113,9 +108,8 @@ def _tpu_name(strategy) -> Optional[str]:
 
 
 def device_name(strategy) -> Optional[str]:
-    """The accelerator's name as the table knows it (GPU: the CUDA device name from
-    `tf.config.experimental.get_device_details`; TPU: its accelerator type); None on CPU
-    or when it cannot be found."""
+    """The accelerator's name as the table knows it (GPU: the CUDA device name; TPU: its
+    accelerator type); None on CPU or when it cannot be found."""
     kind = device_type(strategy)
     if kind == "GPU":
         gpus = tf.config.list_physical_devices("GPU")
@@ -128,9 +122,9 @@ def device_name(strategy) -> Optional[str]:
 
 def num_devices(strategy) -> Tuple[int, str]:
     """(devices a peak is multiplied by, their name): replicas on accelerators, hosts on
-    CPU (logical CPU devices of one host share its cores)."""
+    CPU (a host's logical CPU devices, its `worker_devices`, share its cores)."""
     kind, n = device_type(strategy), strategy.num_replicas_in_sync
-    if kind == "CPU":  # hosts: each worker's `worker_devices` are its own
+    if kind == "CPU":
         n = max(1, n // max(1, len(strategy.extended.worker_devices)))
         return n, "CPU host" + ("s" if n > 1 else "")
     return n, f"{kind} device" + ("s" if n > 1 else "")
@@ -149,11 +143,9 @@ RUN_MATMUL_SIZE = 2048
 
 def measure_matmul_flops(size: int = 4096, dtype: str = "float32", repeats: int = 3,
                          device: str = "/cpu:0") -> float:
-    """FLOP/s of a size x size x size `tf.linalg.matmul` on `device`: the best of
-    `repeats` timed runs after one warm-up, measured once per process per
-    (size, dtype, device) and cached. TensorFlow's own kernel (oneDNN on CPU), not XLA:
-    XLA's CPU matmul is no faster in float32 and far slower in bfloat16. Whatever else
-    loads the host lowers the figure."""
+    """FLOP/s of a size^3 `tf.linalg.matmul` on `device`: the best of `repeats` runs after
+    a warm-up, cached per process. TensorFlow's kernel (oneDNN), not XLA's: no faster in
+    float32 and far slower in bfloat16. Whatever else loads the host lowers the figure."""
     key = (size, dtype, device)
     if key not in _MEASURED:
         with tf.device(device):
@@ -207,10 +199,9 @@ def format_flops(x: float) -> str:
 
 def peak_flops(strategy, precision: str, override: Union[None, str, float] = None,
                cpu_matmul_size: int = RUN_MATMUL_SIZE) -> Tuple[Optional[float], str]:
-    """(peak FLOP/s of all the strategy's devices together, where the figure comes from):
-    `override` (FLOP/s of one device, `num_devices`) times the devices, else a known
-    accelerator's table entry, or on CPU a timed matmul in the compute dtype; an
-    accelerator the table does not know gives None (no MFU)."""
+    """(peak FLOP/s of all the strategy's devices, where it comes from): `override` (one
+    device's) times the devices, else the table's entry, or on CPU a timed matmul in the
+    compute dtype; an accelerator the table does not know gives None (no MFU)."""
     count, unit = num_devices(strategy)
     if override is not None:
         per_device = parse_flops(override)

@@ -1,18 +1,13 @@
-"""One writer per run directory: the process that trains into a `--model_dir` holds a lease
-file there (`lease.json`: holder, host, pid, start time, heartbeat), taken before its first
-write and renewed by a heartbeat thread, so that a second process given the same directory
-stops with one line instead of interleaving its checkpoints with the first one's.
+"""One writer per run directory: the process training into a `--model_dir` holds a lease
+file there (`lease.json`), taken before its first write and renewed by a heartbeat thread, so
+a second process given the directory stops with one line instead of interleaving checkpoints.
 
-A lease is **live** while its heartbeat is younger than STALE_SECONDS (10 missed beats)
-and, if written on this host, its process runs: a second process stops, naming it. It is
-**stale** otherwise and taken over with a warning (a run killed on another host after
-STALE_SECONDS, or at once by deleting `MODEL_DIR/lease.json`). Any exit releases it.
-
-`tf.io.gfile` has no create-if-absent (writes and renames are atomic, Cloud Storage reads
-strongly consistent), so taking a lease is write, wait SETTLE_SECONDS, read back: of two
-processes starting together the last writer keeps it. The holder reads it again at every
-heartbeat and before every checkpoint, and stops before writing if it is another's.
-Staleness compares the holder's clock with the reader's (GCE keeps hosts' clocks synced).
+A lease is live while its heartbeat is younger than STALE_SECONDS and, if written on this
+host, its process runs; otherwise it is stale and taken over with a warning (or at once by
+deleting the file). `tf.io.gfile` has no create-if-absent, so taking a lease is write, wait
+SETTLE_SECONDS, read back: of two processes starting together the last writer keeps it. The
+holder reads it again at every heartbeat and before every checkpoint. Staleness compares the
+holder's clock with the reader's (GCE keeps hosts' clocks synced).
 """
 
 import dataclasses
@@ -31,7 +26,7 @@ from electra_tf import fileio
 
 LEASE_FILE = "lease.json"
 HEARTBEAT_SECONDS = 30.0
-STALE_SECONDS = 300.0
+STALE_SECONDS = 300.0  # 10 missed beats
 # How long a new holder waits before reading its lease back: longer than the gap between
 # another process's read (no lease) and its write landing (one upload and a rename).
 SETTLE_SECONDS = {"local": 0.2, "remote": 2.0}
@@ -91,9 +86,8 @@ def stale_reason(holder: Holder, now: float, host: str, stale_seconds: float
 
 
 class RunLease:
-    """The lease on `directory` for this process: `with RunLease(dir):` takes it (or
-    raises LeaseError) and releases it on exit; `check()` raises LeaseError if another
-    process has taken it since."""
+    """`with RunLease(dir):` takes the lease (or raises LeaseError) and releases it on exit;
+    `check()` raises LeaseError if another process has taken it since."""
 
     def __init__(self, directory: str, heartbeat_seconds: Optional[float] = None,
                  stale_seconds: Optional[float] = None):

@@ -1,8 +1,6 @@
-"""How and where a run executes (not its hyper-parameters): one options type per job,
-the fields both share (and their flags) declared once, and flags -> options.
-
-No TensorFlow import here: the CLIs define their flags before TensorFlow loads.
-"""
+"""How and where a run executes (not its hyper-parameters): one options type per job, the
+fields both share (and their flags) declared once. No TensorFlow import: the CLIs define
+their flags before TensorFlow loads."""
 
 import dataclasses
 from typing import Optional, Tuple, Union
@@ -14,9 +12,7 @@ STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.trainin
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """What both jobs' runs share, with the flags both CLIs define (`schema.define_flags`):
-    where the run's state lives, the device strategy, XLA, the profiler window and the peak
-    FLOP/s for MFU."""
+    """What both jobs' runs share, with the flags both CLIs define (`schema.define_flags`)."""
     model_dir: str
     strategy: str = knob("auto", one_of(*STRATEGIES), flag=(
         "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
@@ -35,7 +31,6 @@ class RunOptions:
         "Google Cloud, required)."))
     jit_compile: Optional[bool] = knob(None, flag="Force XLA on/off (default: on where "
                                                   "supported).")
-    # Or (START, END).
     profile_steps: Union[None, str, Tuple[int, int]] = knob(None, flag=(
         "START,END: trace global steps START+1..END with the TensorFlow profiler (0 <= START "
         "< END; host loops end at both) into the run's train/ log directory, TensorBoard's "

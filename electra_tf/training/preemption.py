@@ -1,15 +1,9 @@
-"""Preemption notices: everything that asks a job to stop now and come back later, behind
-one check per host loop (`PreemptionWatch.stop_if_noticed`), for pre-training and
-fine-tuning trials. The sources: SIGTERM (schedulers, `kill`, a GCE preemption); SIGINT
-(Ctrl-C: the same save and stop with exit code 130; a second Ctrl-C stops at once); on a
-GCE VM, the metadata server's `instance/maintenance-event` turning to
-TERMINATE_ON_HOST_MAINTENANCE or `instance/preempted` turning TRUE, polled by a thread
-(TensorFlow's `PreemptionCheckpointHandler` does nothing on a Cloud TPU VM).
-
-A save needs every worker, so after each host loop the workers sum their notice flags in
-one collective: a notice to any stops all at the same step. The job saves at the current
-step and raises `Preempted`; the CLIs exit with `PREEMPTED_EXIT_CODE`, and rerunning the
-same command resumes.
+"""Preemption notices, behind one check per host loop (`PreemptionWatch.stop_if_noticed`):
+SIGTERM (schedulers, `kill`, a GCE preemption); SIGINT (Ctrl-C: the same save and stop, exit
+code 130; a second Ctrl-C stops at once); on a GCE VM, the metadata server's maintenance
+event or preemption, polled by a thread (TensorFlow's `PreemptionCheckpointHandler` does
+nothing on a Cloud TPU VM). The workers sum their notices in one collective, so all save at
+the same step and raise `Preempted`; rerunning the same command resumes.
 """
 
 import signal
@@ -29,8 +23,8 @@ METADATA_POLL_SECONDS = 5.0
 
 
 class Preempted(Exception):
-    """A preemption notice (or Ctrl-C) arrived; the job saved a checkpoint at the current
-    step and stopped. `exit_code`: what the CLI exits with."""
+    """A preemption notice (or Ctrl-C) arrived and the job saved a checkpoint;
+    `exit_code`: what the CLI exits with."""
 
     def __init__(self, message: str, exit_code: int = PREEMPTED_EXIT_CODE):
         super().__init__(message)
@@ -38,9 +32,8 @@ class Preempted(Exception):
 
 
 def metadata_notice(host: Optional[str] = None, timeout: float = 2.0) -> Optional[str]:
-    """The GCE metadata server's stop notice for this VM, or None: a maintenance event
-    that terminates the VM, or a preemption. A live migration is not a notice (the VM keeps
-    running). Raises OSError when the server cannot be read."""
+    """The GCE metadata server's stop notice for this VM (a terminating maintenance event or
+    a preemption; not a live migration), or None. OSError when it cannot be read."""
     get = lambda path: gce.metadata(f"instance/{path}", host, timeout)  # noqa: E731
 
     event = get("maintenance-event")
@@ -127,9 +120,8 @@ class PreemptionWatch:
     # ------------------------------------------------------------------ the check
 
     def stop_if_noticed(self, step: int, save: Callable[[], str]) -> None:
-        """Call after each host loop (every worker of a job, the same number of times):
-        on a notice to this process, or to any worker of the job, `save()` (returns the
-        checkpoint path) and raise Preempted."""
+        """Call after each host loop (every worker alike): on a notice to any worker,
+        `save()` (-> the checkpoint path) and raise Preempted."""
         reason = self.notices[0] if self.notices else None
         if self._count_workers is not None:  # a collective: every worker gets here
             noticed = int(self._count_workers(tf.constant(int(reason is not None))))
