@@ -74,8 +74,7 @@ class FinetuneConfig:
         "Fine-tuning seeds (default 1); results.json has every score and the median."))
 
     def resolved(self, model: ModelConfig, task) -> "FinetuneConfig":
-        """The defaults that depend on the model size and the task (its
-        `num_train_epochs`)."""
+        """The None knobs set to their defaults for the model size and the task."""
         large = model.hidden_size >= 1024
         lr = self.optimizer.learning_rate
         if lr is None:

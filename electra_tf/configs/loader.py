@@ -45,9 +45,7 @@ def preset_names():
 def _read_config_file(name_or_path: str, flag: str, cls) -> Dict[str, Any]:
     """The keys of a preset name (configs/NAME.json) or a JSON path (any filesystem
     TensorFlow knows: local, gs://...), flattened to `section.key`."""
-    # TensorFlow is imported here, not at the top: the CLIs import this module to define
-    # their flags before TensorFlow loads.
-    import tensorflow as tf
+    import tensorflow as tf  # not at the top: the CLIs define their flags without it
     from electra_tf import fileio
     path = name_or_path
     try:
@@ -104,9 +102,8 @@ def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
 
 def load_config(name_or_path: Optional[str] = "tiny", overrides: Overrides = None,
                 cls=PretrainingConfig):
-    """A job's config, checked: its defaults, a preset name (configs/NAME.json) or a JSON
-    path (any filesystem), then overrides; pre-training then sets what the objective
-    requires (`REQUIREMENTS`)."""
+    """A job's config, checked: its defaults, a preset or JSON file, the overrides, then
+    (pre-training) what the objective requires (`REQUIREMENTS`)."""
     cfg = cls()
     if name_or_path:
         cfg = apply_overrides(cfg, _read_config_file(name_or_path, f"--{cls.FILE_FLAG}", cls))
@@ -125,9 +122,8 @@ TYINGS = {"none": ("false", "false", "false"), "embeddings": ("true", "false", "
 
 
 def config_from_flags(flag_values, cls):
-    """A CLI's config: its file flag (--config, --finetune_config), --params_override,
-    then the flags the user set (`schema.define_flags`; those left at None keep the
-    config's value) and pre-training's --generator_tying."""
+    """A CLI's config: its file flag, --params_override, then the flags the user set
+    (those left at None keep the config's value) and --generator_tying."""
     overrides = parse_overrides(flag_values.params_override)
     overrides.update({key: str(getattr(flag_values, f.name)) for key, f in knobs(cls)
                       if flag_help(f, cls.JOB) and getattr(flag_values, f.name) is not None})

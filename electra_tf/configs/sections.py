@@ -45,10 +45,8 @@ class ModelConfig:
 
     @property
     def generator_intermediate(self) -> int:
-        """The discriminator's FFN scaled as its hidden size. The official code uses 4 x
-        the generator's hidden size: the same whenever intermediate_size = 4 x
-        hidden_size (every preset and released checkpoint); other shapes keep this rule,
-        which Hugging Face and TF1 imports infer sizes by."""
+        """The discriminator's FFN scaled as its hidden size (the official 4 x the
+        generator's hidden size wherever intermediate_size = 4 x hidden_size)."""
         return int(round(self.intermediate_size * self.generator_hidden_size))
 
     @property
@@ -110,7 +108,7 @@ class ObjectiveConfig:
     # BERT-style corruption: this share of chosen positions gets a random token.
     random_token_prob: float = 0.0
     temperature: float = knob(1.0, POSITIVE)
-    # Empty: `temperature` throughout; exponential is geometric.
+    # Empty: `temperature` throughout.
     temperature_schedule: str = knob("", pretraining=(
         "Sampling temperature over the run: SHAPE:START[:END] with SHAPE linear, cosine or "
         "exponential, from START at step 0 to END (default 1) at the last step, e.g. "
@@ -208,7 +206,6 @@ class ObjectiveConfig:
 class OptimizerConfig:
     """The official defaults: AdamW without bias correction, linear warmup and decay."""
     optimizer: str = knob("adamw", one_of("adamw", "lamb"))
-    # None: fine-tuning's default for the model size (`FinetuneConfig.resolved`).
     learning_rate: Optional[float] = knob(
         5e-4, POSITIVE, pretraining="Overrides optimizer.learning_rate.",
         finetune="Default: 3e-4 small, 1e-4 base, 5e-5 large.")
