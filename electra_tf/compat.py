@@ -1,11 +1,7 @@
-"""The TensorFlow versions electra-tf runs on, checked once at start-up from package metadata.
-
-Supported: TensorFlow 2.20 (the newest TPU build, `tensorflow-tpu`) and 2.21, each with the
-tensorflow-text of the same minor version and Keras 3. Every CLI (and `import electra_tf`)
-stops with one line naming what is installed and what is supported, before any TensorFlow
-code runs. Where the TensorFlow builds differ, the difference lives here: the TPU build
-loads its TPU runtime at import, which on a host without TPU chips spends minutes asking
-for a GCE metadata server (`configure_tpu_library`).
+"""The TensorFlow versions electra-tf runs on (2.20, the newest TPU build, and 2.21, each
+with the tensorflow-text of its minor version and Keras 3), checked from package metadata
+before any TensorFlow code runs: `import electra_tf` stops with one line otherwise. Where
+the TensorFlow builds differ (the TPU build's runtime), the difference lives here.
 """
 
 import functools
@@ -53,10 +49,8 @@ def _installed(name: str) -> Optional[str]:
 
 
 def installed_versions() -> Dict[str, object]:
-    """What is installed, from package metadata alone (no import of TensorFlow):
-    {'tensorflow': [(distribution, version), ...] (stand-ins left out),
-     'stand_in': version or None, 'tensorflow_text': version or None, 'keras': ...,
-     'libtpu': ...}."""
+    """What is installed, from package metadata: {'tensorflow': [(distribution, version),
+    ...] (stand-ins left out), and the versions (or None) of the others}."""
     tensorflow: List[Tuple[str, str]] = []
     stand_in = None
     for name in TENSORFLOW_DISTRIBUTIONS:
@@ -103,18 +97,12 @@ def check_versions(found: Dict[str, object]) -> Optional[str]:
     return None
 
 
-_CHECKED = False
-
-
+@functools.lru_cache(maxsize=None)  # once it passed
 def require_supported_versions() -> None:
     """Stops the process with one line unless the installed versions are supported."""
-    global _CHECKED
-    if _CHECKED:
-        return
     problem = check_versions(installed_versions())
     if problem:
         raise UnsupportedEnvironment(problem)
-    _CHECKED = True
 
 
 # ---------------------------------------------------------------- the TPU build's runtime
@@ -128,12 +116,10 @@ def module_exists(name: str) -> bool:
 
 
 def _libtpu_installed() -> bool:
-    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
-        return True
-    for var in ("TPU_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
-        if "libtpu" in os.environ.get(var, ""):
-            return True
-    return module_exists("libtpu")
+    return (any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so"))
+            or any("libtpu" in os.environ.get(var, "")
+                   for var in ("TPU_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"))
+            or module_exists("libtpu"))
 
 
 def tpu_chips() -> int:
@@ -151,13 +137,10 @@ def tpu_chips() -> int:
 
 
 def configure_tpu_library(environ: Optional[MutableMapping[str, str]] = None) -> bool:
-    """Sets TPU_LOAD_LIBRARY=0 where TensorFlow's TPU build would load its TPU runtime on a
-    host with no TPU chips; returns whether it did. Call before TensorFlow is imported.
-    There (a CPU machine, CI, a TPU Node's VM) tensorflow-tpu 2.20's import asks the GCE
-    metadata server for the TPU's environment, 30 tries a variable (on this project's CI:
-    over 10 minutes; 4 s unloaded); unloaded, TensorFlow runs on the CPU and still reaches
-    a TPU Node. A value the user set is kept; a host with chips is left alone (worker 0 of
-    a slice sets it itself, README: Cloud TPU)."""
+    """Sets TPU_LOAD_LIBRARY=0 (before TensorFlow is imported) where its TPU build would
+    load the TPU runtime on a host with no chips; -> whether it did. There tensorflow-tpu
+    2.20's import asks the GCE metadata server, 30 tries a variable (CI: over 10 minutes, 4 s
+    unloaded); unloaded, it still reaches a TPU Node. A value the user set is kept."""
     environ = os.environ if environ is None else environ
     if "TPU_LOAD_LIBRARY" in environ or not _libtpu_installed() or tpu_chips():
         return False
@@ -211,10 +194,8 @@ def missing_tpu_functions(library: str, names: List[str]) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def xla_cpu_available() -> bool:
-    """Whether this TensorFlow build can XLA-compile for the CPU. The TPU build cannot
-    ('could not find registered transfer manager for platform Host'): on it, CPU-only runs
-    take graph execution (training/trainer.py's `default_jit`). Probed once, with a 2 x 2
-    matmul."""
+    """Whether this TensorFlow build can XLA-compile for the CPU (the TPU build cannot:
+    'could not find registered transfer manager for platform Host'); probed once."""
     import tensorflow as tf
     try:
         with tf.device("/CPU:0"):

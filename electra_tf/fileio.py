@@ -1,17 +1,9 @@
-"""File access for every user-given path, through TensorFlow's filesystem layer.
-
-Paths may be local, `gs://bucket/...` (Cloud Storage), `ram://...` (TensorFlow's
-in-memory filesystem, used by the tests) or any other scheme `tf.io.gfile` knows. Nothing
-here calls `open`, `os.makedirs`, `glob.glob` or `shutil` on a user path; the only local
-files are the temporary staging directories of `local_staging_dir`.
-
-Atomic outputs: `atomic_output` / `write_atomic` write a sibling temp file and rename it
-over the target. On a local disk the rename is atomic. On Cloud Storage a rename is a
-copy plus a delete, and an object only becomes visible once its upload completes, so a
-reader never sees a torn file either way; what a bucket does not give is an atomic
-multi-file commit. Hence every output made of several files writes the file that marks
-completion (the manifest, a DONE marker, the checkpoint state) last, after everything it
-vouches for.
+"""File access for every user-given path (local, gs://, ram:// in the tests, any scheme
+`tf.io.gfile` knows), through TensorFlow's filesystem layer; the only local-only files are
+`local_staging_dir`'s. Outputs are written to a sibling temp file renamed over the target
+(`atomic_output`), so a reader never sees a torn file; a bucket has no atomic multi-file
+commit, so an output of several files writes the file that marks completion (manifest, DONE
+marker, checkpoint state) last, after everything it vouches for.
 """
 
 import bz2
@@ -52,8 +44,7 @@ def isdir(path: str) -> bool:
 
 
 def makedirs(path: str):
-    """Creates `path` and its parents; nothing to do when it exists (or on a bucket, where
-    directories are implicit, beyond what TensorFlow does)."""
+    """Creates `path` and its parents (nothing when it exists)."""
     if path:
         tf.io.gfile.makedirs(path)
 
@@ -141,14 +132,10 @@ def open_text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:
 
 @contextlib.contextmanager
 def atomic_output(path: str) -> Iterator[str]:
-    """A temp path to write `path`'s content to (with any writer: GFile, TFRecordWriter);
-    renamed over `path` when the block ends, removed if it raises, so that a reader sees
-    the old file or the whole new one. Close the writer inside the block.
-
-    The temp file has a unique name (two writers never share one, and never one a killed
-    run left: ram:// appends to a file it reopens) and ends with TMP_SUFFIX; a kill
-    between the write and the rename leaves it behind, never a torn `path`.
-    """
+    """A temp path to write `path`'s content to (any writer; close it inside the block),
+    renamed over `path` when the block ends, removed if it raises. Its name is unique (ram://
+    appends to a file it reopens) and ends with TMP_SUFFIX: a kill leaves it, not a torn
+    `path`."""
     tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
     try:
         yield tmp
@@ -178,9 +165,8 @@ def write_json_atomic(path: str, obj, indent: Optional[int] = 2, sort_keys: bool
 
 @contextlib.contextmanager
 def local_staging_dir(prefix: str = "electra-tf-") -> Iterator[str]:
-    """A local temporary directory, removed on exit: for libraries that only write to
-    local files (SentencePiece's trainer, multiprocessing builder workers) before their
-    output is copied to its destination with `copy_tree` / `copy`."""
+    """A local temporary directory, removed on exit, for libraries that only write local
+    files (SentencePiece's trainer, builder workers); `copy_tree` / `copy` copy it out."""
     directory = tempfile.mkdtemp(prefix=prefix)  # local staging, not a user path
     try:
         yield directory
@@ -193,12 +179,9 @@ def copy_tree(src: str, dst: str, last: Optional[List[str]] = None):
     in `last` (relative paths) are copied after all others, so that a marker of
     completion lands last on a filesystem without atomic directory renames."""
     last = list(last or [])
-    files = []
-    for root, _, names in tf.io.gfile.walk(src):
-        for n in names:
-            rel = posixpath.relpath(join(root, n), src) if is_remote(src) else \
-                os.path.relpath(os.path.join(root, n), src)
-            files.append(rel)
+    paths = posixpath if is_remote(src) else os.path
+    files = [paths.relpath(join(root, n), src) for root, _, names in tf.io.gfile.walk(src)
+             for n in names]
     ordered = sorted(f for f in files if f not in last) + [f for f in last if f in files]
     for rel in ordered:
         target = join(dst, *rel.split(os.sep))
@@ -212,9 +195,9 @@ def isfile(path: str) -> bool:
 
 
 def error_reason(e: BaseException) -> str:
-    """The one-line reason of a file error, without the path: `No such file or directory`
-    for a local or TensorFlow NotFoundError (whose message is `path; reason`, or empty on
-    some filesystems), the strerror of an OSError, else the first line of the message."""
+    """The one-line reason of a file error, without the path: an OSError's strerror, a
+    TensorFlow error's text after `path; ` (or a default where it is empty), else the
+    message's first line."""
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     message = (getattr(e, "message", None) or str(e) or "").strip()
@@ -229,9 +212,8 @@ def error_reason(e: BaseException) -> str:
 
 
 def fsync(path: str):
-    """Flushes a written local file's data to disk (TensorFlow's writers do not); nothing
-    to do on a remote filesystem, where an object is durable once its upload completes.
-    For a file that must be whole on disk before a file that vouches for it is written."""
+    """Flushes a written local file to disk (TensorFlow's writers do not), before a file
+    that vouches for it is written; remote objects are durable once uploaded."""
     if is_remote(path):
         return
     local = path[len("file://"):] if path.startswith("file://") else path
@@ -244,8 +226,7 @@ def fsync(path: str):
 
 def writable_dir_problem(path: str) -> Optional[str]:
     """None when `path` is (or could be made) a directory this process can write to, else
-    why not, in a few words. Creates the directory, and writes and removes a small probe
-    file in it: run before any expensive work whose output goes there."""
+    why not; creates it and writes and removes a probe file there."""
     if isfile(path):
         return "it is a file, not a directory"
     try:

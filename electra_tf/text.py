@@ -143,16 +143,11 @@ _JUNK = r"[^\PC\t\n\r]|\x{FFFD}"
 
 def normalize(strings, lower: bool, strip_accents: bool = True,
               clean: bool = True) -> tf.Tensor:
-    """BERT's text normalisation of a string tensor (any shape), in-graph; never fails on
-    bad bytes. The builder, fine-tuning and exported SavedModels all normalise here.
-
-    clean: invalid UTF-8 becomes U+FFFD, dropped with every control character. lower:
-    ICU's full lower-casing (final sigma included, as Python's str.lower); with
-    strip_accents also NFD and no non-spacing marks (category Mn).
-
-    Done here rather than by FastBertTokenizer, which splits at control characters and
-    case-folds with NFKC (e.g. '²' -> '2', '…' -> '...', final 'ς' -> 'σ'), departing
-    from the reference BERT ids on ~0.2% of Wikipedia lines.
+    """BERT's text normalisation of a string tensor, in-graph; never fails on bad bytes.
+    clean: invalid UTF-8 becomes U+FFFD, dropped with every control character. lower: ICU's
+    full lower-casing (as str.lower); with strip_accents also NFD without marks (Mn).
+    Not FastBertTokenizer's: it splits at control characters and case-folds with NFKC ('²'
+    -> '2', final 'ς' -> 'σ'), departing from reference BERT on ~0.2% of Wikipedia lines.
     """
     strings = tf.convert_to_tensor(strings, tf.string)
     if clean:
@@ -177,11 +172,10 @@ def bert_normalize(lines: List[str], lower: bool) -> List[str]:
 
 
 class Tokenizer:
-    """Batched C++ tokenization: FastBertTokenizer (WordPiece) or SentencepieceTokenizer."""
+    """The builder's batched tokenization; `data`: the vocabulary's bytes
+    (`read_vocab_data`), else read from `info.path`."""
 
     def __init__(self, info: VocabInfo, data: Optional[bytes] = None):
-        """`data`: the vocabulary file's bytes (`read_vocab_data`); read from
-        `info.path` when not given."""
         self.info = info
         self.special_ids = info.special_ids
         self.vocab, data = read_vocab(info.kind, info.path, data)
@@ -205,12 +199,8 @@ class Tokenizer:
 
 
 class TextEncoder(tf.Module):
-    """WordPiece (a BERT vocab.txt) or SentencePiece tokenization and BERT packing.
-
-    `tokenize(strings [N]) -> ragged ids [N, (tokens)]`; `pack(first, second=None,
-    max_seq_length)` -> dict of input_ids / input_mask / segment_ids [N, max_seq_length]
-    laid out as `[CLS] first [SEP] (second [SEP])` with BERT's truncation rule.
-    """
+    """In-graph WordPiece or SentencePiece tokenization (`tokenize`) and BERT packing
+    (`pack`: `[CLS] first [SEP] (second [SEP])`, BERT's truncation rule)."""
 
     def __init__(self, vocab_file: Optional[str] = None, do_lower_case: bool = True,
                  spm_model: Optional[str] = None, name: str = "text_encoder"):
