@@ -295,7 +295,7 @@ def test_bert_dir_initialises_every_encoder_weight(tmp_path, prefix, old_ln, cap
             config.max_position_embeddings, config.type_vocab_size) == (H, H, L, 2, I, V, P, T)
     ft = FinetuningModel(config, make_head("classification", config, 3))
     assert ft.electra.embeddings_project is None
-    with caplog.at_level(py_logging.INFO):
+    with caplog.at_level(py_logging.INFO, logger="absl"):
         assert init_encoder(ft.electra, d) == d
     ignored = source.resolve(d).ignored
     got = encoder_arrays(ft)
