@@ -22,6 +22,19 @@ def jit(fn):
     return tf.function(fn, jit_compile=xla_cpu_available())
 
 
+def mlm_loss(logits, ids, weights, global_denominator=None):
+    """(mean MLM loss over the real slots, or over a global denominator; per-slot loss)."""
+    num, den, per_slot = obj.mlm_loss_sums(logits, ids, weights)
+    den = den if global_denominator is None else global_denominator
+    return num / tf.maximum(den, 1e-5), per_slot
+
+
+def disc_loss(logits, labels, input_mask, global_denominator=None):
+    """The discriminator's mean BCE over real tokens (or over a global denominator)."""
+    num, den, _ = obj.disc_loss_sums(logits, labels, input_mask)
+    return num / tf.maximum(den if global_denominator is None else global_denominator, 1e-5)
+
+
 def _row(tokens):
     row = np.zeros(L, np.int32)
     row[:len(tokens)] = tokens
@@ -302,35 +315,35 @@ def test_mlm_loss_values():
     rng = np.random.default_rng(2)
     ids = rng.integers(0, VOCAB, (3, 4)).astype(np.int32)
     w = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
-    loss, per_slot = jit(obj.mlm_loss)(np.zeros((3, 4, VOCAB), np.float32), ids, w)
+    loss, per_slot = jit(mlm_loss)(np.zeros((3, 4, VOCAB), np.float32), ids, w)
     np.testing.assert_allclose(loss.numpy(), np.log(VOCAB), rtol=1e-6)
     np.testing.assert_allclose(per_slot.numpy(), w * np.log(VOCAB), rtol=1e-6)
     logits = rng.normal(size=(3, 4, 50)).astype(np.float32)
     ids50 = ids % 50
     direct = -np.log(_softmax(logits.astype(np.float64)))[
         np.arange(3)[:, None], np.arange(4)[None], ids50]
-    loss, _ = obj.mlm_loss(logits, ids50, w)
+    loss, _ = mlm_loss(logits, ids50, w)
     np.testing.assert_allclose(loss.numpy(), (direct * w).sum() / w.sum(), rtol=1e-5)
     noisy, noisy_ids = logits.copy(), ids50.copy()       # padding slots contribute nothing
     noisy[w == 0] = rng.normal(size=(int((w == 0).sum()), 50)) * 30
     noisy_ids[w == 0] = 0
-    np.testing.assert_allclose(obj.mlm_loss(noisy, noisy_ids, w)[0].numpy(), loss.numpy(),
+    np.testing.assert_allclose(mlm_loss(noisy, noisy_ids, w)[0].numpy(), loss.numpy(),
                                rtol=1e-6)
 
 
 def test_disc_loss_values():
     mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]], np.int32)
     labels = np.array([[0, 1, 0, 0, 1, 1], [0, 0, 1, 0, 1, 0]], np.int32)
-    loss = jit(obj.disc_loss)(np.zeros((2, 6), np.float32), labels, mask)
+    loss = jit(disc_loss)(np.zeros((2, 6), np.float32), labels, mask)
     np.testing.assert_allclose(loss.numpy(), np.log(2.0), rtol=1e-6)
     logits = np.random.default_rng(3).normal(size=(2, 6)).astype(np.float32)
     p = 1 / (1 + np.exp(-logits.astype(np.float64)))
     bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p))
-    np.testing.assert_allclose(obj.disc_loss(logits, labels, mask).numpy(),
+    np.testing.assert_allclose(disc_loss(logits, labels, mask).numpy(),
                                (bce * mask).sum() / mask.sum(), rtol=1e-5)
     noisy = np.where(mask == 1, logits, 50.0).astype(np.float32)
-    np.testing.assert_allclose(obj.disc_loss(noisy, labels, mask).numpy(),
-                               obj.disc_loss(logits, labels, mask).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(disc_loss(noisy, labels, mask).numpy(),
+                               disc_loss(logits, labels, mask).numpy(), rtol=1e-6)
 
 
 def test_replicas_with_global_denominator_match_one_device():
@@ -344,8 +357,8 @@ def test_replicas_with_global_denominator_match_one_device():
     mask = np.array([[1] * 5, [1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], np.int32)
 
     def total(ml, dl, sl, mlm_den=None, disc_den=None):
-        return (obj.mlm_loss(ml, ids[sl], w[sl], mlm_den)[0] +
-                50.0 * obj.disc_loss(dl, labels[sl], mask[sl], disc_den))
+        return (mlm_loss(ml, ids[sl], w[sl], mlm_den)[0] +
+                50.0 * disc_loss(dl, labels[sl], mask[sl], disc_den))
 
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([mlm_logits, d_logits])
@@ -423,8 +436,8 @@ def test_metrics_hand_made_and_accumulable():
     assert m["replaced_fraction"] == pytest.approx(4 / 9)
     assert m["masked_lm_accuracy"] == pytest.approx(2 / 3)
     assert m["sampled_masked_lm_accuracy"] == pytest.approx(2 / 3)
-    assert m["disc_loss"] == pytest.approx(float(obj.disc_loss(disc_logits, labels, mask)))
-    assert m["masked_lm_loss"] == pytest.approx(float(obj.mlm_loss(mlm_logits, masked_ids, w)[0]))
+    assert m["disc_loss"] == pytest.approx(float(disc_loss(disc_logits, labels, mask)))
+    assert m["masked_lm_loss"] == pytest.approx(float(mlm_loss(mlm_logits, masked_ids, w)[0]))
     pos_scores = 1 / (1 + np.exp(-disc_logits[(mask == 1)]))
     assert m["disc_auc"] == pytest.approx(_direct_auc(pos_scores, labels[mask == 1]), abs=1e-6)
     # Sums over two half-batches give the metrics of the whole batch.
@@ -446,8 +459,8 @@ def test_full_step_under_xla_matches_eager():
         sampled = obj.categorical_sample(logits, sample_seed, 1.0, m["masked_ids"])
         fake, labels = obj.corrupt(ids, m["masked_positions"], sampled, m["masked_weights"])
         disc_logits = tf.cast(fake % 7, tf.float32) - 3.0
-        mlm, _ = obj.mlm_loss(logits, m["masked_ids"], m["masked_weights"])
-        disc = obj.disc_loss(disc_logits, labels, mask)
+        mlm, _ = mlm_loss(logits, m["masked_ids"], m["masked_weights"])
+        disc = disc_loss(disc_logits, labels, mask)
         return dict(m, fake=fake, labels=labels, mlm=mlm, disc=disc,
                     **obj.metrics_from_sums(obj.metric_sums(
                         disc_logits=disc_logits, disc_labels=labels, input_mask=mask,

@@ -1,31 +1,21 @@
 """The ELECTRA objective as pure functions: masking, sampling, corruption, losses, metrics.
 
-Every function takes tensors and returns tensors: no variables, no hidden state, static
-shapes when the inputs have them, and all of them compile with
-`tf.function(jit_compile=True)` (TPU / XLA first).
+Tensors in, tensors out: no state, static shapes where the inputs have them, and every
+function compiles with `tf.function(jit_compile=True)`.
 
-Conventions
------------
-* Token ids are int32 (int64 inputs are cast). `B` batch, `L` sequence length,
-  `P` prediction slots per sequence (`max_predictions`), `V` vocabulary size.
-* Prediction slots: `masked_positions [B,P]` int32, `masked_ids [B,P]` int32 (the original
-  tokens) and `masked_weights [B,P]` float32 (1.0 real slot, 0.0 padding slot). Real slots
-  come first, in increasing position order; padding slots point at position 0 with id 0.
-* Randomness: only stateless ops with an explicit `seed` (`electra_tf.rng`: a `[3]` int32
-  key + the global index of the batch's first row; `[2]` means row 0), so a replica's rows
-  draw what the same rows of the whole global batch would, and a seed gives identical
-  draws eagerly and under XLA (Philox bits turned into floats here; tested on CPU).
-  Give every call its own seed (`rng.split`), every step its own stream (`rng.step_seed`).
-* Replica aggregation (losses): each loss has a `*_sums` form returning
-  `(numerator, denominator, per_item)`. Each replica computes
-  `local_numerator / global_denominator`, the denominator summed over replicas (and
-  micro-batches), e.g. `cross_replica_sum(denominator)`; it needs no randomness (MLM:
-  `sum(num_to_mask(...)[1])`, discriminator: `sum(input_mask)`). With SUM-reduced
-  gradients the replicas then give exactly one device's loss and gradients on the global
-  batch. `mlm_loss` / `disc_loss` take it as `global_denominator=` (default: the local
-  mean). Do not divide by the number of replicas on top of this.
-* Metrics: `metric_sums` returns float32 sums (counts, loss sums, AUC histograms) that add
-  up across steps and replicas; `metrics_from_sums` turns them into the reported values.
+* Ids are int32 (int64 inputs are cast). B batch, L length, P prediction slots
+  (`max_predictions`), V vocabulary. Slots: `masked_positions`, `masked_ids` (the original
+  tokens) [B,P] int32 and `masked_weights` [B,P] float32 (1 real, 0 padding); real slots
+  first in increasing position order, padding slots at position 0 with id 0.
+* Randomness: stateless ops with an explicit `seed` (`electra_tf.rng`), so a replica's
+  rows draw what the same rows of the global batch would, eagerly and under XLA alike.
+  Give every call its own seed (`rng.split`).
+* Replicas: each loss has a `*_sums` form (numerator, denominator, per item). A replica
+  divides its local numerator by the denominator summed over replicas and micro-batches
+  (`cross_replica_sum`; it needs no randomness), so SUM-reduced gradients equal one
+  device's on the global batch. Do not also divide by the number of replicas.
+* Metrics: `metric_sums` are float32 sums that add over steps and replicas;
+  `metrics_from_sums` turns them into the reported values.
 """
 
 import math
@@ -40,8 +30,6 @@ _EPS = 1e-5
 _DISALLOW_PENALTY = 1000.0
 
 
-# ----------------------------------------------------------------------------- helpers
-
 def _shape(x: tf.Tensor):
     """Static dims where known, dynamic scalars elsewhere."""
     static = x.shape.as_list()
@@ -50,12 +38,9 @@ def _shape(x: tf.Tensor):
 
 
 def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
-    """float32 zeros shaped like `like`, computed at run time from it.
-
-    Constant generator logits ([B,P,V] zeros) let XLA constant-fold every reduction over
-    them (softmax, argmax, ...) with its slow HLO evaluator: minutes of compile time at
-    real sizes. XLA does not simplify float `0 * x`, so this keeps the logits opaque.
-    """
+    """float32 zeros shaped like `like`, computed at run time: XLA would constant-fold
+    reductions over constant [B,P,V] logits with its slow evaluator (minutes of compile
+    time); it does not simplify float `0 * x`."""
     return 0.0 * tf.cast(like, tf.float32)
 
 
@@ -63,10 +48,9 @@ def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
                    real: tf.Tensor) -> tf.Tensor:
     """ids [B,L] with ids[b, positions[b,j]] = values[b,j] wherever real[b,j].
 
-    One-hot reductions instead of a scatter: padding slots (all at position 0) never
-    collide with a real slot, results are deterministic on every device, and XLA fuses it.
-    A position that several real slots name (`mask_tokens(with_replacement=True)`) gets
-    the floor of their values' mean, as the official code's scatter does.
+    One-hot sums, not a scatter: padding slots never collide with real ones, and it is
+    deterministic on every device. A position named by several real slots
+    (`with_replacement`) gets the floor of their values' mean, as the official scatter.
     """
     length = ids.shape[1] if ids.shape[1] is not None else tf.shape(ids)[1]
     hits = tf.one_hot(positions, length, dtype=tf.int32) * tf.cast(real, tf.int32)[..., None]
@@ -75,13 +59,9 @@ def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
     return tf.where(times > 0, new_values // tf.maximum(times, 1), ids)
 
 
-# ----------------------------------------------------------------------------- seeds
-
 def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
-    """SUM of `x` over the replicas of the current replica context (identity with one).
-
-    Use it on loss denominators to get `global_denominator`; it carries no gradient.
-    """
+    """SUM of `x` (no gradient) over the current context's replicas: a global loss
+    denominator."""
     x = tf.stop_gradient(tf.convert_to_tensor(x))
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
@@ -94,12 +74,9 @@ def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
 def num_to_mask(input_ids: tf.Tensor, input_mask: tf.Tensor, *, mask_prob: float,
                 max_predictions: int, mask_id: int, cls_id: int, sep_id: int
                 ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(candidates [B,L] bool, count [B] int32) as used by `mask_tokens`.
-
-    Candidates: input_mask == 1 and the token is not [CLS], [SEP] or [MASK].
-    count = min(#candidates, max(1, min(P, round(num_real_tokens * mask_prob)))) with
-    num_real_tokens = sum(input_mask) and TF's round (half to even), as officially.
-    """
+    """(candidates [B,L] bool: real tokens other than [CLS], [SEP], [MASK]; count [B] int32
+    = min(#candidates, max(1, min(P, round(sum(input_mask) * mask_prob)))), TF's round
+    (half to even) as officially)."""
     input_ids = tf.cast(input_ids, tf.int32)
     real = tf.cast(input_mask, tf.int32) > 0
     candidates = real & tf.not_equal(input_ids, cls_id) & tf.not_equal(input_ids, sep_id) \
@@ -116,27 +93,16 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
                 vocab_size: int, mask_token_prob: float = 0.85,
                 random_token_prob: float = 0.0, with_replacement: bool = False
                 ) -> Dict[str, tf.Tensor]:
-    """Chooses prediction positions and builds the generator's input.
+    """Chooses prediction slots and builds the generator's input: a dict of
+    `masked_input_ids [B,L]` and the slots (module docstring).
 
-    Args:
-      input_ids: [B,L] int32/int64 token ids. input_mask: [B,L] 1 real token, 0 padding.
-      seed: [2] int32 stateless seed.
-      mask_prob, max_predictions (P), mask_id, cls_id, sep_id, vocab_size: see the config.
-      mask_token_prob: share of chosen positions that become [MASK] (ELECTRA 0.85, BERT 0.8).
-      random_token_prob: share that get a token uniform on [0, vocab_size) (BERT 0.1);
-        the rest keep their original token.
-
-    Positions are drawn uniformly among the candidates WITHOUT replacement (top-k of
-    random scores), so the count per row (`num_to_mask`) is exact and no position repeats.
-    `with_replacement` draws each slot independently, as the official code does
-    (`objective.mask_with_replacement`): a position may fill several slots, each counted
-    by the MLM loss; it becomes [MASK] if any of its slots chose [MASK], and `corrupt`
-    writes the floor of its samples' mean there, both as the official scatter does. Fewer
-    distinct tokens are then corrupted (about 17.2 of 18.5 per 128-token sequence).
-
-    Returns a dict of `masked_input_ids [B,L]` int32, `masked_positions [B,P]` int32,
-    `masked_ids [B,P]` int32 (original tokens), `masked_weights [B,P]` float32; real slots
-    first in increasing position order, padding slots at position 0 with id 0.
+    `mask_token_prob` of the slots become [MASK] (ELECTRA 0.85, BERT 0.8),
+    `random_token_prob` a token uniform on [0, V) (BERT 0.1); the rest keep theirs.
+    Positions are uniform among the candidates without replacement (top-k of random
+    scores), exactly `num_to_mask` per row. `with_replacement` draws each slot on its own,
+    as the official code: a position may fill several slots, each counted by the MLM loss;
+    it becomes [MASK] if any of its slots chose [MASK] (about 17.2 of 18.5 distinct tokens
+    corrupted per 128-token sequence).
     """
     input_ids = tf.cast(input_ids, tf.int32)
     batch, length = _shape(input_ids)
@@ -146,7 +112,7 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
                                     max_predictions=max_predictions, mask_id=mask_id,
                                     cls_id=cls_id, sep_id=sep_id)
     seeds = rng.split(seed, 3)
-
+    k = max_predictions
     if with_replacement:
         # Slot j picks the candidate of rank floor(u * #candidates): uniform, independent.
         ranks = tf.cumsum(tf.cast(candidates, tf.int32), axis=-1)           # [B,L]
@@ -154,12 +120,10 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
         u = rng.uniform([batch, max_predictions], seeds[0])
         target = tf.minimum(tf.cast(u * tf.cast(n, tf.float32), tf.int32), n - 1)
         top = tf.reduce_sum(tf.cast(ranks[:, None, :] <= target[..., None], tf.int32), -1)
-        k = max_predictions
     else:
         # Uniform scores in [0,1) for candidates, -1 elsewhere: the top `count` are a
         # uniform sample without replacement of the candidates (count <= #candidates).
         scores = tf.where(candidates, rng.uniform([batch, length], seeds[0]), -1.0)
-        k = max_predictions
         if isinstance(length, int):
             k = min(k, length)
         _, top = tf.math.top_k(scores, k=k, sorted=True)           # [B,k]
@@ -174,8 +138,8 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     masked_ids = tf.where(real, tf.gather(input_ids, positions, batch_dims=1), 0)
 
     uniform = rng.uniform([batch, max_predictions], seeds[1])
-    new_values = tf.where(uniform < mask_token_prob, mask_id, masked_ids)
     changed = uniform < mask_token_prob  # the slots that write a token (kept ones do not)
+    new_values = tf.where(changed, mask_id, masked_ids)
     if random_token_prob > 0:
         random_ids = rng.uniform_int([batch, max_predictions], seeds[2], vocab_size)
         use_random = (uniform >= mask_token_prob) & \
@@ -192,20 +156,13 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     }
 
 
-# ----------------------------------------------------------------------------- sampling
-
-# Tokens per block of the two-level sampler: the vocabulary is cut into blocks of this many
-# tokens; a row draws a block, then a token inside it.
-SAMPLE_BLOCK = 256
+SAMPLE_BLOCK = 256  # tokens per block of `categorical_sample`
 
 
 def inclusive_cumsum(x: tf.Tensor) -> tf.Tensor:
-    """Cumulative sum over the last (static) axis by log2(n) shifted adds.
-
-    Exact float32 adds on every backend (a matmul with a triangular matrix would run in
-    bfloat16 passes on TPU), and vectorised elementwise work on CPU, where XLA lowers
-    `tf.cumsum` to a reduce-window that costs O(n^2).
-    """
+    """Cumulative sum over the last (static) axis by log2(n) shifted adds: exact float32
+    on every backend (a triangular matmul runs in bfloat16 passes on TPU), and XLA on CPU
+    lowers `tf.cumsum` to an O(n^2) reduce-window."""
     n = x.shape[-1]
     pad = [[0, 0]] * (len(x.shape) - 1)
     k = 1
@@ -226,16 +183,13 @@ def _pick(cdf: tf.Tensor, target: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
 
 def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
                        disallow_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
-    """One sample per row of `logits [..., V]` from softmax(logits / temperature): [...] int32.
+    """One sample per row of `logits [..., V]` (V static) from softmax(logits / temperature):
+    [...] int32, no gradient.
 
-    Inverse-CDF sampling in two levels, exact in law: with p = exp(logits - max) in
-    float32, a first uniform picks a block of `SAMPLE_BLOCK` tokens with probability
-    proportional to its mass, a second picks a token inside it proportional to p. Two
-    uniforms per row (from `seed`, split-invariant over rows) and one exp per logit, where
-    Gumbel-max would draw and take two logs of one uniform per logit (10x the work at
-    V = 30522 on CPU). `disallow_ids [...]` (e.g. `masked_ids` for `disallow_correct`) get
-    1000 subtracted from their (temperature-scaled) logit, so their probability is 0 in
-    float32 and they are never drawn. No gradient flows. V must be static.
+    Two-level inverse CDF, exact in law: a first uniform picks a block of `SAMPLE_BLOCK`
+    tokens by its mass, a second a token inside it; one exp per logit, a tenth of
+    Gumbel-max's work at V = 30522 on CPU. `disallow_ids [...]` lose 1000 from their
+    scaled logit: probability 0 in float32.
     """
     logits = tf.stop_gradient(tf.cast(logits, tf.float32)) / temperature
     vocab = logits.shape[-1]
@@ -262,10 +216,9 @@ def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
 
 def scheduled_temperature(step, total_steps: int, shape: str, start: float, end: float
                           ) -> tf.Tensor:
-    """The sampling temperature at `step` (float32 scalar): from `start` at step 0 to `end`
-    at step `total_steps` and after, along `shape`: "linear"; "cosine" (half a cosine,
-    flat at both ends); "exponential" (geometric, start * (end / start)^(step / total),
-    fast first: the descending curriculum of Fast-ELECTRA); "constant": `start`."""
+    """The temperature at `step`: `start` at 0 to `end` at `total_steps`, "linear",
+    "cosine" (half a cosine), "exponential" (geometric: Fast-ELECTRA's curriculum) or
+    "constant" (`start`)."""
     if shape == "constant":
         return tf.constant(start, tf.float32)
     frac = tf.clip_by_value(tf.cast(step, tf.float32) / float(max(total_steps, 1)), 0.0, 1.0)
@@ -285,10 +238,8 @@ def uniform_logits(like: tf.Tensor, vocab_size: int) -> tf.Tensor:
 
 
 def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
-    """log(counts) logits [*like.shape, V]: the 'unigram' generator (token frequencies).
-
-    `counts [V]` need not be normalised; tokens with count 0 get -1e9 (never drawn).
-    """
+    """log(counts [V]) logits [*like.shape, V]: the 'unigram' generator; a count of 0 gets
+    -1e9 (never drawn)."""
     counts = tf.cast(tf.convert_to_tensor(counts), tf.float32)
     logits = tf.where(counts > 0, tf.math.log(tf.maximum(counts, 1e-30)), -1e9)
     return logits + _runtime_zeros(like)[..., None]
@@ -297,16 +248,10 @@ def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
 def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.Tensor,
             masked_weights: tf.Tensor, label_all_slots: bool = False
             ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The discriminator's input and labels.
-
-    Args: the ORIGINAL input_ids [B,L] (not the [MASK]ed ones), the slots of
-      `mask_tokens`, and `sampled_ids [B,P]` from the generator.
-    Returns (fake_input_ids [B,L] int32, is_replaced [B,L] int32): samples written at real
-      slots; the label is 1 only where the token now differs from the original (a sample
-      equal to the original is "real", label 0), or with `label_all_slots` at every real
-      slot (ELECTRIC's noise-contrastive labels: a noise sample is noise even when it
-      equals the original).
-    """
+    """(fake_input_ids, is_replaced) [B,L] int32: `sampled_ids [B,P]` written into the
+    ORIGINAL `input_ids` at the real slots; label 1 where the token now differs (a sample
+    equal to the original is real), or at every real slot with `label_all_slots`
+    (ELECTRIC's noise-contrastive labels)."""
     input_ids = tf.cast(input_ids, tf.int32)
     positions, real = tf.cast(masked_positions, tf.int32), masked_weights > 0
     fake = _scatter_slots(input_ids, positions, tf.cast(sampled_ids, tf.int32), real)
@@ -317,32 +262,21 @@ def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.T
 
 
 def electric_logits(energies: tf.Tensor, log_q: tf.Tensor, mask_prob: float) -> tf.Tensor:
-    """ELECTRIC's noise-contrastive logit that a token is a noise sample, float32 [B,L].
-
-    With k = mask_prob / (1 - mask_prob) noise samples per data token and the noise
-    model's log-probability `log_q` of the token in its context, the posterior of "noise"
-    is k q / (k q + exp(-E)): its logit is E + log q + log k. `energies` E [B,L] are the
-    discriminator's outputs (trained); `log_q` gets no gradient.
-    """
+    """ELECTRIC's logit [B,L] that a token is noise: with k = mask_prob / (1 - mask_prob)
+    noise samples per token, P(noise) = k q / (k q + exp(-E)), logit E + log q + log k
+    (no gradient to `log_q`)."""
     return (tf.cast(energies, tf.float32) + tf.stop_gradient(tf.cast(log_q, tf.float32))
             + float(math.log(mask_prob / (1.0 - mask_prob))))
 
 
 def pseudo_log_likelihood(energies: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
-    """ELECTRIC's sentence score [B]: -sum of the energies over the weighted tokens (an
-    unnormalised pseudo-log-likelihood, from one pass without masking)."""
+    """ELECTRIC's score [B]: -sum of the weighted energies (a pseudo-log-likelihood)."""
     return -tf.reduce_sum(tf.cast(energies, tf.float32) * tf.cast(weights, tf.float32), -1)
 
 
-# ----------------------------------------------------------------------------- losses
-
 def focal_factor(log_p: tf.Tensor, gamma) -> tf.Tensor:
-    """(1 - p)^gamma of the focal loss from log p (float32).
-
-    `gamma`: a number >= 0 (0 gives 1: cross-entropy), or "piecewise" for gamma = 3 where
-    p > 0.2 and 5 elsewhere (the HP/focal paper's choice, after Mukhoti et al.). The
-    gradient flows through (1 - p) as in the focal loss; the piecewise choice is a constant.
-    """
+    """(1 - p)^gamma from log p: `gamma` >= 0, or "piecewise" (3 where p > 0.2, else 5, after
+    Mukhoti et al.; the choice itself carries no gradient)."""
     if isinstance(gamma, str):
         if gamma != "piecewise":
             raise ValueError(f"focal gamma {gamma!r}: expected a number or 'piecewise'")
@@ -356,13 +290,8 @@ def focal_factor(log_p: tf.Tensor, gamma) -> tf.Tensor:
 
 def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
                   gamma=0.0) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(sum of weighted losses, sum of weights, per-slot loss [B,...]) of an MLM head.
-
-    Softmax cross-entropy in float32 of `logits [B,P,V]` against `masked_ids`; per-slot
-    losses are multiplied by `masked_weights`, so padding slots are 0. With a focal
-    `gamma` (see `focal_factor`) each slot's -log p is weighted by (1 - p)^gamma; gamma = 0
-    is exactly the cross-entropy.
-    """
+    """(sum of weighted losses, sum of weights, weighted per-slot loss [B,...]): float32
+    softmax cross-entropy, each -log p times `focal_factor` when `gamma` != 0."""
     weights = tf.cast(masked_weights, tf.float32)
     nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=tf.cast(masked_ids, tf.int32), logits=tf.cast(logits, tf.float32))
@@ -372,45 +301,14 @@ def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.T
     return tf.reduce_sum(per_slot), tf.reduce_sum(weights), per_slot
 
 
-def mlm_loss(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
-             global_denominator: Optional[tf.Tensor] = None
-             ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(mean MLM loss over real slots, per-slot loss [B,P]).
-
-    mean = sum(w * loss) / max(denominator, 1e-5), denominator = sum(w) here, or the
-    `global_denominator` (sum of w over all replicas) for the multi-replica convention
-    described in the module docstring.
-    """
-    numerator, denominator, per_slot = mlm_loss_sums(logits, masked_ids, masked_weights)
-    if global_denominator is not None:
-        denominator = tf.cast(global_denominator, tf.float32)
-    return numerator / tf.maximum(denominator, _EPS), per_slot
-
-
 def disc_loss_sums(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor
                    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(sum of BCE over real tokens, number of real tokens, per-token BCE [B,L]).
-
-    Real tokens: input_mask == 1 ([CLS] and [SEP] included); per-token losses of padding
-    are 0. Computed in float32.
-    """
+    """(sum of BCE over real tokens ([CLS], [SEP] included), their number, per-token BCE
+    [B,L], 0 at padding), in float32."""
     weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
     per_token = tf.nn.sigmoid_cross_entropy_with_logits(
         labels=tf.cast(labels, tf.float32), logits=tf.cast(disc_logits, tf.float32)) * weights
     return tf.reduce_sum(per_token), tf.reduce_sum(weights), per_token
-
-
-def disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
-              global_denominator: Optional[tf.Tensor] = None) -> tf.Tensor:
-    """Mean BCE of the discriminator over real tokens (scalar float32).
-
-    Local mean by default; pass `global_denominator` (number of real tokens summed over
-    replicas) for the multi-replica convention of the module docstring.
-    """
-    numerator, denominator, _ = disc_loss_sums(disc_logits, labels, input_mask)
-    if global_denominator is not None:
-        denominator = tf.cast(global_denominator, tf.float32)
-    return numerator / tf.maximum(denominator, _EPS)
 
 
 def gather_slots(values: tf.Tensor, masked_positions: tf.Tensor) -> tf.Tensor:
@@ -425,11 +323,8 @@ def pick(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
 
 def slot_disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, masked_positions: tf.Tensor,
                    masked_weights: tf.Tensor) -> tf.Tensor:
-    """Per-slot discriminator BCE [B,P] at the prediction slots (0 at padding slots).
-
-    What `electra_15` trains on, what the HP heads estimate and the adversarial
-    generator's reward.
-    """
+    """The discriminator's BCE [B,P] at the slots (0 at padding): electra_15's loss, the
+    HP heads' target and the adversarial generator's reward."""
     logits = gather_slots(tf.cast(disc_logits, tf.float32), masked_positions)
     slot_labels = tf.cast(gather_slots(labels, masked_positions), tf.float32)
     return tf.nn.sigmoid_cross_entropy_with_logits(labels=slot_labels, logits=logits) * \
@@ -439,14 +334,10 @@ def slot_disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, masked_positions: 
 def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids: tf.Tensor,
                        target_ids: tf.Tensor, input_mask: tf.Tensor
                        ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """All-Tokens MLM with the copy mechanism (ELECTRA paper 3.5).
-
-    For every real token t, p(target_t) = D_t * 1[input_t == target_t]
-    + (1 - D_t) * softmax(mlm_logits_t)[target_t], with the copy probability
-    D_t = sigmoid(copy_logits_t). Args: `mlm_logits [B,L,V]`, `copy_logits [B,L]`, the
-    model's (corrupted) `input_ids [B,L]`, the original `target_ids [B,L]`, `input_mask`.
-    Returns (sum of -log p over real tokens, number of real tokens, per-token loss [B,L]).
-    """
+    """All-Tokens MLM with the copy mechanism (ELECTRA paper 3.5): (sum of -log p over real
+    tokens, their number, per-token loss [B,L]), where
+    p(target) = D 1[input == target] + (1 - D) softmax(mlm_logits)[target], D =
+    sigmoid(copy_logits), `input_ids` the model's corrupted input."""
     weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
     copy_logits = tf.cast(copy_logits, tf.float32)
     log_vocab = -tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -461,12 +352,9 @@ def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids:
 
 
 def hp_loss_estimate(hp_logits: tf.Tensor, candidate_is_original: tf.Tensor) -> tf.Tensor:
-    """The HP_Loss head's estimated discriminator loss L^_D of candidate replacements.
-
-    `hp_logits` estimate the discriminator's "replaced" logit of each candidate; a
-    candidate equal to the original token is labelled real (loss -log(1 - D^) =
-    softplus(logit)), any other replaced (-log D^ = softplus(-logit)).
-    """
+    """HP_Loss's estimate L^_D of the discriminator's loss at each candidate from its
+    "replaced" logit: softplus(logit) for the original token (real), else
+    softplus(-logit)."""
     hp_logits = tf.cast(hp_logits, tf.float32)
     return tf.where(candidate_is_original, tf.nn.softplus(hp_logits),
                     tf.nn.softplus(-hp_logits))
@@ -474,11 +362,7 @@ def hp_loss_estimate(hp_logits: tf.Tensor, candidate_is_original: tf.Tensor) -> 
 
 def hp_loss_sampling_logits(gen_logits: tf.Tensor, hp_logits: tf.Tensor,
                             masked_ids: tf.Tensor) -> tf.Tensor:
-    """Logits [B,P,V] of p_S proportional to p_G * L^_D (HP paper, HP_Loss).
-
-    `gen_logits`, `hp_logits` [B,P,V]: the generator's MLM logits and the sampling head's
-    per-candidate logits; `masked_ids [B,P]` the original tokens. No gradient flows.
-    """
+    """Logits [B,P,V] of p_S proportional to p_G * L^_D (HP paper, HP_Loss); no gradient."""
     gen_logits = tf.stop_gradient(tf.cast(gen_logits, tf.float32))
     vocab = gen_logits.shape[-1]
     is_original = tf.one_hot(tf.cast(masked_ids, tf.int32), vocab, on_value=True,
@@ -489,11 +373,8 @@ def hp_loss_sampling_logits(gen_logits: tf.Tensor, hp_logits: tf.Tensor,
 
 def hp_loss_head_sums(hp_logits_at_sample: tf.Tensor, disc_logits_at_slot: tf.Tensor,
                       masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(sum over slots of (D^(x') - D(x'))^2, per-slot [B,P]): HP_Loss's head loss.
-
-    D^ = sigmoid of the head's logit for the sampled token, D = the discriminator's
-    probability at that slot (a target: no gradient reaches the discriminator).
-    """
+    """HP_Loss's head loss (sum, per slot [B,P]) of (D^(x') - D(x'))^2: the head's and the
+    discriminator's probability at the sample, the latter a constant target."""
     target = tf.stop_gradient(tf.sigmoid(tf.cast(disc_logits_at_slot, tf.float32)))
     per_slot = tf.square(tf.sigmoid(tf.cast(hp_logits_at_sample, tf.float32)) - target) * \
         tf.cast(masked_weights, tf.float32)
@@ -503,13 +384,9 @@ def hp_loss_head_sums(hp_logits_at_sample: tf.Tensor, disc_logits_at_slot: tf.Te
 def hp_dist_head_sums(sampling_logits: tf.Tensor, gen_logits: tf.Tensor,
                       sampled_ids: tf.Tensor, disc_loss_at_sample: tf.Tensor,
                       masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(sum over slots, per-slot [B,P]) of HP_Dist's importance-weighted loss (HP paper
-    Eq. 2): -(p_G(x') / p_S(x')) * L_D(x') * log p_S(x') for x' drawn from p_S.
-
-    Its expectation over x' ~ p_S is -sum_x p_G(x) L_D(x) log p_S(x), minimised by
-    p_S = p_G * L_D / Z. The weight p_G / p_S * L_D is a constant (no gradient to the
-    generator's MLM head or the discriminator); the gradient reaches the sampling head.
-    """
+    """HP_Dist's loss (sum, per slot [B,P]; HP paper Eq. 2):
+    -(p_G(x') / p_S(x')) L_D(x') log p_S(x') for x' ~ p_S, minimised by p_S = p_G L_D / Z.
+    The weight is a constant: only the sampling head gets a gradient."""
     log_s = tf.nn.log_softmax(tf.cast(sampling_logits, tf.float32))
     log_g = tf.nn.log_softmax(tf.stop_gradient(tf.cast(gen_logits, tf.float32)))
     log_s_x = pick(log_s, sampled_ids)
@@ -522,15 +399,10 @@ def hp_dist_head_sums(sampling_logits: tf.Tensor, gen_logits: tf.Tensor,
 def reinforce_sums(gen_logits: tf.Tensor, sampled_ids: tf.Tensor, reward: tf.Tensor,
                    baseline_logits: tf.Tensor, masked_weights: tf.Tensor
                    ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(policy-gradient loss sum, baseline loss sum) of the adversarial generator
-    (ELECTRA paper, Appendix F), one sample per slot.
-
-    `reward [B,P]` is the discriminator's loss at the slot (what the generator maximises;
-    no gradient). The learned baseline predicts the discriminator's probability of the
-    right label, q = exp(-reward), as sigmoid(baseline_logits), trained by cross-entropy
-    against q; its value in reward units is b = -log sigmoid(baseline_logits). The policy
-    loss -(reward - b) * log p_G(x') has the REINFORCE gradient of -E[reward].
-    """
+    """(policy loss sum, baseline loss sum) of the adversarial generator (ELECTRA paper,
+    Appendix F). `reward [B,P]`: the discriminator's loss at the slot (a constant). The
+    baseline sigmoid(baseline_logits) learns q = exp(-reward) by cross-entropy; in reward
+    units b = -log sigmoid(logits). The policy loss is -(reward - b) log p_G(x')."""
     w = tf.cast(masked_weights, tf.float32)
     reward = tf.stop_gradient(tf.cast(reward, tf.float32))
     baseline_logits = tf.cast(baseline_logits, tf.float32)
@@ -542,15 +414,10 @@ def reinforce_sums(gen_logits: tf.Tensor, sampled_ids: tf.Tensor, reward: tf.Ten
     return policy, baseline
 
 
-# ----------------------------------------------------------------------------- metrics
-
 def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
                    num_buckets: int = AUC_BUCKETS) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(pos_hist, neg_hist) [num_buckets] float32 of sigmoid(disc_logits) over real tokens.
-
-    Bucket i holds probabilities in [i/K, (i+1)/K). Sum them over steps / replicas and
-    call `auc_from_histograms`.
-    """
+    """(pos_hist, neg_hist) [num_buckets] float32 of sigmoid(disc_logits) over real tokens
+    (bucket i: [i/K, (i+1)/K)), for `auc_from_histograms`."""
     probs = tf.reshape(tf.sigmoid(tf.cast(disc_logits, tf.float32)), [-1])
     bucket = tf.clip_by_value(tf.cast(tf.floor(probs * num_buckets), tf.int32),
                               0, num_buckets - 1)
@@ -562,12 +429,8 @@ def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Ten
 
 
 def auc_from_histograms(pos_hist, neg_hist) -> tf.Tensor:
-    """ROC AUC (float32 scalar) from bucketed positive / negative score histograms.
-
-    = P(score_pos > score_neg) + 0.5 * P(same bucket), i.e. the trapezoidal ROC area with
-    thresholds at the bucket edges (exact when no two different scores share a bucket).
-    0.5 when there are no positives or no negatives.
-    """
+    """ROC AUC from score histograms: P(pos > neg) + 0.5 P(same bucket), the trapezoidal
+    area at the bucket edges; 0.5 without positives or negatives."""
     pos = tf.cast(tf.convert_to_tensor(pos_hist), tf.float32)  # float32: TPU has no float64
     neg = tf.cast(tf.convert_to_tensor(neg_hist), tf.float32)
     neg_below = tf.cumsum(neg, exclusive=True)
@@ -604,24 +467,12 @@ def metric_sums(*, input_mask: tf.Tensor, masked_ids: tf.Tensor, masked_weights:
                 hp_estimate: Optional[tf.Tensor] = None,
                 hp_actual: Optional[tf.Tensor] = None,
                 num_auc_buckets: int = AUC_BUCKETS) -> Dict[str, tf.Tensor]:
-    """Additive float32 statistics of one batch (sum them over steps and replicas).
-
-    Each group is present when its inputs are given:
-    * always: mlm_weight (real prediction slots);
-    * `sampled_ids`: sampled_correct (samples equal to the original token);
-    * `mlm_logits` (the generator's): mlm_correct, mlm_loss_sum (cross-entropy);
-    * `disc_logits`, `disc_labels`: disc_weight, disc_loss_sum, disc_correct,
-      disc_true_pos, disc_pred_pos, disc_label_pos, auc_pos_hist / auc_neg_hist
-      [num_auc_buckets]; with `masked_positions` also disc_masked_correct (accuracy at the
-      prediction slots, HP paper Table 5). A token is predicted "replaced" when its
-      logit is > 0;
-    * `sampling_logits [B,P,V]` (the distribution replacements are drawn from):
-      sampling_max_prob_hist [MAX_PROB_BUCKETS], slots by their maximum probability;
-    * `main_loss`, `main_correct`, `main_weights` (per-item, [B,...], of the main model
-      of MLM-type objectives): main_loss_sum, main_correct, main_weight;
-    * `hp_estimate`, `hp_actual` [B,P] (estimated and actual discriminator loss of the
-      sampled token, needs `sampled_ids`): Pearson sums hp_corr_{all,original,replaced}_*.
-    """
+    """Additive float32 sums of one batch, each group when its inputs are given: the
+    generator's `mlm_logits`; the discriminator's (a token is predicted replaced when its
+    logit > 0; with `masked_positions` its accuracy at the slots, HP paper Table 5); the
+    proposal `sampling_logits [B,P,V]` (histogram of the top probability); the per-item
+    `main_*` of MLM-type objectives; the HP heads' estimated and actual losses [B,P] at
+    the samples (Pearson sums; needs `sampled_ids`)."""
     w = tf.cast(masked_weights, tf.float32)
     masked_ids = tf.cast(masked_ids, tf.int32)
     sums = {"mlm_weight": tf.reduce_sum(w)}
@@ -679,17 +530,8 @@ def _pearson(sums, group: str) -> tf.Tensor:
 
 
 def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """The reported metrics (float32 scalars) from (accumulated) `metric_sums`.
-
-    As their groups are present: masked_lm_accuracy, masked_lm_loss (the generator's);
-    sampled_masked_lm_accuracy (share of sampled replacements equal to the original);
-    disc_loss, disc_accuracy (all real tokens), disc_masked_accuracy (prediction slots),
-    disc_precision, disc_recall, disc_auc, replaced_fraction (share of real tokens
-    labelled replaced); main_lm_loss, main_lm_accuracy (MLM-type objectives' main model);
-    sampling_max_prob/<lo>-<hi> (share of slots whose sampling distribution's top
-    probability falls in that tenth); hp_loss_corr, hp_loss_corr_original,
-    hp_loss_corr_replaced (HP heads: estimated vs actual discriminator loss).
-    """
+    """The reported metrics (float32 scalars) of the groups present in (accumulated)
+    `metric_sums`."""
     def ratio(num, den):
         return tf.cast(sums[num], tf.float32) / tf.maximum(tf.cast(sums[den], tf.float32), _EPS)
 
