@@ -1,9 +1,7 @@
 """What each pre-training objective is, as data: one `ObjectiveSpec` per --objective
-value in `SPECS`, in the order of the CLI help and the README's table.
-
-TensorFlow-free: `configs/` and the CLIs' flag definitions read it before TensorFlow
-loads. An objective's loss is its class in `pretraining/objectives.py`, registered under
-the same name; docs/objectives.md says who reads each field and how to add one.
+value in `SPECS`, in the order of the CLI help and the README's table. TensorFlow-free
+(configs and flags read it first); the loss is the class of the same name in
+`pretraining/objectives.py`. docs/objectives.md: who reads each field, how to add one.
 """
 
 import dataclasses

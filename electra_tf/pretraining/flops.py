@@ -1,40 +1,27 @@
-"""FLOP counts of pre-training, by hand, in two conventions (and a third for checks).
-
-Owns the transformer FLOP formulas and the count of what a config's objective runs and
-trains (`count_config`), which the train loop's MFU and `run_pretraining.py
---count_flops` report.
-
-Conventions (what a count includes; `Convention` below):
+"""FLOP counts of pre-training, by hand: the transformer formulas and what a config's
+objective runs and trains (`count_config`, from its spec), for the train loop's MFU and
+`run_pretraining.py --count_flops`. Conventions (`Convention`):
 
 * ``paper`` -- the ELECTRA paper, Appendix E, and google-research/electra's
-  ``flops_computation.py``: an op is a mathematical op; a matmul costs 2*m*n*k; embedding
-  lookups are dense one-hot matmuls (2*E*V per token for words, 2*E*(L + types) for
-  positions and token types); per element, dropout costs 4, LayerNorm 5, GELU 8, softmax 5
-  (biases, residuals and the attention scale 1). The MLM output (dense, GELU, LayerNorm,
-  vocabulary logits, softmax 5V and target pick 2V) runs on ``output_frac`` = 0.15625 of
-  the positions (1.0 for a left-to-right LM); the discriminator head on every position.
-  Train = 2 x forward: the official script multiplies the summed forward count of every
-  network by ``2 * batch * steps`` ("backward = forward", so this is forward + backward;
-  no separate optimizer cost). ELECTRA = generator (sized by its multiplier, same depth)
-  + discriminator, each with its own embedding pass. Our counts are within 0.07% of the
-  script's (tests/test_flops.py checks them against its printed figures and the paper's
-  tables): it omits the MLM output bias and the discriminator's logit bias, and counts
-  the attention LayerNorm as 5 per token instead of 5 x hidden.
-* ``hardware`` -- what model-FLOPs utilisation (MFU) divides by: only the matmuls our code
-  really executes (2*m*n*k each, attention scores and context included), embedding
-  lookups are gathers (0), generator logits only at the ``max_predictions_per_seq``
-  slots `ElectraPretrainingModel.generator_mlm_logits` computes (19 of 128: padding
-  slots included), no element-wise ops; train = 3 x forward (the backward pass of a
-  matmul is two matmuls of the same size).
-* ``graph`` -- what the frozen forward graphs contain, to check against TensorFlow's
-  profiler (tests/flops_profiler.py): ``hardware`` plus the element-wise ops with the
-  paper's per-element constants (the output bias instead of the loss's softmax, which is
-  not part of the forward graphs).
+  ``flops_computation.py``: a matmul costs 2*m*n*k; embedding lookups are one-hot matmuls
+  (2*E*V per token for words, 2*E*(L + types) for positions and token types); per
+  element, dropout 4, LayerNorm 5, GELU 8, softmax 5, biases, residuals and the attention
+  scale 1. The MLM output (dense, GELU, LayerNorm, logits, softmax 5V, target pick 2V)
+  runs on ``output_frac`` = 0.15625 of the positions, the discriminator head on all.
+  Train = 2 x forward ("backward = forward", no optimizer cost); ELECTRA = generator +
+  discriminator, each with its own embedding pass. Within 0.07% of the script's figures
+  (tests/test_flops.py): it omits the MLM output bias and the discriminator's logit bias,
+  and counts the attention LayerNorm as 5 per token instead of 5 x hidden.
+* ``hardware`` -- what MFU divides by: the matmuls our code executes (attention included),
+  gathered embeddings (0), generator logits at the ``max_predictions_per_seq`` slots it
+  computes (padding slots included), no element-wise ops; train = 3 x forward.
+* ``graph`` -- the frozen forward graphs, to check against TensorFlow's profiler
+  (tests/flops_profiler.py): ``hardware`` plus the paper's element-wise ops (the output
+  bias instead of the loss's softmax).
 
-`count_config` counts what a config's objective runs and trains, per component, from its
-spec (`objective_specs.ObjectiveSpec`; see `_config_plan`). ELECTRIC's one-sided towers
-are counted with full attention, as computed; a fixed generator (Fast-ELECTRA) and
-two_stage's stages are `Phase`s in which the generator side runs forward only.
+ELECTRIC's one-sided towers are counted with full attention, as computed; a fixed
+generator (Fast-ELECTRA) and two_stage's stages are `Phase`s in which the generator side
+runs forward only.
 """
 
 import collections
@@ -207,9 +194,8 @@ class Phase:
 
 def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
     """(generator, discriminator) of a `PretrainingConfig`, sized as
-    `ElectraPretrainingModel` builds them. The generator is None where there is no
-    generator network: uniform / unigram proposals, or BERT's MLM (objective=mlm, the one
-    network run of the discriminator-sized encoder)."""
+    `ElectraPretrainingModel` builds them; no generator for uniform / unigram proposals
+    or objective=mlm."""
     m = cfg.model
 
     def transformer(hidden, layers, heads, ffn):
@@ -231,14 +217,9 @@ def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
 def _config_plan(cfg, convention: Convention
                  ) -> Tuple[Dict[str, float], Optional[Tuple[Phase, ...]]]:
     """(forward FLOPs per sequence of each component the objective runs, in execution
-    order; its phases, or None: one phase that trains every component), from its spec.
-
-    ELECTRA's components are embeddings (both networks' passes), generator_encoder,
-    generator_mlm_head, discriminator_encoder and discriminator_head. Beyond them: the
-    spec's heads (generator_sampling_head, generator_baseline_head on the generator,
-    discriminator_mlm_head on the discriminator-sized encoder); a run in stages
-    (two_stage) or with a fixed generator counts each network's embedding pass on its
-    own, since only one of them trains."""
+    order; its phases, or None: one phase that trains everything), from its spec. A run
+    in stages or with a fixed generator counts each network's embedding pass apart, as
+    only one of them trains."""
     gen, disc = config_networks(cfg)
     spec = SPECS[cfg.objective.objective]
     fixed = gen is not None and cfg.objective.generator == "fixed"
@@ -299,10 +280,8 @@ def _config_plan(cfg, convention: Convention
 
 @dataclasses.dataclass(frozen=True)
 class Count:
-    """FLOPs of a config in one convention, per component and in total.
-
-    `phases` (two_stage's generator and discriminator stages) says which components run
-    and train at which steps; empty: every step trains every component."""
+    """FLOPs of a config in one convention, per component and in total; `phases` say
+    which components run and train at which steps (none: every step trains all)."""
     convention: Convention
     forward_per_sequence: Dict[str, float]
     batch_size: int
@@ -356,9 +335,8 @@ class Count:
 
 
 def count_config(cfg, convention: Convention = PAPER) -> Count:
-    """FLOPs of pre-training with `cfg` (a `configs.PretrainingConfig`) in `convention`,
-    per component: what its objective really runs and trains (see `_config_plan`), with
-    two_stage's stages as `Count.phases`."""
+    """FLOPs of pre-training with `cfg` (a `configs.PretrainingConfig`) in `convention`:
+    what its objective runs and trains, per component (`_config_plan`)."""
     components, phases = _config_plan(cfg, convention)
     return Count(convention, components, cfg.train.train_batch_size,
                  cfg.train.num_train_steps, tuple(phases or ()))

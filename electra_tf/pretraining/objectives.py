@@ -38,12 +38,9 @@ def register(name: str):
 
 
 class Objective(abc.ABC):
-    """Base class. `denominators(batch)` depend on the batch alone, so the trainer sums
-    them over replicas and micro-batches before the forward pass and the loss divides its
-    local sums by those global values: N replicas (or k micro-batches) give exactly the
-    update of one device on the global batch. The trainer compiles one step per phase
-    (`phases`) and calls `on_phase_start` as one begins; `heads` (`modeling.HEADS`) come
-    from the spec (`register`)."""
+    """Base class. `denominators(batch)` depend on the batch alone: the trainer sums them
+    over replicas and micro-batches, the loss divides its local sums by them (losses.py).
+    The trainer compiles one step per phase (`phases`); `heads` come from the spec."""
     heads: Tuple[str, ...] = ()
 
     def __init__(self, cfg: PretrainingConfig, special_ids: Dict[str, int],
@@ -65,16 +62,15 @@ class Objective(abc.ABC):
         """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
 
     def denominators(self, batch) -> Dict[str, tf.Tensor]:
-        """mlm: real prediction slots; disc: real tokens (global sums are taken by the
-        trainer)."""
+        """mlm: real prediction slots; disc: real tokens."""
         _, count = obj.num_to_mask(batch["input_ids"], batch["input_mask"], **self._mask_args())
         return {"mlm": tf.cast(tf.reduce_sum(count), tf.float32),
                 "disc": tf.reduce_sum(tf.cast(batch["input_mask"], tf.float32))}
 
     def loss_terms(self, model, batch, seed, denominators, training: bool, phase: int = 0
                    ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
-        """-> ({term name: weighted scalar float32 loss}, dict of additive metric sums).
-        Terms: "generator", "baseline", "sampling", "discriminator", "mlm" as present."""
+        """-> ({"generator", "baseline", "sampling", "discriminator" or "mlm": weighted
+        scalar loss}, additive metric sums)."""
         seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
         den = {k: tf.maximum(v, _EPS) for k, v in denominators.items()}
         return self.terms(model, batch, self.mask(batch, seeds[0]), seeds, den, training, phase)
@@ -111,9 +107,8 @@ class Objective(abc.ABC):
         return self.oc.generator == "masked_lm"
 
     def generator(self, model, masked, batch, seed, training):
-        """(logits [B,P,V] of the proposal distribution at the slots, the generator's
-        hidden states there [B,P,h] or None for uniform / unigram proposals). A fixed
-        generator runs forward only: no dropout, no gradient."""
+        """(proposal logits [B,P,V] at the slots, the generator's hidden states there or
+        None). A fixed generator runs forward only: no dropout, no gradient."""
         if self.oc.generator == "uniform":
             return obj.uniform_logits(masked["masked_ids"], self.cfg.model.vocab_size), None
         if self.oc.generator == "unigram":
@@ -129,8 +124,7 @@ class Objective(abc.ABC):
         return logits, slots
 
     def temperature(self):
-        """The sampling temperature: objective.temperature, or the temperature_schedule's
-        value at the current step (its start before a trainer sets `global_step`)."""
+        """objective.temperature, or the schedule's value at `global_step` (0 if unset)."""
         shape, start, end = self.oc.schedule()
         if shape == "constant":
             return self.oc.temperature
@@ -150,11 +144,11 @@ class Objective(abc.ABC):
 
 
 class ReplacedTokenDetection(Objective):
-    """ELECTRA's replaced-token detection (`objective=electra`): the generator's MLM (focal
-    with `gen_focal_gamma`) + disc_weight x the discriminator's BCE over real tokens.
-    One step: mask, propose (`sampling_logits`), sample, corrupt, discriminate; variants
-    override the hooks. No discriminator gradient reaches a generator-only weight: samples
-    are discrete and the generator side uses the discriminator's output as a constant."""
+    """ELECTRA's replaced-token detection: the generator's MLM (focal with
+    `gen_focal_gamma`) + disc_weight x the discriminator's BCE over real tokens. A step
+    masks, proposes (`sampling_logits`), samples, corrupts and discriminates; variants
+    override the hooks. Samples are discrete, so no discriminator gradient reaches the
+    generator."""
     trains_generator_by_mle = True  # the generator's MLM term
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
@@ -163,8 +157,7 @@ class ReplacedTokenDetection(Objective):
 
     def sampling_head_terms(self, terms, hp_logits, gen_logits, sampled, ids, disc_logits,
                             slot_loss, positions, w, den_mlm):
-        """Adds the sampling head's term; returns its loss estimate at the samples (for
-        the hp_loss_corr metric) or None."""
+        """Adds the sampling head's term; -> its loss estimate at the samples or None."""
         return None
 
     def generator_policy_terms(self, terms, model, gen_logits, gen_slots, sampled, slot_loss,
@@ -224,9 +217,8 @@ class Electra15(ReplacedTokenDetection):
 
 @register("hp_loss")
 class HpLoss(ReplacedTokenDetection):
-    """Replacements drawn from a sampling head that predicts the discriminator's loss
-    (HP paper 4.1.2, hardness prediction by the loss); the head's loss (weight
-    `sampling_weight()`) is the term "sampling"."""
+    """Replacements from a sampling head that predicts the discriminator's loss (HP paper
+    4.1.2); the head's loss is the term "sampling"."""
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -243,9 +235,8 @@ class HpLoss(ReplacedTokenDetection):
 
 @register("hp_dist")
 class HpDist(ReplacedTokenDetection):
-    """Replacements drawn from a sampling head trained towards the distribution
-    proportional to p_G x the discriminator's loss (HP paper 4.1.2, hardness prediction
-    by the distribution); its loss is the term "sampling"."""
+    """Replacements from a sampling head trained towards p_G x the discriminator's loss
+    (HP paper 4.1.2); its loss is the term "sampling"."""
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -262,9 +253,8 @@ class HpDist(ReplacedTokenDetection):
 
 @register("adversarial")
 class Adversarial(ReplacedTokenDetection):
-    """Adversarial ELECTRA (ELECTRA paper, Appendix F): no MLE; the generator maximises
-    the discriminator's loss at the slots by REINFORCE with a learned baseline (terms
-    "generator" and "baseline")."""
+    """Adversarial ELECTRA (ELECTRA paper, Appendix F): the generator maximises the
+    discriminator's loss by REINFORCE with a learned baseline, no MLE."""
     trains_generator_by_mle = False
 
     def generator_policy_terms(self, terms, model, gen_logits, gen_slots, sampled, slot_loss,
@@ -277,10 +267,9 @@ class Adversarial(ReplacedTokenDetection):
 
 @register("two_stage")
 class TwoStage(ReplacedTokenDetection):
-    """Two-stage training (ELECTRA paper 3.2): phase 0 trains the generator alone (MLM);
-    phase 1 copies it into the discriminator (equal sizes, untied) and trains the
-    discriminator with the generator frozen. The learning-rate schedule is the run's, not
-    restarted."""
+    """Two-stage training (ELECTRA paper 3.2): phase 0 trains the generator alone; phase 1
+    copies it into the discriminator and trains that with the generator frozen (the
+    learning-rate schedule is not restarted)."""
     trains_generator_by_mle = False  # phase 1: frozen
 
     def phases(self):
@@ -303,17 +292,13 @@ class TwoStage(ReplacedTokenDetection):
 
 @register("electric")
 class Electric(Objective):
-    """ELECTRIC (Clark et al. 2020, "Pre-Training Transformers as Energy-Based Cloze
-    Models"): the discriminator's energy E per token, trained by noise-contrastive
-    estimation against the generator, a two-tower cloze model q of the unmasked input.
-    q's loss is -log q(token | context) at every maskable position; its samples replace
-    the slots, each labelled noise (even a sample equal to the original), with the noise
-    logit E + sg(log q(token)) + log(mask_prob / (1 - mask_prob)). -sum E scores a text
-    (`pretraining/score.py`). Metrics: mlm_* are q's at the slots, disc_* the noise
-    logits'."""
+    """ELECTRIC (Clark et al. 2020): the discriminator's energy E per token, trained by
+    noise-contrastive estimation (`losses.electric_logits`) against a two-tower cloze
+    generator q of the unmasked input, whose loss is -log q at every maskable position.
+    Metrics: mlm_* are q's at the slots, disc_* the noise logits'."""
 
     def denominators(self, batch):
-        """+ cloze: the maskable positions the cloze loss averages over."""
+        """+ cloze: the maskable positions."""
         out = super().denominators(batch)
         candidates, _ = obj.num_to_mask(batch["input_ids"], batch["input_mask"],
                                         **self._mask_args())
@@ -349,14 +334,13 @@ class Electric(Objective):
 
 
 class MaskedLM(Objective):
-    """Objectives whose main model is a masked LM (ELECTRA paper 3.5), with an MLM head
-    (`mlm_predictions`) on the discriminator-sized encoder, weight 1, term "mlm". The
-    generator (when present) trains with its MLM loss as in ELECTRA. Variants override
-    what the encoder reads (`encoder_inputs`) and what it predicts (`main_loss`)."""
+    """Objectives whose main model is a masked LM (ELECTRA paper 3.5): an MLM head on the
+    discriminator-sized encoder, term "mlm". Variants override what the encoder reads
+    (`encoder_inputs`) and predicts (`main_loss`)."""
 
     def encoder_inputs(self, model, batch, masked, seeds, den, training, terms):
-        """-> (the ids the encoder reads, the samples or None, generator logits or None):
-        the generator's samples at the slots."""
+        """-> (the ids the encoder reads: generator samples at the slots, the samples,
+        generator logits)."""
         gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
         if self.trains_generator:
             terms["generator"] = self.generator_mlm_term(gen_logits, masked, den)
@@ -366,8 +350,8 @@ class MaskedLM(Objective):
         return inputs, sampled, gen_logits
 
     def main_loss(self, model, hidden, inputs, batch, masked, den):
-        """-> (loss sum, per-item losses, item weights, per-item correct, denominator):
-        the originals predicted at the slots."""
+        """-> (loss sum, per-item losses, item weights, per-item correct, denominator) of
+        the originals at the slots."""
         ids, w = masked["masked_ids"], masked["masked_weights"]
         logits = model.mlm_predictions(obj.gather_slots(hidden, masked["masked_positions"]))
         loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
@@ -395,9 +379,8 @@ class MaskedLM(Objective):
 
 @register("mlm")
 class Mlm(MaskedLM):
-    """BERT: the encoder sees `mask_tokens`' corruption (official 85% [MASK] / 15% kept,
-    or BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1) and predicts the
-    originals at the slots. No generator."""
+    """BERT: no generator; the encoder reads `mask_tokens`' corruption (85/0/15 officially,
+    BERT's 80/10/10 with mask_token_prob=0.8, random_token_prob=0.1)."""
 
     def encoder_inputs(self, model, batch, masked, seeds, den, training, terms):
         return masked["masked_input_ids"], None, None
@@ -410,8 +393,8 @@ class ReplaceMlm(MaskedLM):
 
 @register("all_tokens_mlm")
 class AllTokensMlm(MaskedLM):
-    """All-tokens MLM: as replace_mlm, predicting every real token through the copy
-    mechanism (copy probability from `discriminator_predictions`)."""
+    """All-tokens MLM: as replace_mlm, predicting every real token with the copy
+    mechanism (`discriminator_predictions` as the copy logit)."""
 
     def main_loss(self, model, hidden, inputs, batch, masked, den):
         logits = model.mlm_predictions(hidden)                       # [B,L,V]
