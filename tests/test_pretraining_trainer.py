@@ -13,7 +13,9 @@ import tensorflow as tf
 
 from electra_tf.data.dataset import InputConfig, make_dataset
 from electra_tf.configs import load_config
-from electra_tf.pretraining.trainer import Pretrainer, summarize
+from electra_tf.pretraining.losses import metrics_from_sums
+from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.training.trainer import summarize
 
 from conftest import REPO
 
@@ -35,7 +37,7 @@ def _run_steps(trainer, batch, n):
     """n train steps on the same batch through the compiled loop."""
     ds = trainer.strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
-    return summarize(trainer.make_train_loop()(iter(ds), tf.constant(n)))
+    return summarize(trainer.make_train_loop()(iter(ds), tf.constant(n)), metrics_from_sums)
 
 
 def test_losses_at_initialisation(sample_build):
@@ -44,7 +46,6 @@ def test_losses_at_initialisation(sample_build):
     dens = trainer.objective.denominators(batch)
     loss, sums = trainer.objective.loss(trainer.model, batch, tf.constant([1, 2, 0]), dens,
                                         False)
-    from electra_tf.pretraining.losses import metrics_from_sums
     m = {k: float(v) for k, v in metrics_from_sums(sums).items()}
     assert abs(m["masked_lm_loss"] - math.log(30522)) < 0.5
     assert abs(m["disc_loss"] - math.log(2)) < 0.2
@@ -121,8 +122,8 @@ REPLICA_SCRIPT = textwrap.dedent("""
         lambda ctx: {{k: v[8 * ctx.replica_id_in_sync_group: 8 * ctx.replica_id_in_sync_group + 8]
                      for k, v in batch.items()}})
     sums = two._reduce(mirrored.run(two.replica_step(), args=(values,)))
-    from electra_tf.pretraining.trainer import summarize
-    out_two = summarize(sums)
+    from test_pretraining_trainer import metrics_from_sums, summarize
+    out_two = summarize(sums, metrics_from_sums)
     diff = max(float(np.max(np.abs(a - b))) for a, b in
                zip(one.model.get_weights(), two.model.get_weights()))
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, one.model.get_weights()))

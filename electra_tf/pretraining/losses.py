@@ -69,8 +69,6 @@ def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, x)
 
 
-# ----------------------------------------------------------------------------- masking
-
 def num_to_mask(input_ids: tf.Tensor, input_mask: tf.Tensor, *, mask_prob: float,
                 max_predictions: int, mask_id: int, cls_id: int, sep_id: int
                 ) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -25,15 +25,11 @@ from electra_tf.conversion.source import resolve
 from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import discriminator_variables, tf1_variables
 from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
-from electra_tf.pretraining.trainer import Pretrainer, summarize
+from electra_tf.pretraining.trainer import Pretrainer
 from electra_tf.training import lease, loop
 from electra_tf.training.loop import RunError
 from electra_tf.training.options import PretrainingOptions
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: this package
-
-
-# ----------------------------------------------------------------------------- data
+from electra_tf.training.trainer import summarize
 
 
 def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
@@ -89,9 +85,6 @@ def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConf
     return special, counts
 
 
-# ----------------------------------------------------------------------------- run
-
-
 def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]:
     """Trains and/or evaluates; returns the last logged (or eval) metrics.
 
@@ -110,59 +103,51 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
     loop.check_writable(options.model_dir, "--model_dir")
     # One writer per run directory, from before its first write (lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
-        return _run(cfg, options, strategy, chief, files, eval_files, special, counts,
-                    profile_steps, run_lease)
-
-
-def _run(cfg: PretrainingConfig, options: PretrainingOptions, strategy, chief: bool,
-         files, eval_files, special, counts, profile_steps, run_lease) -> Dict[str, float]:
-    tc = cfg.train
-    trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
-    manager = loop.open_checkpoints(trainer, options.model_dir,
-                                    distribute.worker_dir(options.model_dir, strategy),
-                                    max_to_keep=tc.keep_checkpoint_max, clean=chief)
-    # After the checkpoints are resolved (a directory none of whose checkpoints is
-    # complete stops the run unchanged); a rename, so never a torn config.json.
-    if chief:
-        fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
-    if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
-        source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
-        logging.info("Fixed generator (forward only) from %s", source)
-
-    result: Dict[str, float] = {}
-    if options.do_train:
-        # The data order is a function of the seed, so a resumed run continues it exactly
-        # by passing over the batches its checkpoint has already consumed.
-        inputs = ShardInputs(files)
-        train_ds = _dataset(strategy, input_config(
-            files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())),
-            inputs.log)
-        per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
-        logdir = fileio.join(options.model_dir, "train")
-        result = loop.train(
-            trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
-            writer=loop.summary_writer(logdir, chief), chief=chief,
-            perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
-            profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
-            metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
+        tc = cfg.train
+        trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
+        manager = loop.open_checkpoints(trainer, options.model_dir,
+                                        distribute.worker_dir(options.model_dir, strategy),
+                                        max_to_keep=tc.keep_checkpoint_max, clean=chief)
+        # After the checkpoints are resolved (a directory none of whose checkpoints is
+        # complete stops the run unchanged); a rename, so never a torn config.json.
         if chief:
-            run_lease.check()
-            export_discriminator(trainer.model, options.model_dir)
-    if options.do_eval and eval_files:
-        result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief,
-                          run_lease)
-    if not chief:
-        fileio.rmtree(manager.directory)
-    return result
+            fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
+        if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
+            source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
+            logging.info("Fixed generator (forward only) from %s", source)
+
+        result: Dict[str, float] = {}
+        if options.do_train:
+            # The data order is a function of the seed, so a resumed run continues it exactly
+            # by passing over the batches its checkpoint has already consumed.
+            inputs = ShardInputs(files)
+            train_ds = _dataset(strategy, input_config(
+                files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())),
+                inputs.log)
+            per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
+            logdir = fileio.join(options.model_dir, "train")
+            result = loop.train(
+                trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
+                writer=loop.summary_writer(logdir, chief), chief=chief,
+                perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
+                profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
+                metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
+            if chief:
+                run_lease.check()
+                export_discriminator(trainer.model, options.model_dir)
+        if options.do_eval and eval_files:
+            result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief,
+                              run_lease)
+        if not chief:
+            fileio.rmtree(manager.directory)
+        return result
 
 
 def load_fixed_generator(model, path: str) -> str:
-    """--generator=fixed: assigns the generator's weights (its encoder, embeddings and MLM
-    head) from any checkpoint source (`conversion.source`): one of our pre-training runs
-    or a TF1 name-based checkpoint (a released ELECTRA checkpoint, `convert import-hf
-    --generator_dir`, `convert export-tf1`); a source whose generator shared the
-    discriminator's embeddings gives its `electra/embeddings/...`. Shapes must match the
-    configured generator. Returns the checkpoint read."""
+    """--generator=fixed: assigns the generator's weights (encoder, embeddings, MLM head)
+    from any checkpoint source (`conversion.source`), of the configured sizes; a source
+    whose generator shared the discriminator's embeddings gives `electra/embeddings/...`.
+    Returns the checkpoint read."""
     weights = list(model.generator.weights) + [
         w for w in model.generator_predictions.weights
         if all(w is not g for g in model.generator.weights)]
@@ -242,7 +227,8 @@ def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir, chief: bool =
     ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False), inputs.log)
     eval_loop = trainer.make_eval_loop()
     with inputs.guard(None):
-        out = summarize(eval_loop(iter(ds), tf.constant(tc.max_eval_steps)))
+        out = summarize(eval_loop(iter(ds), tf.constant(tc.max_eval_steps)),
+                        obj.metrics_from_sums)
     step = int(trainer.global_step.numpy())
     metrics = dict(out.metrics, loss=out.loss)
     logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,

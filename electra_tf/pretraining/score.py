@@ -15,7 +15,7 @@ may be on Cloud Storage; the output is written whole or not at all.
 
 import os
 import sys
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -118,11 +118,6 @@ def read_lines(path: str) -> List[Tuple[int, str]]:
     return out
 
 
-def format_rows(lines: Iterable[Tuple[int, str]], scores, counts) -> str:
-    return "".join(f"{number}\t{score:.4f}\t{count}\t{text}\n"
-                   for (number, text), score, count in zip(lines, scores, counts))
-
-
 def define_flags():
     flags.DEFINE_string("model_dir", None, "An objective=electric pre-training run "
                         "(config.json + checkpoints).")
@@ -166,7 +161,8 @@ def main(argv):
     if truncated.any():
         logging.warning("%d of %d texts are longer than %d pieces and were scored on their "
                         "first ones", int(truncated.sum()), len(lines), length - 2)
-    rows = format_rows(lines, scores, counts)
+    rows = "".join(f"{number}\t{score:.4f}\t{count}\t{text}\n"
+                   for (number, text), score, count in zip(lines, scores, counts))
     if f.output:
         fileio.write_atomic(f.output, rows)
         logging.info("Wrote %d scores to %s", len(lines), f.output)

@@ -13,8 +13,7 @@ from electra_tf.model.modeling import ElectraPretrainingModel
 from electra_tf.objective_specs import LOG_GROUPS, SPECS
 from electra_tf.pretraining.objectives import build_objective
 from electra_tf.training.optimization import make_optimizer
-from electra_tf.training import trainer as trainer_lib
-from electra_tf.training.trainer import LoopOutput, Trainer
+from electra_tf.training.trainer import Trainer
 
 
 class Pretrainer(Trainer):
@@ -72,8 +71,3 @@ class Pretrainer(Trainer):
         if phase is None:
             phase = self.phase_at(int(self.global_step.numpy()))
         return self._host_loop(self.replica_eval(phase))
-
-
-def summarize(sums: Dict[str, tf.Tensor]) -> LoopOutput:
-    """Metric sums of one or more steps -> the reported numbers."""
-    return trainer_lib.summarize(sums, obj.metrics_from_sums)
