@@ -32,7 +32,7 @@ import fixed_corruptions as fc  # noqa: E402
 from electra_tf import fileio  # noqa: E402
 from electra_tf.configs import load_config  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
-from electra_tf.pretraining import score  # noqa: E402
+from electra_tf.pretraining import scoring  # noqa: E402
 from electra_tf.training import checkpoints  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def load(runs: str, side: str, seed: int, step: int, config: str):
         checkpoints.assign_arrays(model, checkpoints.read_tf1(
             fileio.join(model_dir, f"model.ckpt-{step}")))
         return model
-    return score.load_run(model_dir, fileio.join(model_dir, f"ckpt-{step}"))[1]
+    return scoring.load_run(model_dir, fileio.join(model_dir, f"ckpt-{step}"))[1]
 
 
 def losses(model, arrays, scored, batch: int = 32):

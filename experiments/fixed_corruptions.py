@@ -48,7 +48,7 @@ from electra_tf.data import files as data_files  # noqa: E402
 from electra_tf.data.dataset import make_dataset  # noqa: E402
 from electra_tf.model.modeling import ElectraPretrainingModel  # noqa: E402
 from electra_tf.pretraining import losses as obj  # noqa: E402
-from electra_tf.pretraining import objectives, pretrain, score  # noqa: E402
+from electra_tf.pretraining import objectives, pretrain, scoring  # noqa: E402
 from tfrecord_builder import BuildError  # noqa: E402
 
 FORMAT = "electra-tf/fixed-corruptions/1"
@@ -92,7 +92,7 @@ def draw(judge_model_dir: str, eval_data: Optional[str], out_path: str,
         raise FixedCorruptionError("--batch_size and --num_batches must be >= 1")
     if not temperature > 0:
         raise FixedCorruptionError(f"--temperature={temperature} must be > 0")
-    cfg, model, path = score.load_run(judge_model_dir, checkpoint)
+    cfg, model, path = scoring.load_run(judge_model_dir, checkpoint)
     oc = cfg.objective
     if (oc.objective in ("mlm", "electric") or oc.generator not in ("masked_lm", "fixed")):
         raise FixedCorruptionError(
@@ -250,7 +250,7 @@ def judge(corruptions_path: str, model_dir: Optional[str] = None,
         raise FixedCorruptionError("--params_override goes with --config, not --model_dir")
     arrays, meta = load_corruptions(corruptions_path)
     if model_dir is not None:
-        cfg, model, source = score.load_run(model_dir, checkpoint)
+        cfg, model, source = scoring.load_run(model_dir, checkpoint)
     else:
         (cfg, model), source = fresh_model(config, overrides, init_seed), None
     ids = arrays["input_ids"]

@@ -12,7 +12,7 @@ import tensorflow as tf
 from electra_tf import fileio
 from electra_tf.configs import load_config
 from electra_tf.text import TextEncoder
-from electra_tf.pretraining import pretrain, score
+from electra_tf.pretraining import pretrain, scoring
 from electra_tf.training.options import PretrainingOptions
 from electra_tf import DEFAULT_VOCAB
 
@@ -49,10 +49,10 @@ def test_an_electric_run_trains_in_the_compiled_step(electric_run):
 @pytest.mark.e2e
 def test_scores_are_minus_the_summed_energies_of_the_text_pieces(electric_run, tmp_path):
     model_dir, _ = electric_run
-    cfg, model, path = score.load_run(model_dir, objective="electric")
+    cfg, model, path = scoring.load_run(model_dir, objective="electric")
     assert path.endswith("ckpt-3")
     text = TextEncoder(DEFAULT_VOCAB)
-    scorer = score.Scorer(model, text, max_seq_length=16, batch_size=2)
+    scorer = scoring.Scorer(model, text, max_seq_length=16, batch_size=2)
     kept = [t for t in TEXTS if t.strip()]
     scores, counts, truncated = scorer.score(kept)
     assert truncated.tolist() == [False, False, True, False]
@@ -89,12 +89,12 @@ def test_the_cli_writes_one_row_per_text_line(electric_run, tmp_path):
 
 
 def test_errors_name_the_run(tmp_path):
-    with pytest.raises(score.ScoreError, match="no config.json"):
-        score.load_run(str(tmp_path), objective="electric")
+    with pytest.raises(scoring.ScoreError, match="no config.json"):
+        scoring.load_run(str(tmp_path), objective="electric")
     other = tmp_path / "electra_run"
     fileio.makedirs(str(other))
     fileio.write_json_atomic(str(other / "config.json"), load_config("tiny").to_json())
-    with pytest.raises(score.ScoreError, match="objective electra, not electric"):
-        score.load_run(str(other), objective="electric")
-    with pytest.raises(score.ScoreError, match="no such file"):
-        score.read_lines(str(tmp_path / "missing.txt"))
+    with pytest.raises(scoring.ScoreError, match="objective electra, not electric"):
+        scoring.load_run(str(other), objective="electric")
+    with pytest.raises(scoring.ScoreError, match="no such file"):
+        scoring.read_lines(str(tmp_path / "missing.txt"))
