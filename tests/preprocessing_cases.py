@@ -165,7 +165,9 @@ def squad_digest(f) -> dict:
 
 
 def tagging_digest(f) -> dict:
+    # Words without tokens: those without a position that max_seq_length did not cut.
+    untokenized = sum(int((p < 0).sum()) for p in f.word_positions) - f.num_truncated_words
     return digest({"input_ids": f.input_ids, "input_mask": f.input_mask,
                    "segment_ids": f.segment_ids, "label_ids": f.label_ids,
                    "label_weights": f.label_weights, "word_positions": f.word_positions,
-                   "counts": np.array([f.num_truncated_words, f.num_untokenized_words])})
+                   "counts": np.array([f.num_truncated_words, untokenized])})

@@ -243,7 +243,8 @@ def test_windows_layout_and_max_context(tmp_path):
     assert f.example_index.tolist() == [0, 0, 0] and f.num_examples == 1 and len(f) == 3
     arrays = f.arrays()
     assert sorted(arrays) == ["end_positions", "input_ids", "input_mask", "is_impossible",
-                              "segment_ids", "start_positions"]
+                              "segment_ids", "start_positions", "weight"]
+    assert arrays.pop("weight").tolist() == [1.0, 1.0, 1.0]
     assert all(a.dtype == np.int32 and a.shape[0] == 3 for a in arrays.values())
     assert arrays["start_positions"].tolist() == [0, 0, 0]
 

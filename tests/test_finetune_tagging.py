@@ -179,13 +179,12 @@ def test_features_exact_rows():
     np.testing.assert_array_equal(
         f.label_weights, [[0, 1, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0]])
     assert [p.tolist() for p in f.word_positions] == [[1, 6, 7, 9]]
-    assert f.num_truncated_words == 0 and f.num_untokenized_words == 0
+    assert f.num_truncated_words == 0
     arrays = f.arrays()
-    assert sorted(arrays) == ["input_ids", "input_mask", "label_ids", "label_weights",
-                              "segment_ids"]
     assert {k: v.dtype for k, v in arrays.items()} == {
         "input_ids": np.int32, "input_mask": np.int32, "segment_ids": np.int32,
-        "label_ids": np.int32, "label_weights": np.float32}
+        "label_ids": np.int32, "label_weights": np.float32, "weight": np.float32}
+    np.testing.assert_array_equal(arrays["weight"], [1.0])
     assert predictions_to_tags(f, f.label_ids, label_map) == [["S-NP", "S-PP", "B-NP", "E-NP"]]
 
 
@@ -216,7 +215,7 @@ def test_features_word_without_tokens():
     np.testing.assert_array_equal(f.input_ids, [[1, 10, 11, 12, 2, 0], [1, 2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(f.label_weights, [[0, 1, 1, 0, 0, 0], [0] * 6])
     assert [p.tolist() for p in f.word_positions] == [[1, -1, 2], [-1]]
-    assert f.num_untokenized_words == 2 and f.num_truncated_words == 0
+    assert f.num_truncated_words == 0
     # Whatever the model says at padding, words without tokens read as O.
     predicted = np.full((2, 6), label_map.get("S-NP"), np.int32)
     assert predictions_to_tags(f, predicted, label_map) == [["S-NP", "O", "S-NP"], ["O"]]

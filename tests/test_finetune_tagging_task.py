@@ -133,7 +133,8 @@ def test_task_splits_and_label_map(encoder, data_dir):
     # Labels are converted to BIOES: a noun closes its NP, a verb is a single-word VP.
     role = {**{w: "B-NP" for w in DETS}, **{w: "E-NP" for w in NOUNS},
             **{w: "S-VP" for w in VERBS}, **{w: "S-PP" for w in PREPS}, ".": "O"}
-    for sentence, gold, ids, weights in zip(train.meta.sentences, train.meta.gold,
+    sentences = task._read(data_dir, "train.txt")
+    for sentence, gold, ids, weights in zip(sentences, train.meta.gold,
                                             train.arrays["label_ids"],
                                             train.arrays["label_weights"]):
         assert gold == [role[w] for w in sentence.words]
@@ -167,9 +168,11 @@ def test_conll_files_read_from_ram(encoder, data_dir, tmp_path, monkeypatch):
     assert got.num_examples == want.num_examples == 64
     for k in want.arrays:
         np.testing.assert_array_equal(got.arrays[k], want.arrays[k], err_msg=k)
-    assert [s.words for s in got.meta.sentences] == [s.words for s in want.meta.sentences]
-    assert got.meta.sentences[1].where() == f"{root}/chunk/train.txt:" \
-        f"{want.meta.sentences[1].line}"
+    assert got.meta.gold == want.meta.gold
+    got_sentences = ram._read(root, "train.txt")
+    want_sentences = local._read(data_dir, "train.txt")
+    assert [s.words for s in got_sentences] == [s.words for s in want_sentences]
+    assert got_sentences[1].where() == f"{root}/chunk/train.txt:{want_sentences[1].line}"
     (dev,) = ram.eval_splits(root, encoder, MAX_LEN)
     assert dev.num_examples == 64
     fileio.write_atomic(f"{root}/bad.txt", "a DT B-NP\nb NN\n")
@@ -238,8 +241,7 @@ def _python_tags(task, finetuner, encoder, sentences):
     # Unlabelled text: every word tagged 'O'.
     unlabelled = [Sentence(tuple(w), ("O",) * len(w), 0) for w in words]
     feats = task.features(unlabelled, encoder, MAX_LEN)
-    arrays = dict(feats.arrays(), weight=np.ones([len(feats)], np.float32))
-    fetched = finetuner.predict(TaskData(arrays, len(feats)))
+    fetched = finetuner.predict(TaskData(feats.arrays(), len(feats)))
     return words, predictions_to_tags(feats, fetched["predictions"], task.label_map)
 
 

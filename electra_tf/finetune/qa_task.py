@@ -166,9 +166,7 @@ class SquadTask(Task):
         features = self.features(examples, encoder, max_seq_length, True)
         if not len(features):
             raise DataError(f"{source}: no usable training questions")
-        arrays = features.arrays()
-        arrays["weight"] = np.ones([len(features)], np.float32)
-        return TaskData(arrays, len(features), name=name)
+        return TaskData(features.arrays(), len(features), name=name)
 
     def eval_splits(self, data_dir, encoder, max_seq_length):
         examples, source, name = self.read_examples(data_dir, "dev", is_training=False)
@@ -176,8 +174,8 @@ class SquadTask(Task):
             raise DataError(f"{source}: no questions")
         features = self.features(examples, encoder, max_seq_length, False)
         # No gold positions (several answers, unlabelled windows): no meaningless dev loss.
-        arrays = {k: features.arrays()[k] for k in ("input_ids", "input_mask", "segment_ids")}
-        arrays["weight"] = np.ones([len(features)], np.float32)
+        arrays = {k: v for k, v in features.arrays().items()
+                  if k in ("input_ids", "input_mask", "segment_ids", "weight")}
         lower = encoder.do_lower_case if self.do_lower_case is None else self.do_lower_case
         # Rows are windows; the metrics map them to questions by features.example_index.
         return [TaskData(arrays, len(features), SquadSplit(list(examples), features, lower),

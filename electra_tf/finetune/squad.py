@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
-from electra_tf.finetune import DataError, read_text
+from electra_tf.finetune import DataError, Features, read_text
 
 # The official readers split the context on exactly these characters (U+202F appears in
 # SQuAD contexts and must not end up inside a word); serving splits on them too.
@@ -286,11 +286,12 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
 # ------------------------------------------------------------------------------ Features
 
 @dataclasses.dataclass
-class SquadFeatures:
+class SquadFeatures(Features):
     """Windows of all examples in example order (qa_task.SquadTask.features). Per feature
     f and token t: `token_to_orig_map` its context word or -1 (CLS, query, SEP, padding);
     `token_is_max_context` whether this window gives it its most context; `token_piece`
     its word's basic-tokenizer piece, -1 when unknown (then the whole word is used)."""
+    ARRAYS = Features.ARRAYS + ("start_positions", "end_positions", "is_impossible")
     input_ids: np.ndarray  # int32 [N, L]
     input_mask: np.ndarray  # int32 [N, L]
     segment_ids: np.ndarray  # int32 [N, L]
@@ -302,14 +303,6 @@ class SquadFeatures:
     token_is_max_context: np.ndarray  # bool [N, L]
     token_piece: np.ndarray  # int16 [N, L]
     num_examples: int
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def arrays(self) -> Dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids, "input_mask": self.input_mask,
-                "segment_ids": self.segment_ids, "start_positions": self.start_positions,
-                "end_positions": self.end_positions, "is_impossible": self.is_impossible}
 
 
 def word_pieces(words: Sequence[str], tokenize: Tokenize) -> Dict[str, np.ndarray]:

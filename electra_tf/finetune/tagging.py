@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from electra_tf.finetune import DataError, read_text
+from electra_tf.finetune import DataError, Features, read_text
 
 SCHEMES = ("bioes", "bio", "raw")
 OUTSIDE = "O"
@@ -189,9 +189,10 @@ class LabelMap:
 
 
 @dataclasses.dataclass
-class TaggingFeatures:
+class TaggingFeatures(Features):
     """Model inputs of N sentences padded to L tokens. word_positions[n][w]: the token of
     word w's first sub-token in row n; -1 (read as 'O') without tokens or truncated."""
+    ARRAYS = Features.ARRAYS + ("label_ids", "label_weights")
     input_ids: np.ndarray       # int32 [N, L]
     input_mask: np.ndarray      # int32 [N, L]
     segment_ids: np.ndarray     # int32 [N, L]
@@ -199,15 +200,6 @@ class TaggingFeatures:
     label_weights: np.ndarray   # float32 [N, L]
     word_positions: List[np.ndarray]  # N x int32 [num words]
     num_truncated_words: int
-    num_untokenized_words: int
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def arrays(self) -> Dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids, "input_mask": self.input_mask,
-                "segment_ids": self.segment_ids, "label_ids": self.label_ids,
-                "label_weights": self.label_weights}
 
 
 def predictions_to_tags(features: TaggingFeatures, predicted_ids,

@@ -26,7 +26,6 @@ _UNICODE_SPACES = r"[\p{Zs}\x{85}\x{2028}\x{2029}]"
 @dataclasses.dataclass
 class TaggingSplit:
     """What one split's metrics need; `gold`: every word's tag in the task's scheme."""
-    sentences: List[Sentence]
     features: TaggingFeatures
     label_map: LabelMap
     gold: List[List[str]]
@@ -117,7 +116,7 @@ class TaggingTask(Task):
             *(packed["batch"][k].numpy() for k in ("input_ids", "input_mask", "segment_ids")),
             label_ids, label_weights,
             np.split(position.astype(np.int32), np.cumsum(lengths)[:-1]),
-            int(np.sum((num_tokens > 0) & ~kept)), int(np.sum(num_tokens == 0)))
+            int(np.sum((num_tokens > 0) & ~kept)))
         if feats.num_truncated_words:
             logging.warning("%s: %d word(s) beyond max_seq_length=%d tokens are not tagged "
                             "(they count as 'O')", what or self.name,
@@ -127,11 +126,9 @@ class TaggingTask(Task):
     def _data(self, sentences: List[Sentence], encoder: TextEncoder, max_seq_length: int,
               file: str) -> TaskData:
         feats = self.features(sentences, encoder, max_seq_length, f"{self.name}/{file}")
-        arrays = feats.arrays()
-        arrays["weight"] = np.ones([len(feats)], np.float32)
         gold = [convert_labels(s.labels, self.scheme) for s in sentences]
-        return TaskData(arrays, len(feats), TaggingSplit(list(sentences), feats,
-                                                         self._labels(), gold), name=file)
+        return TaskData(feats.arrays(), len(feats), TaggingSplit(feats, self._labels(), gold),
+                        name=file)
 
     def train_split(self, data_dir, encoder, max_seq_length):
         sentences = self._read(data_dir, self.train_file)
