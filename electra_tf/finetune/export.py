@@ -22,15 +22,6 @@ def _ids_spec(max_seq_length: int) -> Dict[str, tf.TensorSpec]:
             for name in ("input_ids", "input_mask", "segment_ids")}
 
 
-def _check_rows(texts: Dict[str, tf.Tensor]):
-    """Every text field must have one string per request row."""
-    names = sorted(texts)
-    first = tf.shape(texts[names[0]])[0]
-    for name in names[1:]:
-        tf.debugging.assert_equal(tf.shape(texts[name])[0], first, message=(
-            f"{names[0]} and {name} must have the same number of rows"))
-
-
 def _hold(module: tf.Module, name: str, layer):
     """Keeps a Keras layer on `module` untracked, tracking its plain tf.Variables instead:
     Keras 3 would save a copy of each variable beside the one the functions read, and the
@@ -50,11 +41,14 @@ class TaskServer(tf.Module):
         self.max_seq_length = max_seq_length
 
     def serve_text(self, **texts) -> Dict[str, tf.Tensor]:
-        _check_rows(texts)
+        names = sorted(texts)  # every text field has one string per request row
+        for name in names[1:]:
+            tf.debugging.assert_equal(tf.shape(texts[name])[0], tf.shape(texts[names[0]])[0],
+                                      message=f"{names[0]} and {name} must have the same "
+                                              "number of rows")
         return self.task.serve_text(self.model, self.encoder, self.max_seq_length, texts)
 
-    def serve_ids(self, input_ids, input_mask, segment_ids) -> Dict[str, tf.Tensor]:
-        batch = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+    def serve_ids(self, **batch) -> Dict[str, tf.Tensor]:
         return self.task.serve_ids(self.model, batch)
 
     def signatures(self):
@@ -82,16 +76,12 @@ class EncoderServer(tf.Module):
                 "input_mask": batch["input_mask"], "input_ids": batch["input_ids"]}
 
     def signatures(self):
-        def text_fn(text):
-            return self._outputs(self.encoder.encode(text, None, self.max_seq_length))
-
-        def ids_fn(**batch):
-            return self._outputs(batch)
-
-        return {TEXT_SIGNATURE: tf.function(text_fn).get_concrete_function(
+        text_fn = tf.function(
+            lambda text: self._outputs(self.encoder.encode(text, None, self.max_seq_length)))
+        ids_fn = tf.function(lambda **batch: self._outputs(batch))
+        return {TEXT_SIGNATURE: text_fn.get_concrete_function(
                     tf.TensorSpec([None], tf.string, name="text")),
-                IDS_SIGNATURE: tf.function(ids_fn).get_concrete_function(
-                    **_ids_spec(self.max_seq_length))}
+                IDS_SIGNATURE: ids_fn.get_concrete_function(**_ids_spec(self.max_seq_length))}
 
 
 def _write(module: tf.Module, signatures, directory: str, assets: Dict[str, str]):

@@ -50,31 +50,29 @@ def matthews_corrcoef(labels, predictions) -> float:
     return float(sklearn_metrics.matthews_corrcoef(labels, predictions))
 
 
-def _correlation_inputs(x, y):
-    """Float64 x and y; None when scipy's correlation is undefined (a constant side, or a
-    nan): the metrics then return nan as scipy does, minus its warning."""
+def _correlation(statistic, x, y) -> float:
+    """scipy's `statistic` of float64 x and y; nan when it is undefined (a constant side,
+    or a nan), as scipy, minus its warning."""
     x, y = _paired(x, y, ("x", "y"))
     if len(x) < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
     x, y = x.astype(np.float64), y.astype(np.float64)
     # scipy tests constancy by equality, as here.
     if np.isnan(x).any() or np.isnan(y).any() or (x == x[0]).all() or (y == y[0]).all():
-        return None
-    return x, y
+        return float("nan")
+    return float(statistic(x, y).statistic)
 
 
 def pearson(x, y) -> float:
     """Pearson correlation (scipy.stats.pearsonr, as GLUE STS-B); nan if a side is
     constant or has nan."""
-    pair = _correlation_inputs(x, y)
-    return float("nan") if pair is None else float(scipy_stats.pearsonr(*pair).statistic)
+    return _correlation(scipy_stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> float:
     """Spearman correlation with average ranks for ties (scipy.stats.spearmanr, as GLUE
     STS-B); nan if a side is constant or has nan."""
-    pair = _correlation_inputs(x, y)
-    return float("nan") if pair is None else float(scipy_stats.spearmanr(*pair).statistic)
+    return _correlation(scipy_stats.spearmanr, x, y)
 
 
 def classification_metrics(kind, labels, predictions) -> dict:

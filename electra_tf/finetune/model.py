@@ -68,9 +68,7 @@ class QAHead(keras.layers.Layer):
     def __init__(self, config: ModelConfig, beam: int = 20, answerable: bool = False,
                  **kwargs):
         super().__init__(**kwargs)
-        self.config = config
-        self.beam = beam
-        self.answerable = answerable
+        self.config, self.beam, self.answerable = config, beam, answerable
         policy = self.dtype_policy
         self.start_logits = _dense(1, config, "start_logits", dtype=policy)
         self.end_dense = _dense(512, config, "end_logits_dense", activation=gelu, dtype=policy)

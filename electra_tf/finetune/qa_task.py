@@ -196,8 +196,7 @@ class SquadTask(Task):
         return losses
 
     def fetches(self, outputs):
-        keys = _TOP_K + (("null_logit",) if self.v2 else ())
-        return {k: outputs[k] for k in keys}
+        return {k: outputs[k] for k in _TOP_K + (("null_logit",) if self.v2 else ())}
 
     def predictions(self, data: TaskData, fetched: Dict[str, np.ndarray]):
         """(answers {qid: text}, na_probs {qid: p} or None) of a dev split."""

@@ -219,11 +219,10 @@ class TfdsSquadTask(SquadTask):
 def from_tfds(task: Task, data_dir: Optional[str] = None) -> Task:
     """`task` (GLUE's eight, SQuAD 1.1 / 2.0) reading tensorflow-datasets prepared under
     `data_dir` (None: TFDS's default)."""
-    fields = lambda t: {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
     if isinstance(task, TsvTask) and task.name in GLUE_FEATURES:
-        return TfdsGlueTask(**fields(task), tfds_data_dir=data_dir)
+        return TfdsGlueTask(**vars(task), tfds_data_dir=data_dir)
     if isinstance(task, SquadTask):
-        return TfdsSquadTask(**fields(task), tfds_data_dir=data_dir)
+        return TfdsSquadTask(**vars(task), tfds_data_dir=data_dir)
     raise DataError(f"task {task.name} has no tensorflow-datasets source (GLUE's "
                     f"{', '.join(sorted(GLUE_FEATURES))} and squad_v1 / squad_v2 have); "
                     "use --data_source=files")

@@ -189,84 +189,79 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
         loop.check_writable(options.export_dir, "--export_dir")
     # One writer per run directory, from before its first write (training/lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
-        return _run(task, model_config, cfg, options, strategy, chief, run_lease)
-
-
-def _run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, options: FinetuneOptions,
-         strategy, chief: bool, run_lease) -> Dict[str, Any]:
-    encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
-    if encoder.vocab_size != model_config.vocab_size:
-        raise ConfigError(f"the vocabulary {encoder.vocab_path} has {encoder.vocab_size} "
-                         f"tokens but the model has vocab_size={model_config.vocab_size}")
-    train = task.train_split(options.data_dir, encoder, cfg.train.max_seq_length)
-    evals = task.eval_splits(options.data_dir, encoder, cfg.train.max_seq_length)
-    # Read before training, so that a missing or bad test file fails fast.
-    tests = (task.test_splits(options.data_dir, encoder, cfg.train.max_seq_length)
-             if options.do_predict else [])
-    steps = num_train_steps(train.num_examples, cfg)
-    logging.info("Task %s: %d training examples (%s), %s; %d steps of %d (%.3g epochs), "
-                 "lr %.3g, layer-wise decay %.3g", task.name, train.num_examples,
-                 train.name, ", ".join(f"{d.name}: {d.num_examples}" for d in evals),
-                 steps, cfg.train.train_batch_size, cfg.num_train_epochs,
-                 cfg.optimizer.learning_rate, cfg.layerwise_lr_decay)
-    labels = task.label_names()
-    if labels is not None:
-        logging.info("Task %s: %d labels (%s): %s", task.name, len(labels),
-                     f"read from {task.labels_from}" if task.labels_from else "given",
-                     ", ".join(labels))
-    trials: List[Dict[str, float]] = []
-    finetuner: Optional[Finetuner] = None
-    for trial in range(cfg.num_trials):
-        trial_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"),
-                                          strategy)
-        result_path = os.path.join(trial_dir, "result.json")
-        if fileio.exists(result_path):  # written last: the trial is complete
-            trials.append(fileio.read_json(result_path))
-            logging.info("Trial %d already done: %s", trial, trials[-1])
-            continue
-        seed = cfg.train.seed + trial
-        if finetuner is None:
-            finetuner = Finetuner(task, model_config, cfg, strategy, steps,
-                                  options.init_checkpoint, seed, options.jit_compile)
-        else:  # the next seed on the same compiled step: compiles once per run
-            finetuner.reinitialize(seed)
-        train_trial(finetuner, train, trial_dir, seed,
-                    fileio.join(options.model_dir, "train", f"trial_{trial}"),
-                    loop.parse_profile_steps(options.profile_steps) if trial == 0 else None,
-                    chief, run_lease)
-        metrics = _evaluate_all(finetuner, evals)
-        metrics["seed"] = seed
-        logging.info("Trial %d (seed %d) dev: %s", trial, seed,
-                     ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seed"))
+        encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
+        if encoder.vocab_size != model_config.vocab_size:
+            raise ConfigError(f"the vocabulary {encoder.vocab_path} has {encoder.vocab_size} "
+                             f"tokens but the model has vocab_size={model_config.vocab_size}")
+        train = task.train_split(options.data_dir, encoder, cfg.train.max_seq_length)
+        evals = task.eval_splits(options.data_dir, encoder, cfg.train.max_seq_length)
+        # Read before training, so that a missing or bad test file fails fast.
+        tests = (task.test_splits(options.data_dir, encoder, cfg.train.max_seq_length)
+                 if options.do_predict else [])
+        steps = num_train_steps(train.num_examples, cfg)
+        logging.info("Task %s: %d training examples (%s), %s; %d steps of %d (%.3g epochs), "
+                     "lr %.3g, layer-wise decay %.3g", task.name, train.num_examples,
+                     train.name, ", ".join(f"{d.name}: {d.num_examples}" for d in evals),
+                     steps, cfg.train.train_batch_size, cfg.num_train_epochs,
+                     cfg.optimizer.learning_rate, cfg.layerwise_lr_decay)
+        labels = task.label_names()
+        if labels is not None:
+            logging.info("Task %s: %d labels (%s): %s", task.name, len(labels),
+                         f"read from {task.labels_from}" if task.labels_from else "given",
+                         ", ".join(labels))
+        trials: List[Dict[str, float]] = []
+        finetuner: Optional[Finetuner] = None
+        for trial in range(cfg.num_trials):
+            trial_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"),
+                                              strategy)
+            result_path = os.path.join(trial_dir, "result.json")
+            if fileio.exists(result_path):  # written last: the trial is complete
+                trials.append(fileio.read_json(result_path))
+                logging.info("Trial %d already done: %s", trial, trials[-1])
+                continue
+            seed = cfg.train.seed + trial
+            if finetuner is None:
+                finetuner = Finetuner(task, model_config, cfg, strategy, steps,
+                                      options.init_checkpoint, seed, options.jit_compile)
+            else:  # the next seed on the same compiled step: compiles once per run
+                finetuner.reinitialize(seed)
+            train_trial(finetuner, train, trial_dir, seed,
+                        fileio.join(options.model_dir, "train", f"trial_{trial}"),
+                        loop.parse_profile_steps(options.profile_steps) if trial == 0 else None,
+                        chief, run_lease)
+            metrics = _evaluate_all(finetuner, evals)
+            metrics["seed"] = seed
+            logging.info("Trial %d (seed %d) dev: %s", trial, seed,
+                         ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "seed"))
+            if chief:
+                loop.write_results(result_path, metrics, run_lease)
+            trials.append(metrics)
+        scores = [t[task.primary_metric] for t in trials]
+        best = median_trial(scores)
+        results = {"task": task.name, "metric": task.primary_metric,
+                   "labels": list(labels) if labels is not None else None,
+                   "labels_from": task.labels_from,
+                   "median": float(np.median(scores)), "scores": scores, "trials": trials,
+                   "median_trial": best, "num_train_steps": steps,
+                   "config": dataclasses.asdict(cfg), "init_checkpoint": options.init_checkpoint}
+        logging.info("%s %s over %d trial(s): median %.4f (all: %s)", task.name,
+                     task.primary_metric, len(scores), results["median"],
+                     ", ".join(f"{s:.4f}" for s in scores))
+        if tests or (options.export_dir and chief):
+            if finetuner is None:  # every trial was done by an earlier run
+                finetuner = Finetuner(task, model_config, cfg, strategy, steps, None,
+                                      cfg.train.seed + best, options.jit_compile)
+            # Each worker restores its own copy: predicting runs on all of them.
+            ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
+                                             strategy)
+            finetuner.restore(newest_complete(ckpt_dir))
+            if tests:
+                results["predictions"] = write_predictions(
+                    task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
+            if options.export_dir and chief:
+                results["export"] = export_lib.export(task, finetuner.model, encoder,
+                                                      cfg.train.max_seq_length, options.export_dir)
+                logging.info("Exported %s", results["export"])
         if chief:
-            loop.write_results(result_path, metrics, run_lease)
-        trials.append(metrics)
-    scores = [t[task.primary_metric] for t in trials]
-    best = median_trial(scores)
-    results = {"task": task.name, "metric": task.primary_metric,
-               "labels": list(labels) if labels is not None else None,
-               "labels_from": task.labels_from,
-               "median": float(np.median(scores)), "scores": scores, "trials": trials,
-               "median_trial": best, "num_train_steps": steps,
-               "config": dataclasses.asdict(cfg), "init_checkpoint": options.init_checkpoint}
-    logging.info("%s %s over %d trial(s): median %.4f (all: %s)", task.name,
-                 task.primary_metric, len(scores), results["median"],
-                 ", ".join(f"{s:.4f}" for s in scores))
-    if tests or (options.export_dir and chief):
-        if finetuner is None:  # every trial was done by an earlier run
-            finetuner = Finetuner(task, model_config, cfg, strategy, steps, None,
-                                  cfg.train.seed + best, options.jit_compile)
-        # Each worker restores its own copy: predicting runs on all of them.
-        ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
-                                         strategy)
-        finetuner.restore(newest_complete(ckpt_dir))
-        if tests:
-            results["predictions"] = write_predictions(
-                task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
-        if options.export_dir and chief:
-            results["export"] = export_lib.export(task, finetuner.model, encoder,
-                                                  cfg.train.max_seq_length, options.export_dir)
-            logging.info("Exported %s", results["export"])
-    if chief:
-        loop.write_results(os.path.join(options.model_dir, "results.json"), results, run_lease)
-    return results
+            loop.write_results(os.path.join(options.model_dir, "results.json"), results, run_lease)
+        return results
