@@ -67,15 +67,6 @@ class SquadTask(Task):
         return ("question", "context")
 
     # --- data --------------------------------------------------------------------
-    def _check(self, max_seq_length: int):
-        if self.max_query_length + 3 >= max_seq_length:
-            raise ConfigError(f"{self.name}: --max_seq_length={max_seq_length} leaves no "
-                              f"room for the context after a question of up to "
-                              f"{self.max_query_length} tokens (max_query_length)")
-        if self.doc_stride < 1:
-            raise ConfigError(f"{self.name}: doc_stride must be positive, got "
-                              f"{self.doc_stride}")
-
     def data_file(self, data_dir: str, split: str) -> str:
         folder = os.path.join(data_dir, "squad")
         names = [f"{split}.json", f"{split}-v{'2.0' if self.v2 else '1.1'}.json"]
@@ -227,7 +218,13 @@ class SquadTask(Task):
         `max_context` [W, L], `window_splits` [N + 1], the context `words` with byte
         `begins` / `ends`, `doc_ids` / `doc_word` (sub-tokens, their words) and
         `num_tokens` [N]."""
-        self._check(max_seq_length)
+        if self.max_query_length + 3 >= max_seq_length:
+            raise ConfigError(f"{self.name}: --max_seq_length={max_seq_length} leaves no "
+                              f"room for the context after a question of up to "
+                              f"{self.max_query_length} tokens (max_query_length)")
+        if self.doc_stride < 1:
+            raise ConfigError(f"{self.name}: doc_stride must be positive, got "
+                              f"{self.doc_stride}")
         L = max_seq_length
         specials = encoder.special_ids
         question = tf.convert_to_tensor(question, tf.string)

@@ -214,8 +214,6 @@ class TfdsSquadTask(SquadTask):
         return examples, where, f"{self.dataset}:{split}"
 
 
-# --------------------------------------------------------------------------- entry
-
 def from_tfds(task: Task, data_dir: Optional[str] = None) -> Task:
     """`task` (GLUE's eight, SQuAD 1.1 / 2.0) reading tensorflow-datasets prepared under
     `data_dir` (None: TFDS's default)."""

@@ -71,8 +71,6 @@ class Finetuner(Trainer):
                                                cfg.official_lr_bug)
         self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
 
-    # ------------------------------------------------------------------ the job's part
-
     def loss(self, batch, seed, context, training, phase=0):
         outputs = self.model(batch, training=training, seed=seed)
         per_example = self.task.loss(outputs, batch)
@@ -85,8 +83,6 @@ class Finetuner(Trainer):
         if "label" in batch or "start_positions" in batch or "label_ids" in batch:
             fetched["_loss"] = self.task.loss(outputs, batch)
         return fetched
-
-    # ------------------------------------------------------------------ host side
 
     def train_dataset(self, data: TaskData, seed: int, skip_batches: int = 0):
         """Shuffled (a fresh order each epoch, a function of the seed), repeated global
