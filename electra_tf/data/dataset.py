@@ -120,7 +120,8 @@ def make_dataset(config: InputConfig,
                         "spare this read).", len(unlisted), len(paths),
                         time.perf_counter() - start)
         counts = dict(counts, **found)
-    position = order.locate(records, [counts.get(f, -1) for f in paths]) if records else None
+    order_counts = [counts.get(f, -1) for f in paths]
+    position = order.locate(records, order_counts) if records else None
     if position is not None:
         open_shards = order.group_shards(position.epoch, position.group)
         shards.check_resume_shards([paths[i] for i in open_shards], counts, set(unlisted),
@@ -135,8 +136,7 @@ def make_dataset(config: InputConfig,
                                  tf.gather(expected_bytes, i), config.on_bad_shard, log,
                                  pipeline)
 
-    ds = order.dataset([counts.get(f, -1) for f in paths], read, position,
-                       repeat=config.repeat)
+    ds = order.dataset(order_counts, read, position, repeat=config.repeat)
     # Parsing a whole batch in one parse_example call is much cheaper than per record.
     ds = ds.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda s: parse_batch(s, config.max_seq_length),

@@ -21,8 +21,7 @@ _SIDE_FILES = frozenset({manifest_lib.MANIFEST_NAME, "token_counts.txt"})
 # Directories without a manifest (the official builder's output) are read through this
 # glob rather than wholesale, so a stray README or vocab file is never parsed as records.
 _UNMANIFESTED_DIR_GLOB = "*tfrecord*"
-# How many shards to try when looking for a first record (shards can be empty when a
-# build has more shards than examples).
+# Shards tried for a first record (a build with more shards than examples has empty ones).
 _PEEK_FILES = 8
 # TFRecord framing around each record's data: uint64 length, uint32 masked CRC of the
 # length, then after the data a uint32 masked CRC of the data.
@@ -120,10 +119,9 @@ def _resolve_one(pattern: str, on_bad_shard: str = "stop") -> List[str]:
 
 
 def resolve_files(file_pattern: str, on_bad_shard: str = "stop") -> List[str]:
-    """The sorted shard files that the comma-separated globs, files and directories of
-    `file_pattern` name (a directory: its manifest's shards, else its files named
-    "*tfrecord*"; never side, dot or temp files). A missing manifest shard or named file is
-    an error naming it (skip: a warning, left out) unless nothing is left."""
+    """The sorted shards the comma-separated globs, files and directories (their manifest's
+    shards, else their "*tfrecord*" files) of `file_pattern` name, never side, dot or temp
+    files. A missing manifest shard or named file is a bad shard; no file left, an error."""
     check_policy(on_bad_shard)
     files = set()
     for pattern in _split_patterns(file_pattern):
@@ -146,11 +144,9 @@ def _manifest_dirs(file_pattern: str) -> List[str]:
 def check_data(file_pattern: str, vocab_size: Optional[int] = None,
                max_seq_length: Optional[int] = None,
                on_bad_shard: str = "stop") -> Optional[dict]:
-    """Validates every manifest in a directory given or beside a matched file against the
-    run config (ManifestError on a mismatch), and its shards' sizes (one parallel stat
-    each): one too small for its records is a BadShardError naming it (skip: a warning).
-    Returns the first manifest, or None (a warning) for data without one (the official
-    builder's)."""
+    """Validates every manifest in or beside the pattern's files against the run config
+    (ManifestError), and its shards' sizes: one too small for its records is a bad shard.
+    Returns the first manifest, or None (a warning) for data without one."""
     resolve_files(file_pattern, on_bad_shard)  # a clear error when nothing matches, first
     dirs = _manifest_dirs(file_pattern)
     if not dirs:
@@ -164,8 +160,17 @@ def check_data(file_pattern: str, vocab_size: Optional[int] = None,
         manifest = manifest_lib.read_manifest(path)
         manifest_lib.validate_manifest(manifest, vocab_size=vocab_size,
                                        max_seq_length=max_seq_length, where=path)
-        _check_shard_sizes(d, manifest, on_bad_shard)
         manifests.append(manifest)
+        shards = [(os.path.join(d, s["name"]), int(s.get("examples", 0)))
+                  for s in manifest.get("shards", [])]
+        for (shard, examples), size in zip(shards, stat_lengths([p for p, _ in shards])):
+            if size is None:
+                continue  # resolve_files has reported it
+            if examples and size == 0:
+                bad_shard(on_bad_shard, f"{shard}: {empty_file(examples)}", shard)
+            elif size < examples * (RECORD_OVERHEAD + 1):
+                bad_shard(on_bad_shard, f"{shard}: truncated, {size} bytes cannot hold the "
+                          f"{examples} records manifest.json lists", shard)
     return manifests[0]
 
 
@@ -179,25 +184,10 @@ def stat_lengths(paths: Sequence[str]) -> List[Optional[int]]:
     return map_files(length, paths)
 
 
-def _check_shard_sizes(directory: str, manifest: dict, on_bad_shard: str):
-    shards = [(os.path.join(directory, s["name"]), int(s.get("examples", 0)))
-              for s in manifest.get("shards", [])]
-    for (path, examples), size in zip(shards, stat_lengths([p for p, _ in shards])):
-        if size is None:
-            continue  # resolve_files has reported it
-        if examples and size == 0:
-            bad_shard(on_bad_shard, f"{path}: {empty_file(examples)}", path)
-        elif size < examples * (RECORD_OVERHEAD + 1):
-            bad_shard(on_bad_shard, f"{path}: truncated, {size} bytes cannot hold the "
-                       f"{examples} records manifest.json lists", path)
-
-
-def _first_record(path: str) -> Optional[bytes]:
-    """The first record of an (uncompressed) TFRecord file, or None if it is empty.
-
-    Read by hand rather than through tf.data so it works in any context (eager or inside
-    a dataset function) and costs one small read.
-    """
+def peek_sequence_length(path: str) -> Optional[int]:
+    """The sequence length of the first record of `path` (None if the file is empty);
+    InputDataError if it is not an ELECTRA pre-training example. The record is read by hand,
+    not through tf.data, so this works in any context and costs one small read."""
     try:
         f = tf.io.gfile.GFile(path, "rb")
         header = f.read(12)  # uint64 length + uint32 masked CRC of the length
@@ -217,17 +207,7 @@ def _first_record(path: str) -> Optional[bytes]:
                                     f"{length} bytes; is it a TFRecord file?)", path)
             raise BadShardError(f"{path}: truncated first record (the file has {size} bytes, "
                                 f"the record needs {length + 16}; is it a TFRecord file?)", path)
-        return f.read(length)
-
-
-def peek_sequence_length(path: str) -> Optional[int]:
-    """The sequence length of the first record of `path` (None if the file is empty).
-
-    Raises InputDataError if the record is not an ELECTRA pre-training example.
-    """
-    data = _first_record(path)
-    if data is None:
-        return None
+        data = f.read(length)
     try:
         features = tf.train.Example.FromString(data).features.feature
     except DecodeError as e:
@@ -246,10 +226,9 @@ def peek_sequence_length(path: str) -> Optional[int]:
 
 def check_sequence_length(files: Sequence[str], max_seq_length: int,
                           on_bad_shard: str = "stop"):
-    """Raises InputDataError naming the file and both lengths when the first files' first
-    records are not `max_seq_length` long (parse_example would fail mid-run). An empty file
-    (unless its manifest lists 0 records) or an unreadable first record is a BadShardError
-    naming it (skip: a warning)."""
+    """InputDataError naming the file and both lengths when the first files' first records
+    are not `max_seq_length` long (parse_example would fail mid-run); an empty file (unless
+    its manifest lists 0 records) or an unreadable first record is a bad shard."""
     expected = None
     for path in list(files)[:_PEEK_FILES]:
         try:
@@ -260,8 +239,8 @@ def check_sequence_length(files: Sequence[str], max_seq_length: int,
         if length is None:
             if expected is None:
                 expected = manifest_counts(files)
-            if expected.get(path) != 0:  # unknown (no manifest), or records were expected
-                listed = expected.get(path)
+            listed = expected.get(path)
+            if listed != 0:  # unknown (no manifest), or records were expected
                 bad_shard(on_bad_shard, f"{path}: " + empty_file(
                     listed, "; not a shard with records, leave it out of the pattern"), path)
             continue

@@ -17,11 +17,9 @@ _UNKNOWN_COUNT = 1 << 62
 
 @dataclasses.dataclass(frozen=True)
 class StreamPosition:
-    """Where record `records` of a pipeline's stream is, found from the shards' record
-    counts alone (`StreamOrder.locate`): the epoch; the group of shards being read, with
-    the round of its round robin (records each of its shards had given) and how many of
-    that round's records were taken; the shuffle window and how many of its records were
-    consumed."""
+    """Where a record of a pipeline's stream is (`StreamOrder.locate`): the epoch; the group
+    of shards read, its round robin's round (records each shard had given) and the records
+    taken of that round (slot); the shuffle window and the records consumed of it."""
     epoch: int
     group: int
     round: int
@@ -140,13 +138,12 @@ class StreamOrder:
                               [num_groups, c])
 
             def group_args(g):
-                shards = grid[g]
-                active = shards >= 0
-                shards = tf.maximum(shards, 0)
-                first = tf.equal(g, group)
+                active = grid[g] >= 0
+                shards = tf.maximum(grid[g], 0)
                 n = tf.where(active, tf.gather(counts_t, shards), 0)
-                return (shards, n, active, tf.where(first, r, tf.constant(0, tf.int64)),
-                        tf.where(first, j, tf.constant(0, tf.int64)))
+                first = tf.equal(g, group)
+                zero = tf.constant(0, tf.int64)
+                return shards, n, active, tf.where(first, r, zero), tf.where(first, j, zero)
 
             ds = tf.data.Dataset.range(group, num_groups).map(group_args).flat_map(
                 group_records)
@@ -163,12 +160,11 @@ class StreamOrder:
             return ds
 
         p = position or StreamPosition(0, 0, 0, 0, 0, 0)
-        as_int = lambda v: tf.constant(v, tf.int64)  # noqa: E731
-        first = epoch_records(as_int(p.epoch), as_int(p.group), as_int(p.round),
-                              as_int(p.slot), as_int(p.window)).skip(p.offset)
+        first = epoch_records(*(tf.constant(v, tf.int64) for v in
+                                (p.epoch, p.group, p.round, p.slot, p.window))).skip(p.offset)
         if not repeat:
             return first if p.epoch == 0 else first.take(0)
-        zero = as_int(0)
+        zero = tf.constant(0, tf.int64)
         rest = tf.data.Dataset.counter(p.epoch + 1).flat_map(
             lambda e: epoch_records(e, zero, zero, zero, zero))
         return first.concatenate(rest)

@@ -175,10 +175,9 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
                 pipeline: int):
     """The records of one shard, read to its first error; a shard that ends before its
     expected record count (manifest) or size (stat) is reported to `log`, which skips it
-    or stops the input (an op error with _SHARD_END_MESSAGE). The counts run on blocks of
-    _CHECK_BLOCK records (per-record functions would cost ~10x the read); the verdict
-    comes on a trailer block after the last one: no Python on the normal path.
-    """
+    or stops the input (an op error with _SHARD_END_MESSAGE). Counted per block of
+    _CHECK_BLOCK records (per record: ~10x the read), judged on a trailer block: no Python
+    on the normal path."""
     # ignore_errors ends a shard at its first bad record, but a file it cannot OPEN is
     # retried forever (a deleted shard would hang the run): the shard is looked up first
     # (one listing per epoch), so a missing one reads as no file at all.
@@ -259,7 +258,6 @@ def explain_read_error(error: BaseException, files: Sequence[str],
             return BadShardError(f"{path}: {reason} ({line})", path)
     return InputDataError(f"reading the input failed ({line}) but every one of the "
                           f"{len(files)} input files reads correctly now")
-
 
 
 def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: set,
