@@ -99,8 +99,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     try:
-        lines = describe_packages()
-        for line in lines:
+        for line in describe_packages():
             print(line, flush=True)
         for line in run_a_step(FLAGS.strategy, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project):
             print(line, flush=True)

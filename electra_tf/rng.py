@@ -46,11 +46,8 @@ def offset_rows(seed, rows) -> tf.Tensor:
 
 
 def step_seed(base_seed, step, first_row=0) -> tf.Tensor:
-    """The seed of one step for the rows starting at `first_row` of the global batch.
-
-    `step` is e.g. the global step; a replica holding rows [r * b, (r + 1) * b) passes
-    first_row = r * b, so its draws are exactly those rows of a one-device draw.
-    """
+    """The seed of one step (e.g. the global step) for the rows from `first_row` of the
+    global batch: a replica holding rows [r * b, (r + 1) * b) passes first_row = r * b."""
     return offset_rows(fold(base_seed, step), first_row)
 
 

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 
-# --- CLI ------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m electra_tf.conversion.convert", description=__doc__)

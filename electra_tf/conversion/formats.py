@@ -3,19 +3,15 @@ Face `transformers` directories (safetensors, no torch) <-> {TF1 name: numpy arr
 our variable paths are the TF1 names (modeling.py), a name map plus kernel transposes."""
 
 import dataclasses
-import os
 import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf  # noqa: E402
-
-from electra_tf import fileio  # noqa: E402
-from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig,  # noqa: E402
-                                apply_overrides, load_config, parse_overrides)
+from electra_tf import fileio
+from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig, apply_overrides,
+                                load_config, parse_overrides)
 
 SLOT_SUFFIXES = ("/adam_m", "/adam_v")
 _LAYER_RE = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")

@@ -21,12 +21,10 @@ _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 @dataclasses.dataclass
 class Source:
-    """What a path holds. `kind`: "model_dir" (our training checkpoint), "gdes" (a GDES
-    run's, tables folded as its exports write them), "tf1" (name-based) or "hf". `path`:
-    the prefix read (the directory for "hf"). `config`: the arrays' model (given, else the
-    run's or Hugging Face config.json, `config_file`, else inferred; GDES released).
-    `shapes`: {TF1 name: shape} of every tensor (weights, slots, global_step), read lazily
-    by `arrays`."""
+    """What a path holds. `kind`: "model_dir", "gdes" (tables folded as its exports write
+    them), "tf1" (name-based) or "hf"; `path`: the prefix read (for "hf" the directory);
+    `config`: the arrays' model (given, else from `config_file`, else inferred; released);
+    `shapes`: {TF1 name: shape} of every tensor (weights, slots, global_step)."""
     kind: str
     path: str
     config: ModelConfig

@@ -172,13 +172,10 @@ class Embeddings(keras.layers.Layer):
 
 class DisentangledEmbeddings(Embeddings):
     """The discriminator's side of gradient-disentangled embedding sharing (GDES, DeBERTaV3,
-    He et al. 2021): each table is stop_gradient(the generator's table) + a delta of its
-    own (`word_embeddings_delta`, ...: zero at initialisation, so both start equal), so
-    the discriminator's loss moves only the deltas and the generator's tables get only
-    the generator's gradients. The LayerNorm is its own. Exports write `tables()` under the
-    released names (`released_arrays`). `source` is held by a weak reference, so the
-    generator's variables are not among the discriminator's (`discriminator_variables`).
-    """
+    He et al. 2021): each table is stop_gradient(the generator's table) + its own delta
+    (`word_embeddings_delta`, ...; zero at init), so the discriminator's loss moves only the
+    deltas. The LayerNorm is its own; `released_arrays` writes `tables()`. `source` is held
+    by a weak reference: the generator's variables are not among `discriminator_variables`."""
 
     def __init__(self, config: ModelConfig, source: Embeddings, **kwargs):
         super().__init__(config, **kwargs)
@@ -348,13 +345,11 @@ class Encoder(keras.layers.Layer):
 
 
 class TwoTowerGenerator(keras.layers.Layer):
-    """ELECTRIC's noise model: a left-to-right and a right-to-left encoder
-    (`generator_ltr`, `generator_rtl`, generator-sized, one-sided attention) read the
-    UNMASKED input; position t gets [ltr output at t-1 ; rtl output at t+1], a
-    representation of every token but t (the sequence ends wrap around; they are [CLS]
-    and [SEP] / padding, which are never predicted). `hidden_size` is twice the towers'.
-    With shared embeddings both towers use the discriminator's; otherwise each has its own
-    and `embeddings` (what the cloze head's logits are tied to) is the ltr tower's."""
+    """ELECTRIC's noise model: generator-sized left-to-right and right-to-left encoders
+    (`generator_ltr`, `generator_rtl`) read the UNMASKED input; position t gets [ltr at t-1 ;
+    rtl at t+1], every token but t (the ends wrap around: [CLS], [SEP] / padding are never
+    predicted). `hidden_size` is twice the towers'. Shared embeddings serve both towers;
+    else each has its own and `embeddings` (tied to the cloze head) is the ltr tower's."""
 
     def __init__(self, config: ModelConfig, embeddings: Optional[Embeddings] = None,
                  **kwargs):
@@ -440,11 +435,13 @@ class GeneratorPredictions(keras.layers.Layer):
         return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
 
 
-def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
-    """A built discriminator encoder (`electra/...`, the TF1 names) with its own embeddings."""
+def build_discriminator_encoder(config: ModelConfig, dtype=None,
+                                embeddings: Optional[Embeddings] = None) -> Encoder:
+    """A built discriminator encoder (`electra/...`, the TF1 names), its own embeddings
+    unless given."""
     encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
                       config.num_attention_heads, config.intermediate_size,
-                      name="electra", dtype=dtype)
+                      embeddings=embeddings, name="electra", dtype=dtype)
     encoder.build()
     return encoder
 
@@ -478,9 +475,8 @@ class ElectraPretrainingModel(keras.Model):
             generator_embeddings = Embeddings(config, name="embeddings", dtype=policy)
             disc_embeddings = DisentangledEmbeddings(config, generator_embeddings,
                                                      name="embeddings", dtype=policy)
-        self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
-                               config.num_attention_heads, config.intermediate_size,
-                               embeddings=disc_embeddings, name="electra", dtype=policy)
+        # Built first so that shared embeddings live under `electra/embeddings`.
+        self.electra = build_discriminator_encoder(config, policy, disc_embeddings)
         self.embeddings = self.electra.embeddings
         if config.tie_embeddings and not config.disentangled_embeddings:
             generator_embeddings = self.embeddings
@@ -501,9 +497,6 @@ class ElectraPretrainingModel(keras.Model):
             config, self.generator.hidden_size, self.generator.embeddings,
             name="cloze_predictions" if config.two_tower_generator else
             "generator_predictions", dtype=policy)
-        # Build order fixes the paths: the discriminator first so that shared embeddings
-        # live under `electra/embeddings`.
-        self.electra.build()
         for tower in getattr(self.generator, "towers", ()):
             tower.build()  # here, not inside the container: paths generator_ltr/...
         if not self.generator.built:

@@ -1,10 +1,7 @@
-"""A pre-training model_dir <-> a released (TF1, name-based) checkpoint: import a TF1
-checkpoint as a model_dir that `run_pretraining.py` continues (weights, Adam slots,
-global_step: the Pretrainer's object graph, hence here), export a model_dir with the
-released names.
-
-Reading either is `electra_tf.conversion.source`; the command line is
-`python -m electra_tf.conversion.convert {import-tf1,export-tf1,export-hf}`.
+"""A pre-training model_dir <-> a released (TF1, name-based) checkpoint. Importing one
+writes a model_dir that `run_pretraining.py` continues (weights, Adam slots, global_step:
+the Pretrainer's object graph, hence here). Reading either is `conversion.source`; the
+command line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1}`.
 """
 
 import os
