@@ -435,13 +435,11 @@ class GeneratorPredictions(keras.layers.Layer):
         return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
 
 
-def build_discriminator_encoder(config: ModelConfig, dtype=None,
-                                embeddings: Optional[Embeddings] = None) -> Encoder:
-    """A built discriminator encoder (`electra/...`, the TF1 names), its own embeddings
-    unless given."""
+def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
+    """A built discriminator encoder (`electra/...`, the TF1 names) with its own embeddings."""
     encoder = Encoder(config, config.hidden_size, config.num_hidden_layers,
                       config.num_attention_heads, config.intermediate_size,
-                      embeddings=embeddings, name="electra", dtype=dtype)
+                      name="electra", dtype=dtype)
     encoder.build()
     return encoder
 
@@ -475,8 +473,9 @@ class ElectraPretrainingModel(keras.Model):
             generator_embeddings = Embeddings(config, name="embeddings", dtype=policy)
             disc_embeddings = DisentangledEmbeddings(config, generator_embeddings,
                                                      name="embeddings", dtype=policy)
-        # Built first so that shared embeddings live under `electra/embeddings`.
-        self.electra = build_discriminator_encoder(config, policy, disc_embeddings)
+        self.electra = Encoder(config, config.hidden_size, config.num_hidden_layers,
+                               config.num_attention_heads, config.intermediate_size,
+                               embeddings=disc_embeddings, name="electra", dtype=policy)
         self.embeddings = self.electra.embeddings
         if config.tie_embeddings and not config.disentangled_embeddings:
             generator_embeddings = self.embeddings
@@ -497,6 +496,9 @@ class ElectraPretrainingModel(keras.Model):
             config, self.generator.hidden_size, self.generator.embeddings,
             name="cloze_predictions" if config.two_tower_generator else
             "generator_predictions", dtype=policy)
+        # Build order fixes the paths (the discriminator first: shared embeddings live under
+        # `electra/embeddings`) and the initial values (seeds are drawn in this order).
+        self.electra.build()
         for tower in getattr(self.generator, "towers", ()):
             tower.build()  # here, not inside the container: paths generator_ltr/...
         if not self.generator.built:
