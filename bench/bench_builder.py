@@ -4,6 +4,10 @@
     python bench/bench_builder.py --workers 2          # also time the process pool
     python bench/bench_builder.py --corpus_gb 1        # peak RSS on a 1 GB corpus
     python bench/bench_builder.py --output_root gs://BUCKET/tmp/bench  # remote output
+    python bench/bench_builder.py --repeat 10 --rounds 3 \
+        --official_python=/path/to/tf2.15-venv/bin/python --official_code=/path/to/electra
+        # our CLI's whole process beside the official build_pretraining_dataset.py's,
+        # alternated on the same file (the official code needs TensorFlow <= 2.15)
 
 End to end = read + decode + normalise + tokenize + pack + serialize + write pieces +
 assemble shards + manifest. Process start-up (importing TensorFlow, loading the
@@ -88,6 +92,14 @@ def main():
                     help="build a corpus of this many GB (sample repeated) in a subprocess "
                          "and report its peak RSS per process")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="whole-process timings of the CLI (and the official builder), "
+                         "alternated")
+    ap.add_argument("--official_python", default=None,
+                    help="a Python with TensorFlow <= 2.15 to time the official "
+                         "build_pretraining_dataset.py beside ours")
+    ap.add_argument("--official_code", default=None,
+                    help="a checkout of google-research/electra (with --official_python)")
     ap.add_argument("--output_root", default=None,
                     help="where the builds go (default: the local temp dir); a URL such "
                          "as gs://bucket/dir times a remote --output_dir, to which worker "
@@ -130,15 +142,7 @@ def main():
                   f"({m['corpus_tokens']} tokens, {m['examples']} examples in {dt:.2f} s)")
             if args.output_root and not args.keep:
                 fileio.rmtree(out)
-        out = fileio.join(root, "bench_builder_cli")
-        t0 = time.perf_counter()  # what a user waits for: every process's start-up included
-        subprocess.run([sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
-                        f"--output_dir={out}", f"--num_workers={args.workers}"],
-                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        print(f"builder CLI, whole process ({args.workers} worker(s)): "
-              f"{time.perf_counter() - t0:.2f} s")
-        if args.output_root and not args.keep:
-            fileio.rmtree(out)
+        whole_process_rounds(args, corpus, work, fileio.join(root, "bench_builder_cli"))
         tokens, stages = stage_breakdown(corpus, 1 << 19)
         total = sum(stages.values())
         print("stage breakdown (1 process): " + ", ".join(
@@ -149,6 +153,43 @@ def main():
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def whole_process_rounds(args, corpus, work, out):
+    """What a user waits for, every process's start-up included: our CLI and, given
+    --official_python, the official builder (one process, --num-processes 1: it splits work
+    by input file) on the same corpus, alternated --rounds times."""
+    from electra_tf import fileio
+    official_dir = os.path.join(work, "official_corpus")  # its --corpus-dir: this file only
+    os.makedirs(official_dir, exist_ok=True)
+    os.link(corpus, os.path.join(official_dir, "corpus.txt"))
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        fileio.rmtree(out)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
+                        f"--output_dir={out}", f"--num_workers={args.workers}"],
+                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        ours.append(time.perf_counter() - t0)
+        if args.output_root and not args.keep:
+            fileio.rmtree(out)
+        if args.official_python:
+            official_out = os.path.join(work, "official_out")
+            shutil.rmtree(official_out, ignore_errors=True)
+            os.makedirs(official_out)
+            t0 = time.perf_counter()
+            subprocess.run([args.official_python, "build_pretraining_dataset.py",
+                            f"--corpus-dir={official_dir}", f"--vocab-file={VOCAB}",
+                            f"--output-dir={official_out}", "--max-seq-length=128",
+                            "--num-processes=1"], check=True, cwd=args.official_code,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            theirs.append(time.perf_counter() - t0)
+    shown = lambda times: " / ".join(f"{t:.2f}" for t in times)
+    print(f"builder CLI, whole process ({args.workers} worker(s)): {shown(ours)} s")
+    if theirs:
+        print(f"official build_pretraining_dataset.py, whole process (1 process): "
+              f"{shown(theirs)} s; ours is {min(theirs) / max(ours):.1f}-"
+              f"{max(theirs) / min(ours):.1f}x faster")
 
 
 def memory_run(work, args):
