@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -235,3 +236,12 @@ def test_the_cli_flags_come_from_the_knobs():
     assert (cfg.optimizer.learning_rate, cfg.train.train_batch_size, cfg.official_lr_bug,
             cfg.optimizer.epsilon, cfg.train.steps_per_loop,
             cfg.train.eval_batch_size) == (1e-4, 8, True, 1e-8, 5, 32)
+
+
+def test_the_finetuning_demo_recipe_is_a_finetune_config_not_a_model_preset():
+    from electra_tf.finetune.cli import DEMO_CONFIG
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DEMO_CONFIG)
+    cfg = load_config(path, None, FinetuneConfig)
+    assert (cfg.num_train_epochs, cfg.train.max_seq_length, cfg.train.train_batch_size) == \
+        (1.0, 64, 32)
+    assert preset_names() == ["base", "large", "small", "small_plus", "tiny"]

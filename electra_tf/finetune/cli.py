@@ -24,7 +24,7 @@ DEFAULT_PRETRAIN_DIR = os.path.join("runs", "pretrain_tiny")
 DEMO_REQUEST = "a gripping , beautifully acted and thoroughly enjoyable film ."
 # The demo's data (8,568 / 2,000 human-rated movie snippets, data/README.md) and recipe.
 DEMO_DATA = os.path.join("data", "movie_snippets")
-DEMO_CONFIG = os.path.join("configs", "finetune_demo.json")
+DEMO_CONFIG = os.path.join("configs", "finetune", "demo.json")
 
 
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
