@@ -4,10 +4,10 @@
 With no flags it fine-tunes the checkpoint left by `python run_pretraining.py` on the
 bundled movie-snippets polarity set (8,568 / 2,000 sentences), prints dev accuracy beside
 that of the same recipe from random initialisation, exports a SavedModel and answers one
-raw-text request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped
-by a preemption notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after
-saving a checkpoint, 130 stopped by Ctrl-C after saving one (rerun the same command to
-resume either).
+raw-text request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr),
+75 stopped by a preemption notice (SIGTERM, a GCE maintenance event;
+electra_tf/training/preemption.py) after saving a checkpoint, 130 stopped by Ctrl-C after
+saving one (rerun the same command to resume either).
 """
 
 import os

@@ -130,7 +130,7 @@ def test_the_untrained_baseline_is_the_same_recipe_from_random_initialisation(
         f"mine dev accuracy: median {results['median']:.4f} over 1 trial(s) "
         f"({results['scores'][0]:.4f}); untrained (random initialisation, same recipe): "
         f"median {saved['median']:.4f} ({saved['scores'][0]:.4f}); "
-        f"results in {model_dir}/results.json")
+        f"results in {model_dir}/results.json and {model_dir}/untrained/results.json")
     assert "untrained" not in alone
     message = refused(mine(data, "none", str(tmp_path / "both"), untrained_baseline=True,
                            config=os.path.join(pretrained[0], "config.json")), ConfigError)

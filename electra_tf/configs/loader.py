@@ -121,9 +121,9 @@ TYINGS = {"none": ("false", "false", "false"), "embeddings": ("true", "false", "
           "all": ("true", "true", "false"), "gdes": ("true", "false", "true")}
 
 
-def config_from_flags(flag_values, cls):
-    """A CLI's config: its file flag, --params_override, then the flags the user set
-    (those left at None keep the config's value) and --generator_tying."""
+def config_from_flags(flag_values, cls, default_file: Optional[str] = None):
+    """A CLI's config: its file flag (else `default_file`), --params_override, then the
+    flags the user set (those left at None keep the config's value) and --generator_tying."""
     overrides = parse_overrides(flag_values.params_override)
     overrides.update({key: str(getattr(flag_values, f.name)) for key, f in knobs(cls)
                       if flag_help(f, cls.JOB) and getattr(flag_values, f.name) is not None})
@@ -131,4 +131,4 @@ def config_from_flags(flag_values, cls):
     if tying:
         (overrides["model.tie_embeddings"], overrides["model.tie_all_weights"],
          overrides["model.disentangled_embeddings"]) = TYINGS[tying]
-    return load_config(getattr(flag_values, cls.FILE_FLAG), overrides, cls)
+    return load_config(getattr(flag_values, cls.FILE_FLAG) or default_file, overrides, cls)

@@ -93,9 +93,8 @@ def main(flags, repo: str) -> dict:
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
-    if demo and flags.finetune_config is None:
-        flags.finetune_config = os.path.join(repo, DEMO_CONFIG)
-    cfg = configs.config_from_flags(flags, configs.FinetuneConfig)
+    cfg = configs.config_from_flags(flags, configs.FinetuneConfig,
+                                    os.path.join(repo, DEMO_CONFIG) if demo else None)
     vocab = flags.vocab_file
     if vocab is None and flags.spm_model is None:
         vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")
@@ -119,7 +118,9 @@ def main(flags, repo: str) -> dict:
         results["untrained"] = {k: untrained[k] for k in ("median", "scores")}
         summary += (f"; untrained (random initialisation, same recipe): median "
                     f"{untrained['median']:.4f} ({_scores(untrained)})")
-    print(f"{summary}; results in {os.path.join(model_dir, 'results.json')}")
+    paths = [os.path.join(model_dir, "results.json")] + (
+        [os.path.join(model_dir, "untrained", "results.json")] if baseline else [])
+    print(f"{summary}; results in {' and '.join(paths)}")
     for path in results.get("predictions", {}).values():
         print(f"test predictions: {path}")
     if demo and "export" in results:
