@@ -9,10 +9,40 @@ therefore mask, sample and drop out identically for the same global batch.
 
 import numpy as np
 import tensorflow as tf
-# The key/counter derivation TF's own stateless ops use for Philox (no public API).
-from tensorflow.python.ops import random_ops_util
+# No public API: the key/counter derivation TF's own stateless ops use for Philox, and
+# whether a trace is XLA's (jit_compile, TPU).
+from tensorflow.python.ops import control_flow_util, random_ops_util
 
 _PHILOX = 1  # the `alg` enum of the V2 stateless random ops
+
+
+def philox_key_counter(seed2):
+    """(key [1], counter [2]) uint64 of Philox for a [2] int seed: TF's scrambling, as its
+    stateless ops do with alg="philox". Eager and in graphs one op, where TF's Python form
+    is ~40 (each a trace and graph-optimisation cost: a step calls this ~60 times). Not
+    under XLA (jit_compile, TPU), whose kernel for that op scrambles negative seeds
+    otherwise (and picks another generator on a TPU): there the Python form."""
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        key, counter, _ = random_ops_util.get_key_counter_alg(seed2, "philox")
+        return key, counter
+    return tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed2)
+
+
+def fold_in(seed2, data) -> tf.Tensor:
+    """`tf.random.experimental.stateless_fold_in(seed2, data, alg="philox")` for int32
+    `data`: [a draw keyed by seed2, data]."""
+    key, counter = philox_key_counter(seed2)
+    drawn = tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=tf.constant([], tf.int32), key=key, counter=counter, alg=_PHILOX, dtype=tf.int32)
+    return tf.stack([drawn, tf.cast(data, tf.int32)])
+
+
+def philox_uniform(shape, seed2) -> tf.Tensor:
+    """`tf.random.stateless_uniform(shape, seed2, tf.float32, alg="philox")`: float32
+    on [0, 1), TF's own draw (not row-exact: see `uniform`)."""
+    key, counter = philox_key_counter(seed2)
+    return tf.raw_ops.StatelessRandomUniformV2(shape=shape, key=key, counter=counter,
+                                               alg=_PHILOX, dtype=tf.float32)
 
 
 def as_seed(seed) -> tf.Tensor:
@@ -29,9 +59,7 @@ def fold(seed, data) -> tf.Tensor:
     if seed is None:
         return None
     seed = as_seed(seed)
-    key = tf.random.experimental.stateless_fold_in(seed[:2], tf.cast(data, tf.int32),
-                                                   alg="philox")
-    return tf.concat([key, seed[2:]], 0)
+    return tf.concat([fold_in(seed[:2], data), seed[2:]], 0)
 
 
 def split(seed, num: int) -> tf.Tensor:
@@ -64,7 +92,7 @@ def bits(shape, seed) -> tf.Tensor:
         rows, per_row = shape[0], tf.reduce_prod(shape[1:])
         padded = (per_row + 3) // 4 * 4
         out_shape = tf.stack([rows, padded])
-    key, counter, _ = random_ops_util.get_key_counter_alg(seed[:2], "philox")
+    key, counter = philox_key_counter(seed[:2])
     skip = tf.cast(seed[2], tf.uint64) * tf.cast(padded // 4, tf.uint64)
     counter = counter + tf.stack([skip, tf.constant(0, tf.uint64)])
     out = tf.raw_ops.StatelessRandomUniformFullIntV2(

@@ -64,8 +64,7 @@ def dropout(x, rate: float, training: bool, seed=None):
         # than the row-exact `rng.uniform`, so dropout masks (unlike masking and
         # sampling) depend on how the global batch is split over replicas.
         seed = rng.as_seed(seed)
-        key = tf.random.experimental.stateless_fold_in(seed[:2], seed[2], alg="philox")
-        u = tf.random.stateless_uniform(tf.shape(x), key, dtype=tf.float32, alg="philox")
+        u = rng.philox_uniform(tf.shape(x), rng.fold_in(seed[:2], seed[2]))
     keep = u >= rate
     return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
 

@@ -223,9 +223,10 @@ class _AdamFamily(tf.Module):
         scalars = self._step_scalars(step)
         if should_update is not None:
             scalars["should_update"] = tf.cast(should_update, tf.bool)
-        # Multipliers travel as tensors through merge_call (never as closures over tensors).
-        mults = [tf.cast(multipliers[i], tf.float32) if i in multipliers else None
-                 for i in indices]
+        # Multipliers travel as tensors through merge_call (never as closures over tensors),
+        # one constant per distinct value.
+        consts = {m: tf.constant(m, tf.float32) for m in set(multipliers.values())}
+        mults = [consts[multipliers[i]] if i in multipliers else None for i in indices]
         grads = [_dense(g) for g, _ in pairs]
 
         def distributed_update(strategy, grads, mults, scalars):
@@ -242,8 +243,15 @@ class _AdamFamily(tf.Module):
                 distributed_update, tf.distribute.get_strategy(), grads, mults, scalars)
         return None
 
+    def _hyperparameters(self) -> Dict[str, float]:
+        return {"beta_1": self.beta_1, "1-beta_1": 1.0 - self.beta_1, "beta_2": self.beta_2,
+                "1-beta_2": 1.0 - self.beta_2, "epsilon": self.epsilon,
+                "weight_decay": self.weight_decay}
+
     def _step_scalars(self, step) -> Dict[str, tf.Tensor]:
-        scalars = {"lr": self.learning_rate(step)}
+        # The hyperparameters as float32 constants once a step, not once per variable.
+        scalars = {k: tf.constant(v, tf.float32) for k, v in self._hyperparameters().items()}
+        scalars["lr"] = self.learning_rate(step)
         if self.bias_correction:
             t = tf.cast(step, tf.float32) + 1.0
             scalars["m_correction"] = 1.0 - tf.pow(self.beta_1, t)
@@ -257,16 +265,19 @@ class _AdamFamily(tf.Module):
         param = tf.convert_to_tensor(var)
         m_old = tf.convert_to_tensor(entry.m)
         v_old = tf.convert_to_tensor(entry.v)
-        m = self.beta_1 * m_old + (1.0 - self.beta_1) * grad
-        v = self.beta_2 * v_old + (1.0 - self.beta_2) * tf.square(grad)
+        # float32 variables take the step's constants; another dtype converts the Python
+        # floats directly (not through float32: the same rounding as always).
+        c = scalars if dtype == tf.float32 else self._hyperparameters()
+        m = c["beta_1"] * m_old + c["1-beta_1"] * grad
+        v = c["beta_2"] * v_old + c["1-beta_2"] * tf.square(grad)
         if self.bias_correction:
             m_hat = m / tf.cast(scalars["m_correction"], dtype)
             v_hat = v / tf.cast(scalars["v_correction"], dtype)
         else:
             m_hat, v_hat = m, v
-        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+        update = m_hat / (tf.sqrt(v_hat) + c["epsilon"])
         if entry.decay:
-            update = update + self.weight_decay * param
+            update = update + c["weight_decay"] * param
         lr = scalars["lr"] if mult is None else scalars["lr"] * mult
         step_size = self._step_size(entry, param, update, tf.cast(lr, dtype))
         new_param = param - step_size * update
@@ -347,10 +358,14 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
         scale = float(clip_norm) / tf.maximum(safe_norm, float(clip_norm))
     scale = tf.where(finite, scale, 0.0)
 
+    zeros = {}  # one scalar zero per dtype, broadcast by the select
+
     def _scale(values):
         scaled = values * tf.cast(scale, values.dtype)
+        if values.dtype not in zeros:
+            zeros[values.dtype] = tf.zeros([], values.dtype)
         # 0 * inf = NaN: select zeros explicitly when the norm is not finite.
-        return tf.where(finite, scaled, tf.zeros_like(values))
+        return tf.where(finite, scaled, zeros[values.dtype])
 
     out = []
     for g in grads:
@@ -364,14 +379,15 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
 
 
 def all_reduce_gradients(grads: Sequence) -> List:
-    """Sums gradients over replicas (identity outside `strategy.run` or with one replica);
-    IndexedSlices are densified first (XLA-friendly)."""
+    """Sums gradients over replicas (nothing to sum outside `strategy.run` or with one
+    replica); IndexedSlices are always densified, so that the global norm is the summed
+    gradient's, with repeated rows added first (and XLA-friendly)."""
     ctx = tf.distribute.get_replica_context()
-    grads = list(grads)
+    grads = [None if g is None else _dense(g) for g in grads]
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return grads
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [_dense(grads[i]) for i in present])
+    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
     for i, g in zip(present, reduced):
         grads[i] = g
     return grads
