@@ -217,7 +217,6 @@ class TextEncoder(tf.Module):
         self.vocab_size = len(self.vocab)
         self.vocab_path = path if fileio.is_remote(path) else \
             os.path.abspath(path)  # local paths only: abspath would mangle gs://b/x
-        self._tokenize_fn = tf.function(self.tokenize, reduce_retracing=True)
 
     # ------------------------------------------------------------------ graph ops
 
@@ -252,13 +251,15 @@ class TextEncoder(tf.Module):
         return self.pack(self.tokenize(first), second_ids, max_seq_length)
 
     # ------------------------------------------------------------------ host helpers
+    # Eager: the ops of a one-off tf.function cost less than its trace and graph
+    # optimisation (0.2 s against 1.5 s for 1,780 sentences; ~1 ms per later batch).
 
     def tokenize_lists(self, strings: Sequence[str], batch_size: int = 4096) -> List[List[int]]:
-        """Python strings -> lists of ids, through the same graph ops (batched)."""
+        """Python strings -> lists of ids, through the same ops (batched)."""
         out: List[List[int]] = []
         for start in range(0, len(strings), batch_size):
             chunk = list(strings[start:start + batch_size])
-            ragged = self._tokenize_fn(tf.constant(chunk, tf.string))
+            ragged = self.tokenize(tf.constant(chunk, tf.string))
             flat = ragged.flat_values.numpy()
             splits = ragged.row_splits.numpy()
             out.extend(flat[splits[i]:splits[i + 1]].tolist() for i in range(len(chunk)))
@@ -267,17 +268,12 @@ class TextEncoder(tf.Module):
     def encode_numpy(self, first: Sequence[str], second: Optional[Sequence[str]] = None,
                      max_seq_length: int = 128, batch_size: int = 4096) -> Dict[str, np.ndarray]:
         """Python strings -> numpy int32 inputs [N, max_seq_length] (the training path)."""
-        cache = self.__dict__.setdefault("_encode_cache", {})  # a tf.function per length
-        if max_seq_length not in cache:
-            cache[max_seq_length] = tf.function(
-                lambda a, b=None: self.encode(a, b, max_seq_length), reduce_retracing=True)
-        fn = cache[max_seq_length]
         parts: Dict[str, List[np.ndarray]] = {}
         for start in range(0, len(first), batch_size):
             args = [tf.constant(list(first[start:start + batch_size]), tf.string)]
             if second is not None:
                 args.append(tf.constant(list(second[start:start + batch_size]), tf.string))
-            for k, v in fn(*args).items():
+            for k, v in self.encode(*args, max_seq_length=max_seq_length).items():
                 parts.setdefault(k, []).append(v.numpy())
         if not parts:
             return {k: np.zeros([0, max_seq_length], np.int32)

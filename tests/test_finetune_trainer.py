@@ -212,6 +212,26 @@ def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, 
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), mine.path)
 
 
+@pytest.mark.e2e
+def test_predict_runs_a_short_last_batch_on_one_trace(trained):
+    """Without XLA on one replica the last batch is not padded: 9 rows at batch 4 take
+    batches of 4, 4, 1 on a single trace, and give the padded path's outputs."""
+    d, task, cfg, options, results = trained
+    strategy = tf.distribute.get_strategy()
+    dev = task.eval_splits(f"{d}/data", TextEncoder(VOCAB), cfg.train.max_seq_length)[0]
+    rows = {k: v[:9] for k, v in dev.arrays.items()}
+    data = dataclasses.replace(dev, arrays=rows, num_examples=9)
+    small = apply_overrides(cfg, dict(eval_batch_size=4))
+    ft = Finetuner(task, TINY, small, strategy, 8, None, 1)
+    assert not ft.jit_compile
+    short = ft.predict(data)
+    full = ft.predict(dataclasses.replace(data, arrays=pad_rows(rows, 4), num_examples=12))
+    assert ft.replica_eval().experimental_get_tracing_count() == 1
+    assert set(short) == set(full) and {len(v) for v in short.values()} == {9}
+    for k in short:
+        np.testing.assert_allclose(short[k], full[k][:9], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 REQUESTS = ["the film was good", "", "awful " * 200, "very \udcff poor plot".encode(
     "utf-8", "surrogateescape"), "it was nice and quite superb"]
 

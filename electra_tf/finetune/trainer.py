@@ -95,11 +95,17 @@ class Finetuner(Trainer):
     def predict(self, data: TaskData) -> Dict[str, np.ndarray]:
         """Runs the model over a split (no dropout) and returns the fetched arrays."""
         batch = self.cfg.train.eval_batch_size
-        arrays = pad_rows(data.arrays, batch)
-        ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch, drop_remainder=True)
+        # XLA and several replicas want one batch shape: padded rows (weight 0). Else the
+        # last batch stays short, on one trace for every batch size (no wasted rows).
+        padded = self.jit_compile or self.strategy.num_replicas_in_sync > 1
+        arrays = pad_rows(data.arrays, batch) if padded else data.arrays
+        ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch, drop_remainder=padded)
+        step = self.replica_eval()
+        if not padded:
+            step.get_concrete_function(ds.element_spec)  # batch dimension None
         parts: Dict[str, List[np.ndarray]] = {}
         for element in self.strategy.experimental_distribute_dataset(ds):
-            out = self.strategy.run(self.replica_eval(), args=(element,))
+            out = self.strategy.run(step, args=(element,))
             for k, v in out.items():
                 parts.setdefault(k, []).append(self.strategy.gather(v, axis=0).numpy())
         return {k: np.concatenate(v)[:data.num_examples] for k, v in parts.items()}
