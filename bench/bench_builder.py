@@ -115,7 +115,8 @@ def main():
         size_mb = os.path.getsize(corpus) / 1e6
 
         t0 = time.perf_counter()
-        import tensorflow  # noqa: F401  (start-up cost, reported separately)
+        from tfrecord_builder import import_tensorflow  # start-up, reported separately
+        import_tensorflow()  # as a builder process does: without Keras
         from tfrecord_builder.build import BuildConfig, build, _init_worker
         from electra_tf.text import vocab_info
         _init_worker(vocab_info(VOCAB))

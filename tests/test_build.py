@@ -273,7 +273,7 @@ def test_flag_errors():
 
 
 @pytest.mark.subprocess
-def test_cli_defaults_build_the_bundled_sample(tmp_path):
+def test_cli_defaults_build_the_bundled_sample(tmp_path, sample_build):
     # -X importtime, inherited by the spawned workers: every process's imports on stderr
     # (TF_CPP_MIN_LOG_LEVEL=0: the CLI's TensorFlow import not hidden with its logs).
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
@@ -282,14 +282,35 @@ def test_cli_defaults_build_the_bundled_sample(tmp_path):
                           env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "4" in done.stdout and "retention 100.00%" in done.stdout
-    m = read_manifest(str(tmp_path / "cache" / "tfrecords" / "enwiki_sample-seq128"))
+    out = tmp_path / "cache" / "tfrecords" / "enwiki_sample-seq128"
+    m = read_manifest(str(out))
     assert m["corpus_tokens"] == 549_029 and len(m["shards"]) == 16
-    # The CLI and its workers (spawned as needed) import TensorFlow and tf-text (and so
-    # Keras), never scikit-learn: an attempt, marked absent, is its only line.
+    assert _shard_bytes(out, m) == _shard_bytes(sample_build[0], sample_build[1])
+    # The CLI and its workers (spawned as needed) import TensorFlow and tf-text, never
+    # Keras or scikit-learn (an import blocked by a stand-in leaves no line).
     imported = re.findall(r"^import time:.*\|\s+([\w.]+)$", done.stderr, re.M)
     assert imported.count("tensorflow") == imported.count("tensorflow_text") >= 2
-    assert "keras.src.optimizers" in imported
-    assert not [n for n in imported if n.startswith("sklearn.") or n == "scipy.stats"]
+    assert not [n for n in imported if n.split(".")[0] in ("keras", "tf_keras", "sklearn")
+                or n in ("scipy.stats", "tensorflow_text.python.keras")]
+
+
+@pytest.mark.subprocess
+def test_importing_the_builder_imports_no_keras_and_keras_still_imports_after():
+    script = """if True:
+        import sys
+        import tfrecord_builder.build
+        from electra_tf.text import Tokenizer, vocab_info
+        print(sorted({m.split(".")[0] for m in sys.modules} & {"keras", "tf_keras", "sklearn"}))
+        print(Tokenizer(vocab_info(sys.argv[1])).tokenize(["Hello world."])[0].tolist())
+        import keras, tensorflow as tf, tensorflow_text as tf_text
+        print(tf.keras.optimizers.Adam is keras.optimizers.Adam,
+              tf_text.keras.layers.ToDense.__module__)
+    """
+    done = subprocess.run([sys.executable, "-c", script, VOCAB], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "[]", "[7592, 2088, 1012]", "True tensorflow_text.python.keras.layers.todense"]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -4,7 +4,9 @@ The output (features `input_ids`, `input_mask`, `segment_ids`, int64[max_seq_len
 is the official ELECTRA pre-training format, plus a `manifest.json` the trainer checks.
 """
 
+import importlib
 import sys
+import types
 
 from electra_tf.compat import require_supported_versions
 
@@ -19,18 +21,44 @@ class BuildError(Exception):
     """A problem with the user's input or flags, reported as one line without a traceback."""
 
 
-def without_scikit_learn():
-    """Before TensorFlow is imported in a builder process (the CLI, its workers): Keras,
-    which TensorFlow and tf-text import, then goes without scikit-learn, imported only for
-    its optional wrappers (~0.7 CPU s a process). Not at import: a library user's process
-    may want it (fine-tuning's metrics do)."""
-    sys.modules.setdefault("sklearn", None)
+class _KerasLayersStandIn(types.ModuleType):
+    """tf-text's Keras layers while tf-text is imported; afterwards the real module,
+    imported (with Keras) on first use."""
+
+    def __getattr__(self, name):
+        if sys.modules.get(self.__name__) is self:
+            raise AttributeError(name)
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+def import_tensorflow():
+    """Imports TensorFlow and tf-text for a builder process (the CLI, its workers,
+    `import tfrecord_builder.build`) without Keras, which both import eagerly and the
+    builder never uses (~1.2 s, and scikit-learn through it): stand-ins for those two
+    imports during the import only, so a later `import keras` works. Nothing where
+    TensorFlow is already imported; the normal import where the stand-ins fail."""
+    if "tensorflow" in sys.modules:
+        return
+    layers = "tensorflow_text.python.keras"
+    stand_ins = {k: v for k, v in {"keras.src.optimizers": None, "tf_keras.src.optimizers": None,
+                                   layers: _KerasLayersStandIn(layers)}.items()
+                 if k not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        import tensorflow, tensorflow_text  # noqa: F401,E401
+    except Exception:  # pylint: disable=broad-except
+        pass  # another TensorFlow or tf-text: the normal import below
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name, 0) is module:
+                del sys.modules[name]
+    import tensorflow, tensorflow_text  # noqa: F401,E401,F811
 
 
 def start_worker(vocab_fields: dict, vocab_data: bytes):
     """A builder worker process's initializer. Here, and with the vocabulary as plain
     fields, so that a spawned worker imports nothing of TensorFlow before it runs."""
-    without_scikit_learn()
+    import_tensorflow()
     from electra_tf.text import VocabInfo
     from tfrecord_builder.build import _init_worker
     _init_worker(VocabInfo(**vocab_fields), vocab_data)

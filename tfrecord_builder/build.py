@@ -25,12 +25,14 @@ import time
 import zipfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from tfrecord_builder import BuildError, __version__, import_tensorflow, start_worker
+
+import_tensorflow()  # before the imports below, which import TensorFlow
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
-from tfrecord_builder import BuildError, __version__, start_worker
 from electra_tf.data import manifest as manifest_lib
 from tfrecord_builder import corpus, tfds_source
 from tfrecord_builder.examples import (FEATURES, ChunkStats, encode_chunk, merge_stats,

@@ -9,7 +9,7 @@ import sys
 from absl import app, flags, logging
 
 from electra_tf import DEFAULT_CORPUS, DEFAULT_VOCAB
-from tfrecord_builder import BuildError, without_scikit_learn
+from tfrecord_builder import BuildError, import_tensorflow
 
 DEFAULT_OUTPUT = os.path.join("cache", "tfrecords", "enwiki_sample-seq128")
 
@@ -134,7 +134,6 @@ def main(argv):
     command = argv[1] if len(argv) == 2 else "build"
     # Here rather than before app.run: imported once absl has parsed the flags,
     # TensorFlow probes for GPUs during the import (a CUDA error line where none is).
-    without_scikit_learn()
     _import_tensorflow_quietly()
     from electra_tf.text import VocabError
     logging.set_verbosity(logging.INFO)
@@ -149,18 +148,18 @@ def main(argv):
 
 
 def _import_tensorflow_quietly():
-    """Imports TensorFlow with fd 2 on /dev/null unless TF_CPP_MIN_LOG_LEVEL < 2: its
+    """`import_tensorflow` with fd 2 on /dev/null unless TF_CPP_MIN_LOG_LEVEL < 2: its
     start-up lines (no CUDA driver, CPU features) ignore that variable and would bury the
     one-line error of a bad flag. A failed import raises again where TensorFlow is used."""
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") < "2":
-        return
+        return import_tensorflow()
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)  # /dev/null, not a user path
     try:
         os.dup2(devnull, 2)
         try:
-            import tensorflow  # noqa: F401
+            import_tensorflow()
         except Exception:  # pylint: disable=broad-except
             pass
     finally:
