@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Chunk
+from tfrecord_builder.packing import PackedExamples
 from tfrecord_builder.examples import (FEATURES, ChunkStats, chunk_rng, encode_chunk,
                                        merge_stats, pack_chunk, serialize_examples,
                                        tokenize_chunk)
@@ -103,6 +104,42 @@ def test_serialize_examples_round_trip():
                                    [CLS, 12, 13, 14, 15, SEP, 0, 0]]
     assert parsed["segment_ids"] == [[0, 0, 0, 0, 0, 1, 1, 1], [0] * 8]
     assert parsed["input_mask"] == [[1] * 8, [1] * 6 + [0] * 2]
+
+
+def _protobuf_records(packed):
+    """The oracle: tf.train.Example protos, serialized deterministically."""
+    out = []
+    for row in zip(packed.input_ids.tolist(), packed.input_mask.tolist(),
+                   packed.segment_ids.tolist()):
+        example = tf.train.Example(features=tf.train.Features(feature={
+            name: tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+            for name, values in zip(FEATURES, row)}))
+        out.append(example.SerializeToString(deterministic=True))
+    return out
+
+
+@pytest.mark.parametrize("seq_length", [1, 2, 7, 128, 512])
+def test_serialize_examples_bytes_equal_protobufs(seq_length):
+    rng = np.random.default_rng(seq_length)
+    # Varint sizes change at 2^7, 2^14, 2^21, 2^28: values on both sides of each.
+    edges = [0, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28, 2**31 - 1]
+    for high in (2, 128, 30522, 2**31):
+        n = 13
+        ids = rng.integers(0, high, (n, seq_length))
+        ids[0] = 0
+        ids[1] = np.resize(edges, seq_length)
+        segments = rng.integers(0, 2 if high == 2 else high, (n, seq_length))
+        packed = PackedExamples(ids.astype(np.int32), segments.astype(np.int32),
+                                rng.integers(0, seq_length + 1, n), 0)
+        records = serialize_examples(packed)
+        assert len(records) == n and records == _protobuf_records(packed)
+    # Beyond int32, and negative (10-byte varints), as int64 features may hold.
+    wide = np.array([[2**40, -1, 0], [-(2**63), 2**63 - 1, 300]], np.int64)
+    packed = PackedExamples(wide, wide[::-1].copy(), np.array([3, 0]), 0)
+    assert serialize_examples(packed) == _protobuf_records(packed)
+    empty = PackedExamples(np.zeros([0, 8], np.int32), np.zeros([0, 8], np.int32),
+                           np.zeros([0], np.int64), 0)
+    assert serialize_examples(empty) == []
 
 
 def test_chunk_stats_json_round_trip():

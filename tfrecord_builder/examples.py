@@ -96,18 +96,62 @@ def encode_chunk(chunk: Chunk, tokenizer, max_seq_length: int,
     return packed, stats
 
 
+def _varint_sizes(x: np.ndarray) -> np.ndarray:
+    """Bytes of each (unsigned) value as a protobuf varint."""
+    sizes = np.ones(x.shape, np.uint8)
+    for k in range(1, (int(x.max(initial=0)).bit_length() + 6) // 7):
+        sizes += x >= (1 << 7 * k)
+    return sizes
+
+
+def _varints(x: np.ndarray):
+    """Rows of (unsigned) values [n, k] as protobuf varints: their bytes [n, k * w], each
+    varint padded to the widest w, and which of those bytes to keep (None: all)."""
+    sizes = _varint_sizes(x)
+    width = int(sizes.max(initial=1))
+    if width == 1:
+        return x.astype(np.uint8), None
+    digits = np.empty(x.shape + (width,), np.uint8)
+    for k in range(width):  # 7 bits a byte, low first; the top bit says another follows
+        digits[..., k] = ((x >> 7 * k) & 0x7F) | ((sizes > k + 1).view(np.uint8) << 7)
+    keep = np.take(np.arange(width + 1)[:, None] > np.arange(width), sizes, axis=0)
+    return digits.reshape(len(x), -1), keep.reshape(len(x), -1)
+
+
 def serialize_examples(packed: PackedExamples) -> List[bytes]:
-    """Examples as serialized tf.train.Example protos with three int64 features."""
-    from tensorflow.core.example import example_pb2, feature_pb2
-    Feature, Int64List = feature_pb2.Feature, feature_pb2.Int64List
-    out = []
-    for row in zip(packed.input_ids.tolist(), packed.input_mask.tolist(),
-                   packed.segment_ids.tolist()):
-        example = example_pb2.Example(features=feature_pb2.Features(feature={
-            name: Feature(int64_list=Int64List(value=values))
-            for name, values in zip(FEATURES, row)}))
-        out.append(example.SerializeToString(deterministic=True))
-    return out
+    """Examples as serialized tf.train.Example protos with three int64 features: the
+    bytes of `SerializeToString(deterministic=True)`, written with numpy. Every byte of
+    such a record is part of a varint (tags, key characters and lengths below 128 are
+    one-byte varints), so a record is a row of values, each encoded as a varint."""
+    n = len(packed.lengths)
+    if not n:
+        return []
+    arrays = [getattr(packed, name) for name in sorted(FEATURES)]  # map entries in key order
+    # uint32 where it holds every value; a negative int64 is a 10-byte varint, as in protobuf
+    dtype = np.uint32 if all(0 <= a.min() and a.max() < 1 << 32 for a in arrays) else np.uint64
+    column = lambda v: np.full([n, 1], v, dtype)
+    parts, features = [], 0
+    for name, array in zip(sorted(FEATURES), arrays):
+        values = array.astype(dtype) if dtype == np.uint32 else array.astype(np.int64).view(dtype)
+        payload = _varint_sizes(values).sum(1, keepdims=True, dtype=dtype)  # Int64List.value
+        int64_list = 1 + _varint_sizes(payload) + payload               # Feature.int64_list
+        feature = 1 + _varint_sizes(int64_list) + int64_list            # the map entry's value
+        entry = 3 + len(name) + _varint_sizes(feature) + feature        # the map entry
+        features = features + 1 + _varint_sizes(entry) + entry          # Example.features
+        parts += [[column(0x0A), entry, column(0x0A), column(len(name))] +
+                  [column(c) for c in name.encode()] +
+                  [column(0x12), feature, column(0x1A), int64_list, column(0x0A), payload],
+                  [values]]
+    parts[0] = [column(0x0A), features] + parts[0]
+    encoded = [_varints(np.concatenate(part, axis=1)) for part in parts]
+    digits = np.concatenate([d for d, _ in encoded], axis=1)
+    if all(keep is None for _, keep in encoded):
+        data = digits.tobytes()
+    else:
+        data = digits[np.concatenate([np.ones(d.shape, bool) if keep is None else keep
+                                      for d, keep in encoded], axis=1)].tobytes()
+    ends = np.cumsum(1 + _varint_sizes(features) + features).tolist()
+    return [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def merge_stats(total: ChunkStats, part: ChunkStats, vocab_counts: np.ndarray):
