@@ -4,6 +4,7 @@ The output (features `input_ids`, `input_mask`, `segment_ids`, int64[max_seq_len
 is the official ELECTRA pre-training format, plus a `manifest.json` the trainer checks.
 """
 
+import gc
 import importlib
 import sys
 import types
@@ -62,3 +63,4 @@ def start_worker(vocab_fields: dict, vocab_data: bytes):
     from electra_tf.text import VocabInfo
     from tfrecord_builder.build import _init_worker
     _init_worker(VocabInfo(**vocab_fields), vocab_data)
+    gc.freeze()  # as the CLI does (cli.main): TensorFlow's objects out of the collector's way
