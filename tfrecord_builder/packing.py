@@ -43,13 +43,14 @@ class Packer:
         self.max_len = max_seq_length
         self.cls = cls_id
         self.sep = sep_id
+        self._specials = np.array([cls_id], np.int32), np.array([sep_id], np.int32)
         self.rng = rng
         self.target = max_seq_length
         self.buffer: List[np.ndarray] = []
         self.buffered = 0
-        self._ids: List[np.ndarray] = []
-        self._segs: List[np.ndarray] = []
+        self._pieces: List[np.ndarray] = []  # every example's tokens, in order
         self._lens: List[int] = []
+        self._b_starts: List[int] = []  # where segment B starts (max_len: no B)
         self._content = 0
 
     def add_document(self, sentences: Iterable[np.ndarray]):
@@ -95,19 +96,13 @@ class Packer:
         self.buffer = carry
         self.buffered = sum(map(len, carry))
 
-        a = np.concatenate(kept_first)
-        pieces = [[self.cls], a, [self.sep]]
-        if kept_second:
-            b = np.concatenate(kept_second)
-            pieces += [b, [self.sep]]
-        ids = np.concatenate(pieces).astype(np.int32)
-        segs = np.zeros(len(ids), np.int32)
-        if kept_second:
-            segs[len(a) + 2:] = 1
-        self._ids.append(ids)
-        self._segs.append(segs)
-        self._lens.append(len(ids))
-        self._content += len(ids) - (3 if kept_second else 2)
+        # Only the pieces here: take_examples lays every example out at once.
+        n_a, n_b = sum(map(len, kept_first)), sum(map(len, kept_second))
+        cls, sep = self._specials
+        self._pieces += [cls] + kept_first + [sep] + (kept_second + [sep] if kept_second else [])
+        self._lens.append(n_a + 2 + (n_b + 1 if kept_second else 0))
+        self._b_starts.append(n_a + 2 if kept_second else self.max_len)
+        self._content += n_a + n_b
 
         if self.rng.random() < SHORT_TARGET_PROB:
             self.target = int(self.rng.integers(MIN_SHORT_TARGET, self.max_len + 1))
@@ -116,14 +111,15 @@ class Packer:
 
     def take_examples(self) -> PackedExamples:
         """Returns (and forgets) the examples emitted so far, zero-padded."""
-        n, length = len(self._lens), self.max_len
-        ids = np.zeros([n, length], np.int32)
-        segs = np.zeros([n, length], np.int32)
-        for i, (row, seg) in enumerate(zip(self._ids, self._segs)):
-            ids[i, :len(row)] = row
-            segs[i, :len(seg)] = seg
-        out = PackedExamples(ids, segs, np.asarray(self._lens, np.int32), self._content)
-        self._ids, self._segs, self._lens, self._content = [], [], [], 0
+        lens = np.asarray(self._lens, np.int32)
+        columns = np.arange(self.max_len)
+        tokens = columns < lens[:, None]
+        ids = np.zeros(tokens.shape, np.int32)
+        if len(lens):
+            ids[tokens] = np.concatenate(self._pieces)  # row-major: each row's tokens in order
+        segs = (tokens & (columns >= np.asarray(self._b_starts)[:, None])).astype(np.int32)
+        out = PackedExamples(ids, segs, lens, self._content)
+        self._pieces, self._lens, self._b_starts, self._content = [], [], [], 0
         return out
 
 
