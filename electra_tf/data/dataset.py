@@ -1,6 +1,5 @@
 """The tf.data pipeline of pre-training: the shards of one host read in their resumable
-order, batched and parsed into static-shape int32 input dicts for each replica.
-"""
+order, batched and parsed into static-shape int32 input dicts for each replica."""
 
 import dataclasses
 import os
@@ -68,8 +67,7 @@ def make_dataset(config: InputConfig,
     without one every file in config.batch_size batches, of int32 [batch, max_seq_length]
     input dicts; batches are full (static shapes for XLA). A shard found unreadable is
     reported into `log` (its own when None): skipped (`log.skipped()`), or it fails the
-    read with an error that `shards.explain_read_error(error, files, log)` explains.
-    """
+    read with an error that `shards.explain_read_error(error, files, log)` explains."""
     paths = files.resolve_files(config.file_pattern, config.on_bad_shard)
     if config.check_data:
         files.check_data(config.file_pattern, vocab_size=config.vocab_size,

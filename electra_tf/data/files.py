@@ -1,6 +1,5 @@
 """The input files: resolves globs and build directories to shards, checks them against
-their manifest and the run config, and owns the bad-shard policy and the input errors.
-"""
+their manifest and the run config, and owns the bad-shard policy and the input errors."""
 
 import concurrent.futures
 import glob

@@ -1,9 +1,6 @@
 """`manifest.json`: what a finished build holds, and the trainer-side checks against it.
-
-The manifest is written last, so its presence marks a complete build; the trainer
-compares vocabulary size and sequence length with its config before reading a record.
-It is read and written through TensorFlow's filesystem layer (local, gs://, ...).
-"""
+Written last, its presence marks a complete build; the trainer compares vocabulary size and
+sequence length with its config before reading a record. Any filesystem (local, gs://...)."""
 
 import json
 from typing import Optional

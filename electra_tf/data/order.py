@@ -1,6 +1,5 @@
 """The resumable record order of one input pipeline: a per-epoch shard permutation, a
-round robin within groups of shards and windowed shuffles, each drawn from a key and epoch.
-"""
+round robin within groups of shards and windowed shuffles, each drawn from a key and epoch."""
 
 import dataclasses
 from typing import List, Optional, Sequence, Tuple
@@ -39,8 +38,7 @@ class StreamOrder:
     drawn from (key, e, window index; window 1: no shuffle). Resuming at record p costs
     arithmetic on the counts, reading the current group's shards up to their place and one
     window, not the p records before. A shard that ends early (skipped as bad) leaves the
-    others' order unchanged but shortens the stream after it (data/shards.py).
-    """
+    others' order unchanged but shortens the stream after it (data/shards.py)."""
     num_shards: int
     cycle_length: int
     window: int
@@ -101,11 +99,9 @@ class StreamOrder:
     def dataset(self, counts: Sequence[int], read,
                 position: Optional[StreamPosition] = None,
                 repeat: bool = True) -> tf.data.Dataset:
-        """The stream of serialized records from `position` (the start by default).
-
-        counts: each shard's record count for the order (-1: unknown, read to its end);
-        read(i): the dataset of shard i's records (given as an int64 tensor).
-        """
+        """The stream of serialized records from `position` (the start by default). counts:
+        each shard's record count for the order (-1: unknown, read to its end); read(i):
+        the dataset of shard i's records (i an int64 tensor)."""
         c, num_groups = self.cycle_length, -(-self.num_shards // self.cycle_length)
         pad = num_groups * c - self.num_shards
         counts_t = tf.constant(list(counts), tf.int64)

@@ -3,12 +3,10 @@ the ShardLog of shards skipped or stopped on, and turns a read error into one li
 
 on_bad_shard="skip" (the default) warns naming a bad shard, counts it and reads on: runs on
 preemptible machines restart, and "stop" would meet the same shard at every restart, while
-the rest of one shard in hundreds is well under a percent of the data. Past
-MAX_BAD_SHARD_FRACTION bad shards a pipeline stops anyway (lost data). A skipped shard is
+the rest of one shard in hundreds is well under a percent of the data. A skipped shard is
 read up to its first bad record, and the other shards' records then arrive in another order
 than without the fault; each epoch reopens every shard (SkippedShard.times counts repeats),
-so a resumed run reproduces the order only if the same shards are bad at the same points.
-"""
+so a resumed run reproduces the order only if the same shards are bad at the same points."""
 
 import dataclasses
 import re
@@ -44,12 +42,9 @@ def _tf_error_line(message: str) -> str:
 
 
 def shard_problem(path: str, expected_records: Optional[int] = None) -> Optional[str]:
-    """What is wrong with the TFRecord file `path`, in a few words, or None if it reads
-    through (every record's framing and CRCs) and holds `expected_records` when given.
-
-    A host-side check for the error path only: it reads the whole file (TensorFlow's
-    record reader checks the CRCs), about a second per few hundred MB.
-    """
+    """What is wrong with the TFRecord file `path`, in a few words, or None if it reads through
+    (every record's framing and CRCs) and holds `expected_records` when given. A host-side check
+    for the error path only: it reads the whole file, about a second per few hundred MB."""
     try:
         size = tf.io.gfile.stat(path).length
     except tf.errors.NotFoundError:
@@ -106,8 +101,7 @@ class ShardLog:
     """What the input pipelines of one run (each `make_dataset`) report about bad shards,
     for `explain_read_error`: the shards skipped and the ShardEnd that stopped the input.
     The reports come through a Python callback, so only from pipelines in this process
-    (TPU VMs, GPU and CPU hosts), not from a remote tf.data worker.
-    """
+    (TPU VMs, GPU and CPU hosts), not from a remote tf.data worker."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -173,11 +167,10 @@ _SHARD_END_MESSAGE = ("an input shard ended before its expected records; the Sha
 
 def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: ShardLog,
                 pipeline: int):
-    """The records of one shard, read to its first error; a shard that ends before its
-    expected record count (manifest) or size (stat) is reported to `log`, which skips it
-    or stops the input (an op error with _SHARD_END_MESSAGE). Counted per block of
-    _CHECK_BLOCK records (per record: ~10x the read), judged on a trailer block: no Python
-    on the normal path."""
+    """The records of one shard, read to its first error; a shard that ends before its expected
+    record count (manifest) or size (stat) is reported to `log`, which skips it or stops the
+    input (an op error with _SHARD_END_MESSAGE). Counted per block of _CHECK_BLOCK records (per
+    record: ~10x the read), judged on a trailer block: no Python on the normal path."""
     # ignore_errors ends a shard at its first bad record, but a file it cannot OPEN is
     # retried forever (a deleted shard would hang the run): the shard is looked up first
     # (one listing per epoch), so a missing one reads as no file at all.
@@ -218,11 +211,10 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
 
 def explain_read_error(error: BaseException, files: Sequence[str],
                        log: Optional[ShardLog] = None) -> Optional[InputDataError]:
-    """The one-line InputDataError for an error raised reading the input (in
-    `next(iterator)`), None when it did not come from the input. A shard that stopped the
-    input is named from `log` (make_dataset's ShardLog); reader errors name no file, so the
-    files are checked host-side, in order, until one is bad; OutOfRangeError (every shard
-    skipped) lists the skipped shards."""
+    """The one-line InputDataError for an error raised reading the input, None when it did
+    not come from the input. A shard that stopped the input is named from `log`; reader
+    errors name no file, so the files are checked host-side, in order, until one is bad;
+    OutOfRangeError (every shard skipped) lists the skipped shards."""
     message = getattr(error, "message", None) or str(error)
     skipped = [s.path for s in log.skipped()] if log is not None else []
     end = log.stopped if log is not None else None
