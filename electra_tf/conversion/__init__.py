@@ -1,3 +1,2 @@
-"""Checkpoints and models out of and into other layouts: TF1 and Hugging Face names and
-arrays (`formats.py`; the command line `convert.py`), SavedModels (`saved_model_cli.py`
-runs them; `finetune/export.py` writes them)."""
+"""Checkpoints and models into and out of other layouts: TF1 and Hugging Face names and arrays
+(`formats.py`, CLI `convert.py`); `saved_model_cli.py` runs SavedModels."""

@@ -1,8 +1,7 @@
 """The command line of checkpoint conversion: released TF1 checkpoints <-> our pre-training
 model_dir (`electra_tf.pretraining.model_dir`), and our discriminator / generator <->
 Hugging Face `transformers` directories (safetensors, no torch) or keras-hub presets,
-all through one flat dict {TF1 name: numpy array} (`electra_tf.conversion.formats`).
-"""
+all through one flat dict {TF1 name: numpy array} (`electra_tf.conversion.formats`)."""
 
 import argparse
 import dataclasses

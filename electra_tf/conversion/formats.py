@@ -66,7 +66,7 @@ def expected_shapes(c: ModelConfig, generator: bool = True) -> Dict[str, tuple]:
                 "discriminator_predictions/dense_1/bias": (1,)})
     if not generator:
         return out
-    gh = h if c.tie_all_weights else c.generator_hidden
+    gh = c.generator_hidden
     if not c.tie_all_weights:
         if not c.tie_embeddings:
             out.update(_embedding_shapes("generator", c))
@@ -96,9 +96,8 @@ def _need(shapes, name: str) -> List[int]:
 
 def infer_model_config(shapes: Dict[str, List[int]],
                        num_heads: Optional[int] = None) -> Tuple[ModelConfig, bool]:
-    """(ModelConfig, has_generator) from {TF1 name: shape}. Heads are hidden // 64 as in
-    the official code unless `num_heads` is given (the generator's always follow
-    ModelConfig.generator_heads)."""
+    """(ModelConfig, has_generator) from {TF1 name: shape}; heads hidden // 64 as officially
+    unless `num_heads` is given (the generator's: ModelConfig.generator_heads)."""
     vocab, emb = _need(shapes, "electra/embeddings/word_embeddings")
     layers = _num_layers(shapes, "electra")
     if not layers:
@@ -219,21 +218,17 @@ def hf_encoder_map(config: ModelConfig, part: str) -> Dict[str, Tuple[str, bool]
 
 
 def hf_config(config: ModelConfig, part: str) -> Dict:
-    gen = part == "generator"
-    gh = config.hidden_size if config.tie_all_weights else config.generator_hidden
+    gen = part == "generator"  # tie_all_weights: generator_* are the discriminator's sizes
     return {
         "architectures": ["ElectraForMaskedLM" if gen else "ElectraForPreTraining"],
         "model_type": "electra",
         "vocab_size": config.vocab_size,
         "embedding_size": config.embedding_size,
-        "hidden_size": gh if gen else config.hidden_size,
-        "num_hidden_layers": (config.num_hidden_layers if config.tie_all_weights
-                              else config.generator_num_layers) if gen
-        else config.num_hidden_layers,
-        "num_attention_heads": (max(1, gh // 64) if config.tie_all_weights else
-                                config.generator_heads) if gen else config.num_attention_heads,
-        "intermediate_size": (config.intermediate_size if config.tie_all_weights else
-                              config.generator_intermediate) if gen else config.intermediate_size,
+        "hidden_size": config.generator_hidden if gen else config.hidden_size,
+        "num_hidden_layers": config.generator_num_layers if gen else config.num_hidden_layers,
+        "num_attention_heads": config.generator_heads if gen else config.num_attention_heads,
+        "intermediate_size": (config.generator_intermediate if gen
+                              else config.intermediate_size),
         "hidden_act": "gelu",
         "hidden_dropout_prob": config.hidden_dropout_prob,
         "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
@@ -302,8 +297,7 @@ def _read_hf(path: str, model_types=("electra",)) -> Tuple[Dict, Dict[str, np.nd
 
 
 def hf_model_config(cfg: Dict, path: str = "") -> ModelConfig:
-    """The ModelConfig of a transformers ELECTRA or BERT config.json (BERT: embedding
-    size = hidden size, so no embeddings_project)."""
+    """The ModelConfig of a transformers ELECTRA or BERT (embedding size = hidden) config."""
     act = cfg.get("hidden_act", "gelu")
     if act != "gelu":
         raise ConvertError(f"{path}: hidden_act {act!r} is not supported (the encoder uses "

@@ -85,7 +85,6 @@ def _write_new_dir(out: str, write, last: str = "config.json") -> str:
 def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_file: str,
                      out: str, part: str = "discriminator", lower: bool = True) -> str:
     """`part`'s encoder -> a keras-hub preset at `out` (ElectraBackbone + ElectraTokenizer).
-
     `pooled_dense` (ELECTRA has no pooler) is written as the identity with zero bias, so
     `pooled_output` is tanh of the [CLS] vector ELECTRA's classifiers read: the closest
     thing to ELECTRA's own feature, rather than a random or an all-zero one."""
@@ -116,9 +115,8 @@ def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_f
 
 
 def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
-    """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the discriminator
-    encoder `electra/...`, the tokenizer's lowercase). The pooler is dropped; every file of
-    the preset is checked before it is read."""
+    """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the encoder `electra/...`,
+    the tokenizer's lowercase); the pooler is dropped, every file checked before reading."""
     cfg_path = fileio.join(preset, "config.json")
     try:
         name = fileio.read_json(cfg_path).get("registered_name")

@@ -1,9 +1,7 @@
 """An ELECTRA `TextClassifier` for keras-hub, which ships none: importing this module makes
-`keras_hub.models.TextClassifier.from_preset(ELECTRA preset, num_classes=N)` build one.
-
+`keras_hub.models.TextClassifier.from_preset(ELECTRA preset, num_classes=N)` build one:
 keras-hub finds a task's subclass among Keras' registered custom objects whose `backbone_cls`
-is the preset's backbone, hence the registrations. Needs the `keras-hub` extra.
-"""
+is the preset's backbone, hence the registrations. Needs the `keras-hub` extra."""
 
 import keras
 from keras_hub.models import (ElectraBackbone, ElectraTokenizer, TextClassifier,
@@ -19,9 +17,8 @@ class ElectraTextClassifierPreprocessor(TextClassifierPreprocessor):
 @keras.saving.register_keras_serializable(package="electra_tf")
 class ElectraTextClassifier(TextClassifier):
     """ELECTRA's classification head (the paper's appendix, finetune/model.py): the [CLS]
-    vector of the sequence output -> dropout -> dense(num_classes) logits. keras-hub's
-    `pooled_output` is not used. A preprocessor longer than the backbone's positions is cut
-    to them (keras-hub's default is 512)."""
+    vector of the sequence output -> dropout -> dense(num_classes) logits (not keras-hub's
+    `pooled_output`). A preprocessor longer than the backbone's positions is cut to them."""
 
     backbone_cls = ElectraBackbone
     preprocessor_cls = ElectraTextClassifierPreprocessor

@@ -1,9 +1,6 @@
-"""`saved_model_cli` with the tensorflow-text ops registered, which our exports' in-graph
-tokenizer needs: `python -m electra_tf.conversion.saved_model_cli run --dir ... ...`.
-
-(TensorFlow Serving links the tensorflow-text ops in already; in Python, `import
-tensorflow_text` before `tf.saved_model.load` is all a client needs.)
-"""
+"""`saved_model_cli` with the tensorflow-text ops our exports' in-graph tokenizer needs registered:
+`python -m electra_tf.conversion.saved_model_cli run --dir ... ...`. (TensorFlow Serving links them
+in; in Python, `import tensorflow_text` before `tf.saved_model.load` suffices.)"""
 
 import sys
 

@@ -34,8 +34,7 @@ class Source:
     ignored: List[str]  # Hugging Face parameters without a TF1 name (pooler, heads)
 
     def arrays(self, names=None, slots: bool = True) -> Dict[str, np.ndarray]:
-        """{TF1 name: array} of those of `names` it holds (default: everything; the
-        optimizer's `/adam_m|v` slots only with `slots`)."""
+        """{TF1 name: array} of those of `names` (default: all) it holds; slots if `slots`."""
         return {n: self.read(n) for n in (self.shapes if names is None else names)
                 if n in self.shapes and (slots or not n.endswith(formats.SLOT_SUFFIXES))}
 
@@ -99,8 +98,7 @@ def find_run_config(path: str) -> Optional[Tuple[str, PretrainingConfig]]:
 
 def _object_names(reader) -> Dict[str, str]:
     """{TF1 name: checkpoint key} of an object-based checkpoint's variables under the TF1
-    roots (weights and their slots) and its `global_step` (the object, whatever its
-    variable's name)."""
+    roots (weights and their slots) and its `global_step` object."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
     graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
         reader.get_tensor(_GRAPH_KEY))
