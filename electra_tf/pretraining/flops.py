@@ -21,8 +21,7 @@ objective runs and trains (`count_config`, from its spec), for the train loop's 
 
 ELECTRIC's one-sided towers are counted with full attention, as computed; a fixed
 generator (Fast-ELECTRA) and two_stage's stages are `Phase`s in which the generator side
-runs forward only.
-"""
+runs forward only."""
 
 import collections
 import dataclasses
@@ -67,8 +66,7 @@ CONVENTIONS = {c.name: c for c in (PAPER, HARDWARE, GRAPH)}
 
 @dataclasses.dataclass(frozen=True)
 class Transformer:
-    """The sizes a FLOP count needs (defaults as the official script: FFN 4h,
-    heads max(1, h // 64), embedding size h)."""
+    """The sizes a FLOP count needs (official defaults: E = h, FFN 4h, h // 64 heads)."""
     hidden: int
     layers: int
     seq_len: int = 512
@@ -138,8 +136,7 @@ def encoder_terms(t: Transformer) -> List[Term]:
 
 
 def lm_head_terms(t: Transformer, positions: float) -> List[Term]:
-    """dense(E, gelu) -> LayerNorm -> tied-embedding logits (+ softmax) at `positions`
-    positions of a sequence."""
+    """dense(E, gelu) -> LayerNorm -> tied-embedding logits (+ softmax), `positions` a sequence."""
     e, h, v = t.e, t.hidden, t.vocab
     per_position = [("dense", MATMUL, 2 * h * e), ("dense_bias", ELEMENTWISE, e),
                     ("gelu", ELEMENTWISE, GELU_FLOPS * e),
@@ -159,8 +156,7 @@ def binary_head_terms(t: Transformer) -> List[Term]:
 
 
 def baseline_head_terms(t: Transformer, positions: float) -> List[Term]:
-    """dense(1) on the hidden states at `positions` positions of a sequence (the
-    adversarial generator's learned baseline, paper Appendix F)."""
+    """dense(1) at `positions` hidden states a sequence: the adversarial generator's baseline."""
     return [("dense", MATMUL, 2 * t.hidden * positions),
             ("dense_bias", ELEMENTWISE, 1 * positions)]
 
@@ -178,9 +174,8 @@ _DISCRIMINATOR_SIDE = ("discriminator_embeddings", "discriminator_encoder",
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """A stretch of a run whose steps all compute the same thing: `trained` components
-    run forward and backward (train_factor x forward), `forward_only` ones forward only
-    (1 x forward); the others do not run."""
+    """A stretch of a run whose steps all compute the same: `trained` components run forward and
+    backward (train_factor x forward), `forward_only` ones forward only; the rest not at all."""
     name: str
     steps: int
     trained: Tuple[str, ...]
@@ -193,9 +188,8 @@ class Phase:
 
 
 def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
-    """(generator, discriminator) of a `PretrainingConfig`, sized as
-    `ElectraPretrainingModel` builds them; no generator for uniform / unigram proposals
-    or objective=mlm."""
+    """(generator, discriminator) of a `PretrainingConfig`, sized as `ElectraPretrainingModel`
+    builds them; no generator for uniform / unigram proposals or objective=mlm."""
     m = cfg.model
 
     def transformer(hidden, layers, heads, ffn):
@@ -216,10 +210,9 @@ def config_networks(cfg) -> Tuple[Optional[Transformer], Transformer]:
 
 def _config_plan(cfg, convention: Convention
                  ) -> Tuple[Dict[str, float], Optional[Tuple[Phase, ...]]]:
-    """(forward FLOPs per sequence of each component the objective runs, in execution
-    order; its phases, or None: one phase that trains everything), from its spec. A run
-    in stages or with a fixed generator counts each network's embedding pass apart, as
-    only one of them trains."""
+    """(forward FLOPs per sequence of each component the objective runs, in execution order; its
+    phases, or None: one phase that trains everything), from its spec. A run in stages or with a
+    fixed generator counts each network's embedding pass apart, as only one of them trains."""
     gen, disc = config_networks(cfg)
     spec = SPECS[cfg.objective.objective]
     fixed = gen is not None and cfg.objective.generator == "fixed"
@@ -335,18 +328,16 @@ class Count:
 
 
 def count_config(cfg, convention: Convention = PAPER) -> Count:
-    """FLOPs of pre-training with `cfg` (a `configs.PretrainingConfig`) in `convention`:
-    what its objective runs and trains, per component (`_config_plan`)."""
+    """FLOPs of pre-training with `cfg` (a `configs.PretrainingConfig`) in `convention`."""
     components, phases = _config_plan(cfg, convention)
     return Count(convention, components, cfg.train.train_batch_size,
                  cfg.train.num_train_steps, tuple(phases or ()))
 
 
 def format_table(cfg, name: str = "") -> str:
-    """The --count_flops table: per component, forward FLOPs per sequence and train FLOPs
-    per step and per run, in the paper and hardware conventions; for a run in stages
-    (two_stage) the train/step columns are the run's average and each stage's step
-    follows."""
+    """The --count_flops table: per component, forward FLOPs per sequence and train FLOPs per
+    step and per run, in the paper and hardware conventions; for a run in stages (two_stage) the
+    train/step columns are the run's average and each stage's step follows."""
     paper, hw = count_config(cfg, PAPER), count_config(cfg, HARDWARE)
     columns = [("fwd/seq paper", paper.forward()), ("fwd/seq hw", hw.forward()),
                ("train/step paper", paper.train_per_step()),

@@ -15,8 +15,7 @@ function compiles with `tf.function(jit_compile=True)`.
   (`cross_replica_sum`; it needs no randomness), so SUM-reduced gradients equal one
   device's on the global batch. Do not also divide by the number of replicas.
 * Metrics: `metric_sums` are float32 sums that add over steps and replicas;
-  `metrics_from_sums` turns them into the reported values.
-"""
+  `metrics_from_sums` turns them into the reported values."""
 
 import math
 from typing import Dict, Optional, Tuple
@@ -38,20 +37,16 @@ def _shape(x: tf.Tensor):
 
 
 def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
-    """float32 zeros shaped like `like`, computed at run time: XLA would constant-fold
-    reductions over constant [B,P,V] logits with its slow evaluator (minutes of compile
-    time); it does not simplify float `0 * x`."""
+    """float32 zeros like `like`, made at run time: XLA's slow evaluator would constant-fold
+    reductions over constant [B,P,V] logits (minutes of compile); it keeps float `0 * x`."""
     return 0.0 * tf.cast(like, tf.float32)
 
 
 def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
                    real: tf.Tensor) -> tf.Tensor:
-    """ids [B,L] with ids[b, positions[b,j]] = values[b,j] wherever real[b,j].
-
-    One-hot sums, not a scatter: padding slots never collide with real ones, and it is
-    deterministic on every device. A position named by several real slots
-    (`with_replacement`) gets the floor of their values' mean, as the official scatter.
-    """
+    """ids [B,L] with ids[b, positions[b,j]] = values[b,j] wherever real[b,j]: one-hot sums,
+    deterministic on every device (padding slots never collide with real ones). A position named by
+    several real slots (`with_replacement`) gets the floor of their values' mean, as officially."""
     length = ids.shape[1] if ids.shape[1] is not None else tf.shape(ids)[1]
     hits = tf.one_hot(positions, length, dtype=tf.int32) * tf.cast(real, tf.int32)[..., None]
     times = tf.reduce_sum(hits, axis=1)                           # [B,L]
@@ -60,8 +55,7 @@ def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
 
 
 def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
-    """SUM of `x` (no gradient) over the current context's replicas: a global loss
-    denominator."""
+    """SUM of `x` (no gradient) over the current context's replicas: a global denominator."""
     x = tf.stop_gradient(tf.convert_to_tensor(x))
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
@@ -91,17 +85,13 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
                 vocab_size: int, mask_token_prob: float = 0.85,
                 random_token_prob: float = 0.0, with_replacement: bool = False
                 ) -> Dict[str, tf.Tensor]:
-    """Chooses prediction slots and builds the generator's input: a dict of
-    `masked_input_ids [B,L]` and the slots (module docstring).
-
-    `mask_token_prob` of the slots become [MASK] (ELECTRA 0.85, BERT 0.8),
-    `random_token_prob` a token uniform on [0, V) (BERT 0.1); the rest keep theirs.
-    Positions are uniform among the candidates without replacement (top-k of random
-    scores), exactly `num_to_mask` per row. `with_replacement` draws each slot on its own,
-    as the official code: a position may fill several slots, each counted by the MLM loss;
-    it becomes [MASK] if any of its slots chose [MASK] (about 17.2 of 18.5 distinct tokens
-    corrupted per 128-token sequence).
-    """
+    """{`masked_input_ids [B,L]` (the generator's input), the slots (module docstring)}.
+    `mask_token_prob` of the slots become [MASK] (ELECTRA 0.85, BERT 0.8), `random_token_prob` a
+    token uniform on [0, V) (BERT 0.1); the rest keep theirs. Positions are uniform among the
+    candidates without replacement (top-k of random scores), exactly `num_to_mask` per row.
+    `with_replacement` draws each slot on its own, as the official code: a position may fill
+    several slots, each counted by the MLM loss; it becomes [MASK] if any of its slots chose
+    [MASK] (about 17.2 of 18.5 distinct tokens corrupted per 128-token sequence)."""
     input_ids = tf.cast(input_ids, tf.int32)
     batch, length = _shape(input_ids)
     if max_predictions < 1:
@@ -182,13 +172,10 @@ def _pick(cdf: tf.Tensor, target: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
 def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
                        disallow_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
     """One sample per row of `logits [..., V]` (V static) from softmax(logits / temperature):
-    [...] int32, no gradient.
-
-    Two-level inverse CDF, exact in law: a first uniform picks a block of `SAMPLE_BLOCK`
-    tokens by its mass, a second a token inside it; one exp per logit, a tenth of
-    Gumbel-max's work at V = 30522 on CPU. `disallow_ids [...]` lose 1000 from their
-    scaled logit: probability 0 in float32.
-    """
+    [...] int32, no gradient. Two-level inverse CDF, exact in law: a first uniform picks a
+    block of `SAMPLE_BLOCK` tokens by its mass, a second a token inside it; one exp per
+    logit, a tenth of Gumbel-max's work at V = 30522 on CPU. `disallow_ids [...]` lose 1000
+    from their scaled logit: probability 0 in float32."""
     logits = tf.stop_gradient(tf.cast(logits, tf.float32)) / temperature
     vocab = logits.shape[-1]
     if vocab is None:
@@ -214,9 +201,8 @@ def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
 
 def scheduled_temperature(step, total_steps: int, shape: str, start: float, end: float
                           ) -> tf.Tensor:
-    """The temperature at `step`: `start` at 0 to `end` at `total_steps`, "linear",
-    "cosine" (half a cosine), "exponential" (geometric: Fast-ELECTRA's curriculum) or
-    "constant" (`start`)."""
+    """The temperature at `step`, `start` at 0 to `end` at `total_steps`: "linear", "cosine"
+    (half a cosine), "exponential" (Fast-ELECTRA's geometric curriculum) or "constant" (`start`)."""
     if shape == "constant":
         return tf.constant(start, tf.float32)
     frac = tf.clip_by_value(tf.cast(step, tf.float32) / float(max(total_steps, 1)), 0.0, 1.0)
@@ -236,8 +222,7 @@ def uniform_logits(like: tf.Tensor, vocab_size: int) -> tf.Tensor:
 
 
 def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
-    """log(counts [V]) logits [*like.shape, V]: the 'unigram' generator; a count of 0 gets
-    -1e9 (never drawn)."""
+    """log(counts [V]) logits [*like.shape, V]: the 'unigram' generator; count 0 gets -1e9."""
     counts = tf.cast(tf.convert_to_tensor(counts), tf.float32)
     logits = tf.where(counts > 0, tf.math.log(tf.maximum(counts, 1e-30)), -1e9)
     return logits + _runtime_zeros(like)[..., None]
@@ -246,10 +231,9 @@ def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
 def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.Tensor,
             masked_weights: tf.Tensor, label_all_slots: bool = False
             ) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(fake_input_ids, is_replaced) [B,L] int32: `sampled_ids [B,P]` written into the
-    ORIGINAL `input_ids` at the real slots; label 1 where the token now differs (a sample
-    equal to the original is real), or at every real slot with `label_all_slots`
-    (ELECTRIC's noise-contrastive labels)."""
+    """(fake_input_ids, is_replaced) [B,L] int32: `sampled_ids [B,P]` written into the ORIGINAL
+    `input_ids` at the real slots; label 1 where the token now differs (a sample equal to the
+    original is real), or at every real slot with `label_all_slots` (ELECTRIC's labels)."""
     input_ids = tf.cast(input_ids, tf.int32)
     positions, real = tf.cast(masked_positions, tf.int32), masked_weights > 0
     fake = _scatter_slots(input_ids, positions, tf.cast(sampled_ids, tf.int32), real)
@@ -261,8 +245,7 @@ def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.T
 
 def electric_logits(energies: tf.Tensor, log_q: tf.Tensor, mask_prob: float) -> tf.Tensor:
     """ELECTRIC's logit [B,L] that a token is noise: with k = mask_prob / (1 - mask_prob)
-    noise samples per token, P(noise) = k q / (k q + exp(-E)), logit E + log q + log k
-    (no gradient to `log_q`)."""
+    noise samples a token, P(noise) = k q / (k q + exp(-E)): E + log q + log k, log q constant."""
     return (tf.cast(energies, tf.float32) + tf.stop_gradient(tf.cast(log_q, tf.float32))
             + float(math.log(mask_prob / (1.0 - mask_prob))))
 
@@ -301,8 +284,7 @@ def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.T
 
 def disc_loss_sums(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor
                    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(sum of BCE over real tokens ([CLS], [SEP] included), their number, per-token BCE
-    [B,L], 0 at padding), in float32."""
+    """(float32 sum of BCE over real tokens, [CLS] and [SEP] included, their number, BCE [B,L])."""
     weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
     per_token = tf.nn.sigmoid_cross_entropy_with_logits(
         labels=tf.cast(labels, tf.float32), logits=tf.cast(disc_logits, tf.float32)) * weights
@@ -315,7 +297,7 @@ def gather_slots(values: tf.Tensor, masked_positions: tf.Tensor) -> tf.Tensor:
 
 
 def pick(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-    """values [..., V] at ids [...] -> [...] (one entry per row)."""
+    """values [..., V] at ids [...] -> [...]."""
     return tf.gather(values, tf.cast(ids, tf.int32), axis=-1, batch_dims=len(ids.shape))
 
 
@@ -333,9 +315,8 @@ def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids:
                        target_ids: tf.Tensor, input_mask: tf.Tensor
                        ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """All-Tokens MLM with the copy mechanism (ELECTRA paper 3.5): (sum of -log p over real
-    tokens, their number, per-token loss [B,L]), where
-    p(target) = D 1[input == target] + (1 - D) softmax(mlm_logits)[target], D =
-    sigmoid(copy_logits), `input_ids` the model's corrupted input."""
+    tokens, their number, per-token loss [B,L]), p(target) = D 1[input == target] + (1 - D)
+    softmax(mlm_logits)[target], D = sigmoid(copy_logits), `input_ids` the corrupted input."""
     weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
     copy_logits = tf.cast(copy_logits, tf.float32)
     log_vocab = -tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -351,8 +332,7 @@ def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids:
 
 def hp_loss_estimate(hp_logits: tf.Tensor, candidate_is_original: tf.Tensor) -> tf.Tensor:
     """HP_Loss's estimate L^_D of the discriminator's loss at each candidate from its
-    "replaced" logit: softplus(logit) for the original token (real), else
-    softplus(-logit)."""
+    "replaced" logit: softplus(logit) for the original token (real), else softplus(-logit)."""
     hp_logits = tf.cast(hp_logits, tf.float32)
     return tf.where(candidate_is_original, tf.nn.softplus(hp_logits),
                     tf.nn.softplus(-hp_logits))
@@ -415,7 +395,7 @@ def reinforce_sums(gen_logits: tf.Tensor, sampled_ids: tf.Tensor, reward: tf.Ten
 def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
                    num_buckets: int = AUC_BUCKETS) -> Tuple[tf.Tensor, tf.Tensor]:
     """(pos_hist, neg_hist) [num_buckets] float32 of sigmoid(disc_logits) over real tokens
-    (bucket i: [i/K, (i+1)/K)), for `auc_from_histograms`."""
+    (bucket i: [i/K, (i+1)/K))."""
     probs = tf.reshape(tf.sigmoid(tf.cast(disc_logits, tf.float32)), [-1])
     bucket = tf.clip_by_value(tf.cast(tf.floor(probs * num_buckets), tf.int32),
                               0, num_buckets - 1)
@@ -465,12 +445,11 @@ def metric_sums(*, input_mask: tf.Tensor, masked_ids: tf.Tensor, masked_weights:
                 hp_estimate: Optional[tf.Tensor] = None,
                 hp_actual: Optional[tf.Tensor] = None,
                 num_auc_buckets: int = AUC_BUCKETS) -> Dict[str, tf.Tensor]:
-    """Additive float32 sums of one batch, each group when its inputs are given: the
-    generator's `mlm_logits`; the discriminator's (a token is predicted replaced when its
-    logit > 0; with `masked_positions` its accuracy at the slots, HP paper Table 5); the
-    proposal `sampling_logits [B,P,V]` (histogram of the top probability); the per-item
-    `main_*` of MLM-type objectives; the HP heads' estimated and actual losses [B,P] at
-    the samples (Pearson sums; needs `sampled_ids`)."""
+    """Additive float32 sums of one batch, each group when its inputs are given: the generator's
+    `mlm_logits`; the discriminator's (replaced where its logit > 0; with `masked_positions` its
+    accuracy at the slots, HP paper Table 5); the proposal `sampling_logits [B,P,V]` (histogram of
+    the top probability); the per-item `main_*` of MLM-type objectives; the HP heads' estimated and
+    actual losses [B,P] at the samples (Pearson sums; needs `sampled_ids`)."""
     w = tf.cast(masked_weights, tf.float32)
     masked_ids = tf.cast(masked_ids, tf.int32)
     sums = {"mlm_weight": tf.reduce_sum(w)}
@@ -528,8 +507,7 @@ def _pearson(sums, group: str) -> tf.Tensor:
 
 
 def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-    """The reported metrics (float32 scalars) of the groups present in (accumulated)
-    `metric_sums`."""
+    """The reported float32 metrics of the groups in (accumulated) `metric_sums`."""
     def ratio(num, den):
         return tf.cast(sums[num], tf.float32) / tf.maximum(tf.cast(sums[den], tf.float32), _EPS)
 

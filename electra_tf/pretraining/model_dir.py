@@ -1,8 +1,7 @@
 """A pre-training model_dir <-> a released (TF1, name-based) checkpoint. Importing one
 writes a model_dir that `run_pretraining.py` continues (weights, Adam slots, global_step:
 the Pretrainer's object graph, hence here). Reading either is `conversion.source`; the
-command line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1}`.
-"""
+command line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1}`."""
 
 import os
 from typing import Dict, Optional, Tuple
@@ -30,10 +29,9 @@ def _named_variables(trainer) -> Dict[str, object]:
 def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
                      overrides: Optional[str] = None, num_heads: Optional[int] = None,
                      allow_missing: bool = False) -> Tuple[Report, str]:
-    """Writes `model_dir/config.json` and a training checkpoint (`ckpt-<step>`) from which
-    `run_pretraining.py --model_dir=model_dir --config=model_dir/config.json` continues:
-    weights, Adam slots when the checkpoint has them (else zeros), global_step when present
-    (else 0). Returns (report, checkpoint path)."""
+    """Writes `model_dir/config.json` and a training checkpoint (`ckpt-<step>`) that
+    `run_pretraining.py --model_dir=model_dir --config=model_dir/config.json` continues: weights,
+    Adam slots (else zeros), global_step (else 0). Returns (report, checkpoint path)."""
     if fileio.isdir(model_dir) and checkpoints.find_checkpoints(model_dir):
         raise ConvertError(f"{model_dir} already holds a checkpoint; refusing to overwrite")
     report = inspect_tf1(ckpt_path, num_heads)

@@ -24,8 +24,7 @@ OBJECTIVES: Dict[str, Type["Objective"]] = {}
 
 
 def register(name: str):
-    """Class decorator: makes `name` (--objective=NAME) build this class, with the heads
-    of its spec."""
+    """Class decorator: `--objective=name` builds this class, with its spec's heads."""
     def add(cls):
         if name in OBJECTIVES:
             raise ValueError(f"objective {name!r} registered twice")
@@ -144,11 +143,10 @@ class Objective(abc.ABC):
 
 
 class ReplacedTokenDetection(Objective):
-    """ELECTRA's replaced-token detection: the generator's MLM (focal with
-    `gen_focal_gamma`) + disc_weight x the discriminator's BCE over real tokens. A step
-    masks, proposes (`sampling_logits`), samples, corrupts and discriminates; variants
-    override the hooks. Samples are discrete, so no discriminator gradient reaches the
-    generator."""
+    """ELECTRA's replaced-token detection: the generator's MLM (focal with `gen_focal_gamma`) +
+    disc_weight x the discriminator's BCE over real tokens. A step masks, proposes
+    (`sampling_logits`), samples, corrupts and discriminates; variants override the hooks.
+    Samples are discrete, so no discriminator gradient reaches the generator."""
     trains_generator_by_mle = True  # the generator's MLM term
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
@@ -208,8 +206,7 @@ class Electra(ReplacedTokenDetection):
 
 @register("electra_15")
 class Electra15(ReplacedTokenDetection):
-    """ELECTRA 15% (ELECTRA paper 3.5): the discriminator's BCE only over the prediction
-    slots."""
+    """ELECTRA 15% (ELECTRA paper 3.5): the discriminator's BCE only over the prediction slots."""
 
     def discriminator_term(self, disc_logits, labels, slot_loss, batch, den):
         return tf.reduce_sum(slot_loss) / den["mlm"]
@@ -217,8 +214,7 @@ class Electra15(ReplacedTokenDetection):
 
 @register("hp_loss")
 class HpLoss(ReplacedTokenDetection):
-    """Replacements from a sampling head that predicts the discriminator's loss (HP paper
-    4.1.2); the head's loss is the term "sampling"."""
+    """Replacements from a sampling head predicting the discriminator's loss (HP paper 4.1.2)."""
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -235,8 +231,7 @@ class HpLoss(ReplacedTokenDetection):
 
 @register("hp_dist")
 class HpDist(ReplacedTokenDetection):
-    """Replacements from a sampling head trained towards p_G x the discriminator's loss
-    (HP paper 4.1.2); its loss is the term "sampling"."""
+    """Replacements from a head trained towards p_G x the discriminator's loss (HP paper 4.1.2)."""
 
     def sampling_logits(self, model, gen_logits, gen_slots, ids):
         hp_logits = model.sampling_predictions(gen_slots)
@@ -335,12 +330,10 @@ class Electric(Objective):
 
 class MaskedLM(Objective):
     """Objectives whose main model is a masked LM (ELECTRA paper 3.5): an MLM head on the
-    discriminator-sized encoder, term "mlm". Variants override what the encoder reads
-    (`encoder_inputs`) and predicts (`main_loss`)."""
+    discriminator-sized encoder, term "mlm"; variants override `encoder_inputs` and `main_loss`."""
 
     def encoder_inputs(self, model, batch, masked, seeds, den, training, terms):
-        """-> (the ids the encoder reads: generator samples at the slots, the samples,
-        generator logits)."""
+        """-> (the ids the encoder reads: samples at the slots, the samples, their logits)."""
         gen_logits, _ = self.generator(model, masked, batch, seeds[2], training)
         if self.trains_generator:
             terms["generator"] = self.generator_mlm_term(gen_logits, masked, den)
@@ -393,8 +386,7 @@ class ReplaceMlm(MaskedLM):
 
 @register("all_tokens_mlm")
 class AllTokensMlm(MaskedLM):
-    """All-tokens MLM: as replace_mlm, predicting every real token with the copy
-    mechanism (`discriminator_predictions` as the copy logit)."""
+    """All-tokens MLM: replace_mlm predicting every real token with the copy mechanism."""
 
     def main_loss(self, model, hidden, inputs, batch, masked, den):
         logits = model.mlm_predictions(hidden)                       # [B,L,V]

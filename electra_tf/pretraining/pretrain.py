@@ -1,11 +1,8 @@
-"""The pre-training run: data, strategy, checkpoints, the loop, logging and evaluation.
-
-`run(options)` is everything `run_pretraining.py` does after parsing flags: it resumes
-from the newest checkpoint in `model_dir`, trains to `num_train_steps` in host loops of
-`steps_per_loop` compiled steps, logs and writes TensorBoard scalars (throughput and MFU
-included), profiles the steps asked for, and leaves a discriminator-only checkpoint in the
-released TF1 layout for fine-tuning.
-"""
+"""The pre-training run: data, strategy, checkpoints, the loop, logging and evaluation. `run` is
+everything `run_pretraining.py` does after parsing flags: it resumes from the newest checkpoint
+in `model_dir`, trains to `num_train_steps` in host loops of `steps_per_loop` compiled steps,
+logs and writes TensorBoard scalars (throughput and MFU included), profiles the steps asked for,
+and leaves a discriminator-only checkpoint in the released TF1 layout for fine-tuning."""
 
 import contextlib
 import os
@@ -57,10 +54,9 @@ def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
 
 def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
                  skip_batches: int = 0) -> dataset.InputConfig:
-    """The input pipeline of a run: deterministic for the seed, so it can be resumed.
-
-    tf.data's shuffles also depend on TensorFlow's global seed, which `Pretrainer` sets
-    from the same seed: make the dataset after the trainer, as `run` does."""
+    """The input pipeline of a run, deterministic for the seed so it can be resumed: tf.data's
+    shuffles also depend on TensorFlow's global seed, which `Pretrainer` sets from the same
+    seed, so make the dataset after the trainer, as `run` does."""
     return dataset.InputConfig(
         file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
         batch_size=batch_size, repeat=True, deterministic=True, seed=cfg.train.seed,
@@ -86,11 +82,9 @@ def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConf
 
 
 def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]:
-    """Trains and/or evaluates; returns the last logged (or eval) metrics.
-
-    Every process of a multi-worker job calls this; only the chief writes the run's
-    outputs (config, summaries, checkpoints in `model_dir`, the discriminator export).
-    """
+    """Trains and/or evaluates; returns the last logged (or eval) metrics. Every process of
+    a multi-worker job calls this; only the chief writes the run's outputs (config,
+    summaries, checkpoints in `model_dir`, the discriminator export)."""
     profile_steps = loop.parse_profile_steps(options.profile_steps)
     if options.peak_flops is not None:
         try:
@@ -144,10 +138,9 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
 
 
 def load_fixed_generator(model, path: str) -> str:
-    """--generator=fixed: assigns the generator's weights (encoder, embeddings, MLM head)
-    from any checkpoint source (`conversion.source`), of the configured sizes; a source
-    whose generator shared the discriminator's embeddings gives `electra/embeddings/...`.
-    Returns the checkpoint read."""
+    """--generator=fixed: assigns the generator's weights (encoder, embeddings, MLM head) of
+    the configured sizes from any `conversion.source` and returns its path; a source whose
+    generator shared the discriminator's embeddings gives `electra/embeddings/...`."""
     weights = list(model.generator.weights) + [
         w for w in model.generator_predictions.weights
         if all(w is not g for g in model.generator.weights)]

@@ -1,8 +1,7 @@
-"""Scores text with an ELECTRIC model: one pass, no masking.
-
-ELECTRIC's discriminator outputs an energy E(x_t | x) per token; -sum_t E over a text's
-word pieces is its unnormalised pseudo-log-likelihood (Clark et al. 2020, section 5: one
-pass where a masked LM needs one per token). Special tokens and padding do not count.
+"""Scores text with an ELECTRIC model: its discriminator outputs an energy E(x_t | x) per
+token, and -sum_t E over a text's word pieces is its unnormalised pseudo-log-likelihood
+(Clark et al. 2020, section 5: one pass, no masking, where a masked LM needs one per
+token). Special tokens and padding do not count.
 
     python -m electra_tf.pretraining.score --model_dir=runs/electric --input=sentences.txt
         [--output=scores.tsv] [--vocab_file=... | --spm_model=...] [--max_seq_length=128]
@@ -10,8 +9,7 @@ pass where a masked LM needs one per token). Special tokens and padding do not c
 Writes one row per input line, `line<TAB>score<TAB>tokens<TAB>text` (line numbers from 1,
 `tokens` = the scored word pieces); blank lines get no row, and a text longer than
 max_seq_length - 2 pieces is scored on its first pieces (counted in the log). Every path
-may be on Cloud Storage; the output is written whole or not at all.
-"""
+may be on Cloud Storage; the output is written whole or not at all."""
 
 import os
 import sys
@@ -48,7 +46,6 @@ def main(argv):
     from electra_tf.text import TextEncoder, VocabError
     f = flags.FLAGS
     try:
-        # Only an ELECTRIC discriminator outputs energies.
         cfg, model, path = load_run(f.model_dir, f.checkpoint, objective="electric")
         vocab = None if f.spm_model else (f.vocab_file or DEFAULT_VOCAB)
         text = TextEncoder(vocab, f.do_lower_case, f.spm_model)

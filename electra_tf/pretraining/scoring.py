@@ -22,10 +22,9 @@ class ScoreError(ValueError):
 def load_run(model_dir: str, checkpoint: Optional[str] = None,
              objective: Optional[str] = None
              ) -> Tuple[PretrainingConfig, ElectraPretrainingModel, str]:
-    """(config, float32 model with its objective's heads, checkpoint path) of a
-    pre-training run in `model_dir`: its config.json and its newest complete checkpoint
-    (or `checkpoint`; `conversion.source`), every model weight checked to be there.
-    `objective`: the run must have been trained with it."""
+    """(config, float32 model with its objective's heads, checkpoint path) of a pre-training
+    run in `model_dir`: its config.json and its newest complete checkpoint (or `checkpoint`),
+    every model weight checked to be there; the run must have used `objective` if given."""
     found = source.find_run_config(model_dir)
     if found is None:
         raise ScoreError(f"--model_dir={model_dir}: no config.json (not a pre-training run "

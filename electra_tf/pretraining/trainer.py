@@ -1,7 +1,5 @@
-"""Pre-training's part of the training core: the model, optimizer and loss of the
-configured objective (`objectives.py`); the step tail and host loops are the core's
-(`training/trainer.py`).
-"""
+"""Pre-training's part of the training core: the model, optimizer and loss of the configured
+objective (`objectives.py`); the step tail and host loops are `training/trainer.py`'s."""
 
 from typing import Dict, List, Optional
 
@@ -17,8 +15,7 @@ from electra_tf.training.trainer import Trainer
 
 
 class Pretrainer(Trainer):
-    """Pre-training: the ELECTRA model of the objective's heads, the configured optimizer,
-    and the objective's loss with global denominators."""
+    """Pre-training: the objective's ELECTRA model, optimizer and loss (global denominators)."""
 
     def __init__(self, cfg: PretrainingConfig, strategy: tf.distribute.Strategy,
                  special_ids=None, unigram_counts=None, jit_compile: Optional[bool] = None):
