@@ -9,9 +9,8 @@ class DataError(ValueError):
 
 
 def read_text(path: str) -> str:
-    """The text of a UTF-8 task data file (a BOM dropped) on any filesystem TensorFlow
-    knows (gs://...); DataError names the file, and the line of bad UTF-8. TensorFlow is
-    imported here: squad.py must not import it."""
+    """The text of a UTF-8 task data file (BOM dropped) on any filesystem; DataError names the
+    file, and the line of bad UTF-8. TensorFlow is imported here: squad.py must not import it."""
     import tensorflow as tf
     from electra_tf import fileio
     try:
@@ -30,8 +29,7 @@ def read_text(path: str) -> str:
 
 
 class Features:
-    """Base of a task's features (dataclasses of [N, ...] arrays); `ARRAYS`: the fields
-    the model reads (inputs and labels)."""
+    """Base of a task's features (dataclasses of [N, ...] arrays); `ARRAYS`: inputs and labels."""
     ARRAYS = ("input_ids", "input_mask", "segment_ids")
 
     def __len__(self) -> int:

@@ -73,8 +73,7 @@ class Task(abc.ABC):
 
     def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
                    texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """Raw strings ([N] per `text_fields()` name) -> answers, in-graph, truncated as
-        the training data."""
+        """Raw strings ([N] per `text_fields()` name) -> answers, in-graph, as in training."""
         fields = [texts[name] for name in self.text_fields()]
         batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
                                max_seq_length)

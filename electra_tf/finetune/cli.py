@@ -28,9 +28,8 @@ DEMO_CONFIG = os.path.join("configs", "finetune", "demo.json")
 
 
 def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> configs.ModelConfig:
-    """--config if given, else the config.json of the Hugging Face directory or of the
-    pre-training run that wrote the checkpoint (`conversion.source`; a size inferred from
-    the shapes alone is not trusted: give --config)."""
+    """--config if given, else the config.json of the Hugging Face directory or pre-training run of
+    the checkpoint (`conversion.source`; sizes inferred from shapes alone are not trusted)."""
     given = configs.load_config(config).model if config else None
     if init_checkpoint:
         src = source.resolve(init_checkpoint, given, "--init_checkpoint")

@@ -51,8 +51,7 @@ def matthews_corrcoef(labels, predictions) -> float:
 
 
 def _correlation(statistic, x, y) -> float:
-    """scipy's `statistic` of float64 x and y; nan when it is undefined (a constant side,
-    or a nan), as scipy, minus its warning."""
+    """scipy's `statistic` of float64 x and y; nan where scipy's is, without its warning."""
     x, y = _paired(x, y, ("x", "y"))
     if len(x) < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
@@ -64,14 +63,12 @@ def _correlation(statistic, x, y) -> float:
 
 
 def pearson(x, y) -> float:
-    """Pearson correlation (scipy.stats.pearsonr, as GLUE STS-B); nan if a side is
-    constant or has nan."""
+    """Pearson correlation (scipy.stats.pearsonr, as GLUE STS-B); nan for a constant or nan side."""
     return _correlation(scipy_stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> float:
-    """Spearman correlation with average ranks for ties (scipy.stats.spearmanr, as GLUE
-    STS-B); nan if a side is constant or has nan."""
+    """Spearman correlation, average ranks for ties (scipy's spearmanr, as GLUE STS-B)."""
     return _correlation(scipy_stats.spearmanr, x, y)
 
 
@@ -158,9 +155,8 @@ def _best_threshold(scores, predictions, na_probs, has_answer):
 
 
 def squad_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> dict:
-    """The official SQuAD scores in percent (0-100), as evaluate-v1.1/v2.0.
-
-    dataset: {qid: [gold answer texts]}, [] when unanswerable. predictions: {qid: text},
+    """The official SQuAD scores in percent (0-100), as evaluate-v1.1/v2.0. dataset:
+    {qid: [gold answer texts]}, [] when unanswerable. predictions: {qid: text},
     "" for no answer (other qids are ignored). Returns exact_match, f1, total and missing
     (qids without a prediction, scored as ""; evaluate-v2.0 drops them from the total);
     with an unanswerable question also NoAns_/HasAns_exact/f1/total (HasAns_ when some
@@ -272,8 +268,7 @@ def extract_spans(tags) -> set:
     """The chunks of one sentence as a set of (type, start, end), end exclusive. Chunk
     boundaries follow conlleval, so IOB1, IOB2/BIO, IOBES/BIOES (and BILOU) tags all decode
     with the same rules: an I- after O or after another type opens a chunk, a type change
-    closes one. A tag without a prefix is its own type, runs of it one chunk. An empty
-    sentence has no chunks."""
+    closes one; a tag without a prefix is its own type (`_split_tag`)."""
     spans = set()
     prev_tag, prev_type, start = "O", "", None
     # A trailing "O" closes a chunk still open at the end of the sentence.

@@ -60,10 +60,9 @@ def answer_mask(batch) -> tf.Tensor:
 
 
 class QAHead(keras.layers.Layer):
-    """The joint SQuAD head: start logits; end logits conditioned on a start token's
-    hidden state (concat -> dense(512, gelu) -> dense(1)); a beam of `beam` starts x
-    `beam` ends at inference; with `answerable`, a no-answer logit from [CLS] and the
-    start-probability-weighted hidden state."""
+    """The joint SQuAD head: start logits; end logits conditioned on a start token's hidden
+    state (concat -> dense(512, gelu) -> dense(1)); a beam of `beam` starts x `beam` ends at
+    inference; `answerable`: a no-answer logit from [CLS] and the start-weighted state."""
 
     def __init__(self, config: ModelConfig, beam: int = 20, answerable: bool = False,
                  **kwargs):
@@ -126,8 +125,7 @@ class QAHead(keras.layers.Layer):
 
 
 class FinetuningModel(keras.Model):
-    """`electra` (the discriminator encoder) + `task_specific` (a head): the packed batch
-    dict in, the head's dict of float32 tensors out."""
+    """The `electra` encoder + a `task_specific` head: the batch dict in, float32 tensors out."""
 
     def __init__(self, config: ModelConfig, head: keras.layers.Layer, dtype=None,
                  name="electra_finetuning", **kwargs):
@@ -158,8 +156,7 @@ def make_head(kind: str, config: ModelConfig, num_outputs: int = 1, beam: int = 
 # --------------------------------------------------------------------------- init
 
 class InitError(ValueError):
-    """An --init_checkpoint that does not fit the encoder, or none (an unreadable one is
-    a `conversion.source` ConvertError)."""
+    """An --init_checkpoint that does not fit the encoder, or none (unreadable: ConvertError)."""
 
 
 class ModelMismatchError(InitError):
@@ -214,8 +211,7 @@ def layer_depth(path: str, num_layers: int, official_bug: bool = False) -> int:
 
 def layerwise_lr_multipliers(model: FinetuningModel, decay: float,
                              official_bug: bool = False) -> Dict[str, float]:
-    """{variable path: decay ** (top - depth)}: the head learns at the full rate, each
-    layer below at `decay` times the one above."""
+    """{variable path: decay ** (top - depth)}: the head at the full rate, below x decay a layer."""
     n = model.config.num_hidden_layers
     top = n + (2 if official_bug else 1)
     return {v.path: float(decay) ** (top - layer_depth(v.path, n, official_bug))

@@ -1,5 +1,4 @@
-"""The SQuAD 1.1 / 2.0 task: data, loss and metrics of the joint start/end head, and its
-in-graph windows, shared by the training data and serving."""
+"""The SQuAD 1.1 / 2.0 task: data, loss and metrics of the joint head, and its in-graph windows."""
 
 import dataclasses
 import os
@@ -81,9 +80,8 @@ class SquadTask(Task):
                  max_seq_length: int, is_training: bool,
                  chunk: int = 2048) -> SquadFeatures:
         """The `windows` of `examples` (`chunk` at a time) but a token-less context's.
-        Training: a window holding the whole (`improve_answer_span`) answer points at it,
-        any other at the CLS with is_impossible 1; an answer without sub-tokens is dropped
-        (warning)."""
+        Training: a window holding the whole (`improve_answer_span`) answer points at it, any
+        other at the CLS with is_impossible 1; an answer without sub-tokens is dropped."""
         keys = ("input_ids", "input_mask", "segment_ids", "token_word", "max_context",
                 "token_index", "request")
         parts = {k: [] for k in keys + ("doc_ids", "doc_word")}
@@ -209,15 +207,14 @@ class SquadTask(Task):
         return self.fetches(outputs)
 
     def windows(self, encoder: TextEncoder, max_seq_length: int, question, context):
-        """The one SQuAD preprocessor: windows `[CLS] query [SEP] doc-window [SEP]`
-        (official layout) of every (question, context) row, in-graph. The context is cut
-        into words at WORD_SEPARATORS, each WordPiece'd alone; windows of `room` tokens
-        slide by doc_stride; a context without tokens gets one empty window. Returns
-        `batch` (the inputs [W, L]), `request` [W] (each window's row), `token_word` /
-        `token_index` [W, L] (each token's context word / index, -1 outside it),
-        `max_context` [W, L], `window_splits` [N + 1], the context `words` with byte
-        `begins` / `ends`, `doc_ids` / `doc_word` (sub-tokens, their words) and
-        `num_tokens` [N]."""
+        """The one SQuAD preprocessor: windows `[CLS] query [SEP] doc-window [SEP]` (official
+        layout) of every (question, context) row, in-graph. The context is cut into words at
+        WORD_SEPARATORS, each WordPiece'd alone; windows of `room` tokens slide by doc_stride; a
+        context without tokens gets one empty window. Returns `batch` (the inputs [W, L]),
+        `request` [W] (each window's row), `token_word` / `token_index` [W, L] (each token's
+        context word / index, -1 outside it), `max_context` [W, L], `window_splits` [N + 1], the
+        context `words` with byte `begins` / `ends`, `doc_ids` / `doc_word` (sub-tokens, their
+        words) and `num_tokens` [N]."""
         if self.max_query_length + 3 >= max_seq_length:
             raise ConfigError(f"{self.name}: --max_seq_length={max_seq_length} leaves no "
                               f"room for the context after a question of up to "
@@ -243,8 +240,7 @@ class SquadTask(Task):
         word_of_token -= tf.gather(words.row_splits,
                                    tf.gather(words.value_rowids(), word_of_token))
 
-        # Full windows of `room` tokens, `step` apart, the last one ending at the
-        # context's end.
+        # Windows of `room` tokens, `step` apart, the last one ending at the context's end.
         room = L - 3 - query.row_lengths()
         step = tf.minimum(room, self.doc_stride)
         count = tf.where(num_tokens <= room, tf.ones_like(room),
@@ -261,8 +257,8 @@ class SquadTask(Task):
         word = index.with_flat_values(
             tf.gather(word_of_token, index.flat_values)).with_row_splits_dtype(tf.int64)
 
-        # A token belongs to the first window where
-        # min(left, right) context + 0.01 * length is largest (float64 as numpy).
+        # A token's window: the first with the largest min(left, right) + 0.01 * length
+        # (float64 as numpy).
         k = tf.ragged.range(length).flat_values
         span = tf.repeat(length, length)
         score = (tf.cast(tf.minimum(k, span - 1 - k), tf.float64)

@@ -167,8 +167,7 @@ def _parse_question(qa, para, context, words, starts, is_training, v2, warn):
 
 
 def parse_squad_tree(tree, is_training: bool, v2: bool, source: str) -> List[SquadExample]:
-    """Questions of a parsed SQuAD JSON tree, checked as by `read_squad`; DataError names
-    `source`."""
+    """Questions of a parsed SQuAD JSON tree, checked as `read_squad`; DataError names `source`."""
     try:
         return _parse(tree, is_training, v2, warn=True)
     except _Problem as p:
@@ -349,8 +348,7 @@ def _sigmoid(x: float) -> float:
 
 def _span_text(words: Sequence[str], first_word: int, first_piece: int, last_word: int,
                last_piece: int, do_lower_case: bool) -> str:
-    """The answer text from piece `first_piece` of word `first_word` to piece `last_piece`
-    of `last_word` (-1: the word's edge)."""
+    """The answer from `first_piece` of `first_word` to `last_piece` of `last_word` (-1: edge)."""
     orig_text = " ".join(words[first_word:last_word + 1])
     lowered = [basic_tokenize(w, do_lower_case) for w in words[first_word:last_word + 1]]
     cased_counts = [len(_split_cased(w)) for w in words[first_word:last_word + 1]]
@@ -373,11 +371,10 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
                 outputs: Mapping[str, np.ndarray], max_answer_length: int = 30,
                 do_lower_case: bool = True, v2: bool = False,
                 ) -> Tuple[Dict[str, str], Optional[Dict[str, float]]]:
-    """Answer texts from the joint head's top-k `outputs` over features: start_top_log_probs
-    / start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k'], v2: null_logit
-    [N]. Returns (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None).
-    A span scores the sum of its log-probs; the best valid one (the first on ties) is the
-    answer, "" when there is none."""
+    """Answer texts from the joint head's top-k `outputs` over features: start_top_log_probs /
+    start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k'], v2: null_logit [N].
+    Returns (predictions {qid: text}, na_probs {qid: sigmoid(min null_logit)} or None). A span
+    scores the sum of its log-probs; the best valid one (first on ties) is the answer, else ""."""
     if features.num_examples != len(examples):
         raise ValueError(f"features were made from {features.num_examples} examples, "
                          f"got {len(examples)}")

@@ -38,9 +38,8 @@ class Sentence:
 
 def read_conll(path, label_column: int = -1) -> List[Sentence]:
     """Sentences of a CoNLL file (word in column 0, the label in `label_column`; blank lines
-    separate sentences; `-DOCSTART-` lines are skipped). DataError naming path:line for a
-    column count other than the first line's, bad UTF-8, an out-of-range label column or
-    a file without sentences."""
+    separate sentences; `-DOCSTART-` lines are skipped). DataError (path:line) for a column
+    count other than the first line's, bad UTF-8, a bad label column or no sentences."""
     path = os.fspath(path)
     lines = read_text(path).split("\n")
     sentences: List[Sentence] = []
@@ -151,10 +150,9 @@ class LabelMap:
 
     @classmethod
     def from_sentences(cls, sentences: Iterable[Sentence], scheme: str = "bioes") -> "LabelMap":
-        """The map for training `sentences` after conversion to `scheme`. For 'bioes'/'bio'
-        every chunk type seen gets all its prefixes, so a dev/test tag of a known type in a
-        position training never showed (e.g. S-X when training had only multi-token X
-        chunks) still maps; an unseen type does not."""
+        """The map for training `sentences` in `scheme`. For 'bioes'/'bio' every chunk type seen
+        gets all its prefixes, so a dev/test tag of a known type in a position training never
+        showed (e.g. S-X) still maps; an unseen type does not."""
         seen = set()
         for sentence in sentences:
             seen.update(sentence_labels(sentence, scheme))
@@ -204,8 +202,7 @@ class TaggingFeatures(Features):
 
 def predictions_to_tags(features: TaggingFeatures, predicted_ids,
                         label_map: LabelMap) -> List[List[str]]:
-    """Word tags per sentence from [N, L] per-token class ids (first sub-token of each
-    word; 'O' for words without a token)."""
+    """Word tags per sentence from [N, L] class ids at first sub-tokens ('O' without one)."""
     predicted = np.asarray(predicted_ids)
     if predicted.shape != features.input_ids.shape:
         raise ValueError(f"predicted_ids has shape {predicted.shape}, "

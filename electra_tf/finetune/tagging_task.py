@@ -82,9 +82,8 @@ class TaggingTask(Task):
 
     def features(self, sentences: Sequence[Sentence], encoder: TextEncoder,
                  max_seq_length: int, what: str = "") -> TaggingFeatures:
-        """Model inputs of `sentences` (`pack_words`), each word's label on its first
-        sub-token. DataError (path:line) for a label not in the map, kept word or not;
-        warns of words cut by max_seq_length."""
+        """Model inputs of `sentences` (`pack_words`), labels on first sub-tokens. DataError
+        (path:line) for a label not in the map, kept word or not; warns of cut words."""
         if max_seq_length < 2:
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] "
                              f"and [SEP]")
@@ -143,9 +142,8 @@ class TaggingTask(Task):
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):
-        """Per sentence, the mean cross-entropy over its labelled words (first sub-tokens):
-        every sentence counts once whatever its length, the scale is ln(num_labels) at
-        init; a row without labelled words contributes 0."""
+        """Per sentence, the mean cross-entropy over its labelled words (first sub-tokens): each
+        sentence counts once, ln(num_labels) at init; 0 for a row without labelled words."""
         weights = tf.cast(batch["label_weights"], tf.float32)
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=tf.cast(batch["label_ids"], tf.int32), logits=outputs["logits"])
@@ -210,10 +208,9 @@ class TaggingTask(Task):
 
 def pack_words(encoder: TextEncoder, words: tf.RaggedTensor,
                max_seq_length: int) -> Dict[str, tf.Tensor]:
-    """The one tagging preprocessor (serving and training data): words [N, (W)], each
-    WordPiece'd alone -> `batch` (`[CLS] sub-tokens [SEP]` [N, L]), `position` [N, (W)]
-    (each word's first sub-token, -1 when it has none or it is cut by max_seq_length - 2)
-    and `num_tokens` [total W]."""
+    """The one tagging preprocessor (serving and training data): words [N, (W)], each WordPiece'd
+    alone -> `batch` (`[CLS] sub-tokens [SEP]` [N, L]), `position` [N, (W)] (each word's first
+    sub-token, -1 without one or past max_seq_length - 2) and `num_tokens` [total W]."""
     pieces = encoder.tokenize(words.flat_values)         # [total W, (P)]
     tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)
     batch = encoder.pack(tokens, None, max_seq_length)

@@ -381,9 +381,8 @@ def tsv_task(name: str, text_columns: Sequence[str], label_column: str,
 def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[str] = (),
              label_column: Optional[str] = None, labels: Optional[Sequence[str]] = None,
              metric: str = "accuracy") -> Task:
-    """A task by name: the GLUE eight (`sst2` or `sst-2`), `polarity`, `squad_v1`,
-    `squad_v2`, `chunk`, `ner`; any other name is a user TSV task and needs its
-    `text_columns` and `label_column`."""
+    """A task by name: the GLUE eight (`sst2` or `sst-2`), `polarity`, `squad_v1`, `squad_v2`,
+    `chunk`, `ner`; any other is a user TSV task (`text_columns` and `label_column` needed)."""
     key = name.lower().replace("-", "")
     if key in GLUE:
         return find_dir(data_dir, GLUE[key]) if data_dir else GLUE[key]

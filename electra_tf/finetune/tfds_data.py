@@ -83,8 +83,7 @@ def open_builder(name: str, data_dir: Optional[str]):
 
 
 def read_split(name: str, data_dir: Optional[str], split: str) -> Dict[str, list]:
-    """Every feature of a split as Python lists (nested features as 'a/b'; strings as
-    bytes), in TFDS's stored order."""
+    """Every feature of a split as lists (nested ones as 'a/b', strings as bytes), stored order."""
     tfds = _import_tfds()
     builder = open_builder(name, data_dir)
     if split not in builder.info.splits:
@@ -185,8 +184,7 @@ class TfdsGlueTask(TsvTask):
 
 @dataclasses.dataclass(frozen=True)
 class TfdsSquadTask(SquadTask):
-    """SQuAD from `squad/v1.1` or `squad/v2.0`, regrouped into the official JSON's
-    paragraphs and parsed by the JSON reader's code."""
+    """SQuAD from `squad/v1.1` or `squad/v2.0`, regrouped and parsed as the official JSON."""
     tfds_data_dir: Optional[str] = None
 
     @property
@@ -215,8 +213,7 @@ class TfdsSquadTask(SquadTask):
 
 
 def from_tfds(task: Task, data_dir: Optional[str] = None) -> Task:
-    """`task` (GLUE's eight, SQuAD 1.1 / 2.0) reading tensorflow-datasets prepared under
-    `data_dir` (None: TFDS's default)."""
+    """`task` (GLUE's eight, SQuAD) reading tensorflow-datasets prepared under `data_dir`."""
     if isinstance(task, TsvTask) and task.name in GLUE_FEATURES:
         return TfdsGlueTask(**vars(task), tfds_data_dir=data_dir)
     if isinstance(task, SquadTask):
