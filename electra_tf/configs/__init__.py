@@ -1,6 +1,5 @@
-"""Configuration: one frozen dataclass per concern (`sections`), composed per job
-(`jobs`), loaded from presets, files, overrides and flags (`loader`); a knob's field,
-check and flag are declared once (`schema`)."""
+"""Configuration: one frozen dataclass per concern (`sections`), composed per job (`jobs`),
+loaded from presets, files, overrides and flags (`loader`); knobs declared once (`schema`)."""
 
 from electra_tf.configs.jobs import FinetuneConfig, PretrainingConfig
 from electra_tf.configs.loader import (PRESET_DIR, TYINGS, config_from_flags, load_config,

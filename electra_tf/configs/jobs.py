@@ -53,9 +53,8 @@ class PretrainingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-    """A fine-tuning run: pre-training's optimizer and train sections (its steps and warmup
-    come from the epochs and `warmup_proportion`) and its own knobs; None: the paper's
-    defaults for the model size and task (`resolved`)."""
+    """A fine-tuning run: pre-training's optimizer and train sections (steps and warmup from the
+    epochs) and its own knobs; None: the paper's default for the model and task (`resolved`)."""
     JOB, FILE_FLAG = "finetune", "finetune_config"
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=None, weight_decay=0.0)
     train: TrainConfig = TrainConfig(train_batch_size=32, eval_batch_size=32,

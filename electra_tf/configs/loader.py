@@ -1,6 +1,5 @@
 """Loading a job's config: the presets in `configs/*.json`, a JSON file on any filesystem,
-`--params_override`, the flags, what the objective requires; unknown keys are errors
-listing the valid ones."""
+`--params_override`, the flags, what the objective requires; unknown keys list valid ones."""
 
 import dataclasses
 import json
@@ -79,9 +78,8 @@ REQUIREMENTS = {
 
 
 def _requirements(cfg: PretrainingConfig, explicit) -> PretrainingConfig:
-    """Sets what the objective and generator require (REQUIREMENTS), logging each change;
-    a conflicting value the user gave (a key in `explicit`) is a ConfigError naming the
-    flag that fixes it."""
+    """Sets what the objective and generator require (REQUIREMENTS), logging each change; a
+    conflicting value the user gave (in `explicit`) is a ConfigError naming the fixing flag."""
     get = lambda key: getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
     changes = {}
     for (trigger, trigger_value), needs in REQUIREMENTS.items():

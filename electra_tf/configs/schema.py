@@ -63,8 +63,7 @@ def kind(f: dataclasses.Field) -> Tuple[type, bool]:
 
 
 def check_knobs(cfg, job: Optional[str] = None, prefix: str = ""):
-    """Each knob's own check (None passes: a default the job resolves later), named by
-    its flag where `job` has one, else by its key."""
+    """Each knob's own check (None passes: the job resolves it), named by its `job` flag or key."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(f.default):
@@ -77,8 +76,7 @@ def check_knobs(cfg, job: Optional[str] = None, prefix: str = ""):
 
 
 def _coerce(value: Any, f: dataclasses.Field, key: str) -> Any:
-    """Converts a JSON or command-line value to the knob's type (`none`/null: None
-    where the knob allows it)."""
+    """A JSON or command-line value as the knob's type (`none`/null: None if allowed)."""
     kind_, optional = kind(f)
     if optional and (value is None or (isinstance(value, str) and
                                        value.strip().lower() in ("none", "null"))):
@@ -105,8 +103,7 @@ def _coerce(value: Any, f: dataclasses.Field, key: str) -> Any:
 
 
 def resolve_key(cls, key: str) -> Tuple[Optional[str], str]:
-    """'section.name', or a bare name unique in config class `cls` (a knob of one of its
-    sections or its own) -> (section or None, name)."""
+    """'section.name', or a name unique in config class `cls` -> (section or None, name)."""
     keys = [k for k, _ in knobs(cls)]
     section, dot, name = key.partition(".")
     if dot:
@@ -128,8 +125,7 @@ def resolve_key(cls, key: str) -> Tuple[Optional[str], str]:
 
 
 def apply_overrides(cfg, overrides: Dict[str, Any]):
-    """Returns `cfg` with {key: value} applied (keys as `resolve_key`), values coerced to
-    the knobs' types."""
+    """`cfg` with {key: value} applied (keys as `resolve_key`), values as the knobs' types."""
     changes: Dict[Optional[str], Dict[str, Any]] = {}
     for key, value in overrides.items():
         section, name = resolve_key(type(cfg), key)

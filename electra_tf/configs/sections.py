@@ -161,8 +161,7 @@ class ObjectiveConfig:
                               f"network; objective.generator={self.generator} has none")
 
     def schedule(self) -> Tuple[str, float, float]:
-        """(shape, start, end) of the sampling temperature; ("constant", T, T) without a
-        temperature_schedule."""
+        """(shape, start, end) of the sampling temperature; ("constant", T, T) by default."""
         if not self.temperature_schedule:
             return "constant", self.temperature, self.temperature
         parts = self.temperature_schedule.split(":")
