@@ -17,8 +17,7 @@ from electra_tf.data.files import FEATURE_NAMES
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-    """What to read and how to batch it. batch_size is the GLOBAL batch (all replicas
-    together); make_dataset yields per-replica batches of it."""
+    """What to read and how to batch; batch_size is the GLOBAL batch, split per replica."""
     file_pattern: str  # comma-separated globs and/or build directories
     max_seq_length: int = 128
     batch_size: int = 128

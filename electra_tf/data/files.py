@@ -263,8 +263,7 @@ def shard_files(files: Sequence[str], num_input_pipelines: int,
 
 
 def manifest_counts(files: Sequence[str]) -> Dict[str, int]:
-    """{file: record count} for the files a manifest beside them lists (one manifest read
-    per directory); files without a manifest are absent."""
+    """{file: record count} of the `files` a manifest beside them lists (one read a directory)."""
     counts = {}
     for d in sorted({os.path.dirname(f) for f in files}):
         if not _has_manifest(d):

@@ -85,10 +85,9 @@ class SkippedShard:
 
 @dataclasses.dataclass(frozen=True)
 class ShardEnd:
-    """A shard that ended before its expected record count (manifest; -1: none) or size
-    (stat, for files no manifest lists; -1: none), as `read_shard` found it: `records`
-    and `bytes` (records' data plus framing) were read. `too_many`: it was skipped, but
-    its pipeline has now lost more than MAX_BAD_SHARD_FRACTION of its shards."""
+    """A shard that ended before its expected record count (manifest) or size (stat; -1: none),
+    as `read_shard` found it: it gave `records` and `bytes` (with framing). `too_many`: skipped,
+    but its pipeline has lost more than MAX_BAD_SHARD_FRACTION of its shards."""
     path: str
     records: int
     expected_records: int
@@ -98,10 +97,9 @@ class ShardEnd:
 
 
 class ShardLog:
-    """What the input pipelines of one run (each `make_dataset`) report about bad shards,
-    for `explain_read_error`: the shards skipped and the ShardEnd that stopped the input.
-    The reports come through a Python callback, so only from pipelines in this process
-    (TPU VMs, GPU and CPU hosts), not from a remote tf.data worker."""
+    """What the input pipelines of one run (each `make_dataset`) report about bad shards, for
+    `explain_read_error`: the shards skipped and the ShardEnd that stopped the input. Reports come
+    through a Python callback: only from pipelines in this process, not a remote tf.data worker."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -115,8 +113,7 @@ class ShardLog:
             return len(self._pipelines) - 1
 
     def report(self, pipeline: int, end: ShardEnd, on_bad_shard: str) -> bool:
-        """Records that a shard ended early; True when that stops the input (stop, or
-        too many of its pipeline's shards are bad)."""
+        """Records that a shard ended early; True when that stops the input (stop, too many bad)."""
         if on_bad_shard == "stop":
             return self._stop(end)
         path, expected = end.path, end.expected_records
@@ -211,10 +208,9 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
 
 def explain_read_error(error: BaseException, files: Sequence[str],
                        log: Optional[ShardLog] = None) -> Optional[InputDataError]:
-    """The one-line InputDataError for an error raised reading the input, None when it did
-    not come from the input. A shard that stopped the input is named from `log`; reader
-    errors name no file, so the files are checked host-side, in order, until one is bad;
-    OutOfRangeError (every shard skipped) lists the skipped shards."""
+    """The one-line InputDataError for an error reading the input, else None. A shard that stopped
+    the input is named from `log`; reader errors name no file, so the files are checked host-side,
+    in order, until one is bad; OutOfRangeError (every shard skipped) lists the skipped ones."""
     message = getattr(error, "message", None) or str(error)
     skipped = [s.path for s in log.skipped()] if log is not None else []
     end = log.stopped if log is not None else None
@@ -280,8 +276,7 @@ def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: s
 
 
 def count_records(paths: Sequence[str]) -> Dict[str, int]:
-    """{path: records read before its end or first unreadable record}, read in parallel
-    (for files no manifest lists; a missing file counts 0)."""
+    """{path: records before its end or first bad record (0 if missing)}, read in parallel."""
     def count(path):
         ds = tf.data.TFRecordDataset(tf.io.matching_files(path),
                                      buffer_size=_READ_BUFFER_BYTES).ignore_errors()
