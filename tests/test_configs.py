@@ -123,7 +123,7 @@ def test_two_stage_sets_what_it_requires(caplog):
     """--objective=two_stage alone: equal generator sizes and no sharing, each change
     logged; the tiny preset's half-size, tied generator would otherwise stop the run."""
     import logging
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         cfg = load_config("tiny", {"objective": "two_stage"})
     m = cfg.model
     assert (m.generator_hidden_size, m.generator_layers) == (1.0, 1.0)

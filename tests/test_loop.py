@@ -29,7 +29,7 @@ def test_train_runs_to_the_end_and_logs_each_interval(tmp_path, caplog):
     """Host loops stop at every log (3) and checkpoint (2) boundary; each log line has the
     loss averaged over the steps since the last one and the job's own fields."""
     trainer = ToyTrainer(ROWS)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         out, manager = _train(trainer, tmp_path, GOOD, 6)
     ref = NumpyAdamW()
     losses = [ref.step(GOOD[i % 2], ROWS)[0] for i in range(6)]
@@ -69,7 +69,7 @@ BAD = batch(ROWS, 2, nan=True)
 
 def test_on_nan_skip_goes_on_and_the_data_position_runs_ahead(tmp_path, caplog):
     trainer = ToyTrainer(ROWS)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         _train(trainer, tmp_path, [GOOD[0], GOOD[1], BAD] + GOOD * 3, 6, on_nan="skip")
     assert int(trainer.global_step.numpy()) == 6
     assert int(trainer.data_batches.numpy()) == 7  # one batch more: the skipped one
