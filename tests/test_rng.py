@@ -30,7 +30,7 @@ def test_fold_is_deterministic_distinct_and_keeps_first_row():
 SEEDS = [[1, 2], [0, 0], [-1, 7], [2**31 - 1, -2**31], [123456789, -987654321]]
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("mode", ["eager", "graph", pytest.param("xla", marks=pytest.mark.xla_cpu)])
 def test_philox_helpers_equal_tensorflows_stateless_ops(mode):
     """One op for the key and counter (CPU/GPU) gives TF's own Philox draws bit for bit, in
     eager, graph and XLA form: the numbers of every run stay what they were."""
