@@ -358,14 +358,10 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
         scale = float(clip_norm) / tf.maximum(safe_norm, float(clip_norm))
     scale = tf.where(finite, scale, 0.0)
 
-    zeros = {}  # one scalar zero per dtype, broadcast by the select
-
     def _scale(values):
         scaled = values * tf.cast(scale, values.dtype)
-        if values.dtype not in zeros:
-            zeros[values.dtype] = tf.zeros([], values.dtype)
-        # 0 * inf = NaN: select zeros explicitly when the norm is not finite.
-        return tf.where(finite, scaled, zeros[values.dtype])
+        # 0 * inf = NaN: select zeros (a broadcast scalar) when the norm is not finite.
+        return tf.where(finite, scaled, tf.zeros([], values.dtype))
 
     out = []
     for g in grads:
