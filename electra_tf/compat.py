@@ -198,9 +198,9 @@ def xla_cpu_available() -> bool:
     'could not find registered transfer manager for platform Host'); probed once."""
     import tensorflow as tf
     try:
-        with tf.device("/CPU:0"):
+        with tf.init_scope(), tf.device("/CPU:0"):  # eager, even when asked from a trace
             value = tf.function(lambda a: tf.matmul(a, a), jit_compile=True)(tf.ones((2, 2)))
-        return float(tf.reduce_sum(value)) == 8.0
+            return float(tf.reduce_sum(value)) == 8.0
     except (tf.errors.NotFoundError, tf.errors.UnimplementedError,
             tf.errors.InvalidArgumentError, tf.errors.InternalError):
         return False

@@ -513,3 +513,44 @@ def test_layer_norm_matvec_means_equal_reductions():
     np.testing.assert_allclose(matvec, plain, atol=2e-5)
     np.testing.assert_allclose(plain.mean(-1), 0.0, atol=1e-5)
     np.testing.assert_allclose(plain.std(-1), 1.0, atol=1e-3)
+
+
+def _gelu_and_grad(x, dy, jit_compile=False):
+    """gelu(x), its gradient times dy, and whether the fused path was traced."""
+    used = []
+
+    @tf.function(jit_compile=jit_compile, autograph=False)
+    def run(x, dy):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            used.append(modeling.fused_backward())
+            y = modeling.gelu(x)
+        return y, tape.gradient(y, x, output_gradients=dy)
+    y, dx = run(x, dy)
+    return y.numpy(), dx.numpy(), used[0]
+
+
+@pytest.mark.xla_cpu
+def test_gelu_fused_gradient_equals_autodiff():
+    """Outside XLA under a tape the gradient is one XLA kernel: the forward stays
+    `tf.nn.gelu`'s bit for bit, the gradient autodiff's to rounding; in eager, in inference
+    code and inside XLA the plain op runs."""
+    r = np.random.default_rng(0)
+    x = tf.constant(np.concatenate([r.normal(0.0, 3.0, 4000), [0.0, -0.0, 12.0, -12.0, 1e-20]])
+                    .astype(np.float32))
+    dy = tf.constant(r.normal(0.0, 1.0, x.shape[0]).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        ref = tf.nn.gelu(x, approximate=False)
+    ref_dx = tape.gradient(ref, x, output_gradients=dy).numpy()
+    y, dx, fused = _gelu_and_grad(x, dy)
+    assert fused
+    np.testing.assert_array_equal(y, ref.numpy())
+    np.testing.assert_allclose(dx, ref_dx, rtol=2e-6, atol=1e-7)
+    assert dx[-5:-3].tolist() == (0.5 * dy.numpy()[-5:-3]).tolist()  # gelu'(0) = 1/2
+    assert dx[-3] == dy.numpy()[-3] and abs(dx[-2]) < 1e-29  # gelu' at 12 and -12
+    _, xla_dx, fused_in_xla = _gelu_and_grad(x, dy, jit_compile=True)
+    assert not fused_in_xla
+    np.testing.assert_allclose(xla_dx, ref_dx, rtol=2e-6, atol=1e-7)
+    assert not modeling.fused_backward()  # eager
+    assert not tf.function(modeling.fused_backward)()  # a graph, no tape
