@@ -352,6 +352,39 @@ def test_gradient_accumulation_equals_mean_gradient():
 # --------------------------------------------------------------------------- XLA, factory
 
 @pytest.mark.xla_cpu
+@pytest.mark.parametrize("family", [opt_lib.AdamW, opt_lib.LAMB])
+def test_graph_updates_are_one_xla_kernel_with_the_eager_numbers(family):
+    """In a graph outside XLA each variable's update is one jit-compiled kernel (the graph
+    holds no Sqrt of its own): the eager ops' numbers to an FMA's rounding, should_update
+    False still changes nothing."""
+    grads = make_grads(3, seed=7)
+    mults = {NAMES[0]: 0.5}
+    eager = run_tf(family(1e-2, weight_decay=0.01), make_variables(), grads,
+                   lr_multipliers=mults)
+    variables = make_variables()
+    optimizer = family(1e-2, weight_decay=0.01).build(variables)
+
+    @tf.function(autograph=False)
+    def apply(step_grads, step, ok):
+        optimizer.apply_gradients(zip(step_grads, variables), step, lr_multipliers=mults,
+                                  should_update=ok)
+    yes, no = tf.constant(True), tf.constant(False)
+    graph = apply.get_concrete_function([tf.constant(g) for g in grads[0]],
+                                        tf.constant(0, tf.int64), yes).graph
+    assert optimizer._state.kernel is not None
+    assert not [op for op in graph.get_operations() if op.type == "Sqrt"]
+    for s, step_grads in enumerate(grads):
+        apply([tf.constant(g) for g in step_grads], tf.constant(s, tf.int64), yes)
+    for got, want in zip(variables, eager):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+    before = [v.numpy() for v in variables]
+    apply([tf.constant(g) for g in grads[0]], tf.constant(3, tf.int64), no)
+    for v, b in zip(variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
+
+@pytest.mark.xla_cpu
 def test_train_step_under_jit_compile():
     x, y = _linear_problem()
     results = []

@@ -9,6 +9,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import tensorflow as tf
 
+from electra_tf import compat
+
 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 
 
@@ -87,6 +89,7 @@ class _State:
     entries: List[_Entry] = dataclasses.field(default_factory=list)
     by_id: Dict[int, int] = dataclasses.field(default_factory=dict)
     by_name: Dict[str, int] = dataclasses.field(default_factory=dict)
+    kernel: Optional[Callable] = None  # `_new_values` as one XLA kernel (graphs outside XLA)
 
 
 def _zeros_like_variable(tf_var, name: str):
@@ -260,11 +263,26 @@ class _AdamFamily(tf.Module):
 
     def _update_variable(self, entry: _Entry, var, grad, mult, scalars):
         """Runs once per device copy of `var` (m and v resolve to the same device's copy)."""
-        dtype = var.dtype
+        lr = scalars["lr"] if mult is None else scalars["lr"] * mult
+        new_values = self._new_values
+        if compat.xla_kernels_apply():  # one pass over the variable, not ~20
+            if self._state.kernel is None:
+                self._state.kernel = tf.function(self._new_values, jit_compile=True,
+                                                 autograph=False)
+            new_values = self._state.kernel
+        param, m, v = new_values(tf.convert_to_tensor(var), tf.convert_to_tensor(entry.m),
+                                 tf.convert_to_tensor(entry.v), grad, lr, scalars,
+                                 entry.decay, entry.excluded)
+        entry.m.assign(m)
+        entry.v.assign(v)
+        var.assign(param)
+
+    def _new_values(self, param, m_old, v_old, grad, lr, scalars, decay: bool,
+                    excluded: bool):
+        """-> (param, m, v) after one update; the old ones where scalars["should_update"]
+        is False."""
+        dtype = param.dtype
         grad = tf.cast(grad, dtype)
-        param = tf.convert_to_tensor(var)
-        m_old = tf.convert_to_tensor(entry.m)
-        v_old = tf.convert_to_tensor(entry.v)
         # float32 variables take the step's constants; another dtype converts the Python
         # floats directly (not through float32: the same rounding as always).
         c = scalars if dtype == tf.float32 else self._hyperparameters()
@@ -276,21 +294,15 @@ class _AdamFamily(tf.Module):
         else:
             m_hat, v_hat = m, v
         update = m_hat / (tf.sqrt(v_hat) + c["epsilon"])
-        if entry.decay:
+        if decay:
             update = update + c["weight_decay"] * param
-        lr = scalars["lr"] if mult is None else scalars["lr"] * mult
-        step_size = self._step_size(entry, param, update, tf.cast(lr, dtype))
-        new_param = param - step_size * update
+        new_param = param - self._step_size(excluded, param, update, tf.cast(lr, dtype)) * update
         if "should_update" in scalars:
             ok = scalars["should_update"]
-            m = tf.where(ok, m, m_old)
-            v = tf.where(ok, v, v_old)
-            new_param = tf.where(ok, new_param, param)
-        entry.m.assign(m)
-        entry.v.assign(v)
-        var.assign(new_param)
+            return tf.where(ok, new_param, param), tf.where(ok, m, m_old), tf.where(ok, v, v_old)
+        return new_param, m, v
 
-    def _step_size(self, entry, param, update, lr):
+    def _step_size(self, excluded: bool, param, update, lr):
         return lr
 
 
@@ -314,8 +326,8 @@ class LAMB(_AdamFamily):
     """
     NAME, BIAS_CORRECTION = "lamb", True
 
-    def _step_size(self, entry, param, update, lr):
-        if entry.excluded:
+    def _step_size(self, excluded: bool, param, update, lr):
+        if excluded:
             return lr
         return lr * trust_ratio(param, update)
 
