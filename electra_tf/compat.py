@@ -207,12 +207,10 @@ def xla_cpu_available() -> bool:
 
 
 def xla_kernels_apply() -> bool:
-    """Whether code traced now runs a chain of elementwise ops as one XLA kernel (a
-    jit-compiled tf.function): in a graph outside XLA, on a build that can XLA-compile.
-    There TensorFlow runs each op of a chain as its own pass over memory (an optimizer
-    update is ~20 per variable, GELU's gradient nine); XLA (jit_compile, TPU) fuses a whole
-    step itself, and eager code keeps TensorFlow's ops. XLA contracts a * b + c into one
-    rounding (FMA), so such a kernel's results may differ from the ops' in the last bit."""
+    """Whether code traced now runs elementwise chains as XLA kernels (jit-compiled
+    tf.functions, one pass over memory instead of one per op): in a graph outside XLA, on a
+    build that can XLA-compile. XLA fuses a * b + c into an FMA: results may differ in the
+    last bit from the ops'."""
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util  # no public API: an XLA trace?
     return (not tf.executing_eagerly() and not control_flow_util.GraphOrParentsInXlaContext(

@@ -45,18 +45,13 @@ _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 
 
 
 def gelu(x):
-    """Exact (erf) GELU, as the released ELECTRA code (`tf.nn.gelu`'s numbers); its
-    gradient is one XLA kernel where `fused_backward()` says so."""
-    if not fused_backward():
-        return tf.nn.gelu(x, approximate=False)
-    return _gelu_fused_grad(x)
+    """Exact (erf) GELU, as the released ELECTRA code: `tf.nn.gelu`'s numbers, with a
+    gradient of one XLA kernel (not nine passes over [B, L, 4H]) where `fused_backward()`."""
+    return _gelu_fused_grad(x) if fused_backward() else tf.nn.gelu(x, approximate=False)
 
 
 def fused_backward() -> bool:
-    """Whether GELU's gradient is one XLA kernel: while a tape records, where
-    `compat.xla_kernels_apply()` (autodiff's chain is nine passes over the [B, L, 4H]
-    activations, ~10% of a 6 x 384 fine-tuning step on a CPU). The forward is
-    `tf.nn.gelu`'s either way; the gradient differs from autodiff's by rounding only."""
+    """While a tape records, where `compat.xla_kernels_apply()`."""
     return record.could_possibly_record() and compat.xla_kernels_apply()
 
 
@@ -74,20 +69,16 @@ def _gelu_grad_kernel(x, erfc, dy):
 
 
 def dropout(x, rate: float, training: bool, seed=None):
-    """Inverted dropout; the mask is drawn in float32 and applied in x's dtype.
-
-    With a `seed` ([3] int32, see `electra_tf.rng`) the mask is a pure function of it, so
-    a step is reproducible and a resumed run redraws the same masks; without one it
-    comes from TensorFlow's global random state.
-    """
+    """Inverted dropout, the mask drawn in float32 and applied in x's dtype. With a `seed`
+    ([3] int32, `electra_tf.rng`) the mask is a pure function of it (a step is reproducible,
+    a resumed run redraws the same masks); without one, TF's global random state."""
     if not training or rate <= 0.0:
         return x
     if seed is None:
         u = tf.random.uniform(tf.shape(x), dtype=tf.float32)
     else:
-        # TF's own Philox draw, keyed by the seed and the block's first row: 3x faster
-        # than the row-exact `rng.uniform`, so dropout masks (unlike masking and
-        # sampling) depend on how the global batch is split over replicas.
+        # TF's Philox draw keyed by the seed and the block's first row: 3x faster than the
+        # row-exact `rng.uniform`, so masks depend on how the batch is split over replicas.
         seed = rng.as_seed(seed)
         u = rng.philox_uniform(tf.shape(x), rng.fold_in(seed[:2], seed[2]))
     keep = u >= rate
@@ -103,9 +94,7 @@ _MATVEC_MEANS = False
 
 
 def use_matvec_means(enabled: bool) -> bool:
-    """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots.
-
-    XLA:CPU runs those as vectorised kernels, where its reductions cost ~4% of an
+    """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots. XLA:CPU runs those as vectorised kernels, where its reductions cost ~4% of an
     ELECTRA-Small train step. Not for GPU or TPU, whose float32 matmuls may run in
     TF32 / bfloat16 passes and would round the statistics. Set before tracing; returns
     the previous setting."""

@@ -265,11 +265,9 @@ class _AdamFamily(tf.Module):
         """Runs once per device copy of `var` (m and v resolve to the same device's copy)."""
         lr = scalars["lr"] if mult is None else scalars["lr"] * mult
         new_values = self._new_values
-        if compat.xla_kernels_apply():  # one pass over the variable, not ~20
-            if self._state.kernel is None:
-                self._state.kernel = tf.function(self._new_values, jit_compile=True,
-                                                 autograph=False)
-            new_values = self._state.kernel
+        if compat.xla_kernels_apply():  # one pass over the variable, not ~20 ops
+            new_values = self._state.kernel = self._state.kernel or tf.function(
+                self._new_values, jit_compile=True, autograph=False)
         param, m, v = new_values(tf.convert_to_tensor(var), tf.convert_to_tensor(entry.m),
                                  tf.convert_to_tensor(entry.v), grad, lr, scalars,
                                  entry.decay, entry.excluded)
@@ -279,8 +277,7 @@ class _AdamFamily(tf.Module):
 
     def _new_values(self, param, m_old, v_old, grad, lr, scalars, decay: bool,
                     excluded: bool):
-        """-> (param, m, v) after one update; the old ones where scalars["should_update"]
-        is False."""
+        """-> (param, m, v) after the update (the old ones if not scalars["should_update"])."""
         dtype = param.dtype
         grad = tf.cast(grad, dtype)
         # float32 variables take the step's constants; another dtype converts the Python
