@@ -207,10 +207,9 @@ def xla_cpu_available() -> bool:
 
 
 def xla_kernels_apply() -> bool:
-    """Whether code traced now runs elementwise chains as XLA kernels (jit-compiled
-    tf.functions, one pass over memory instead of one per op): in a graph outside XLA, on a
-    build that can XLA-compile. XLA fuses a * b + c into an FMA: results may differ in the
-    last bit from the ops'."""
+    """Whether code traced now runs elementwise chains as XLA kernels (one pass over memory,
+    not one per op): in a graph outside XLA, on a build that can XLA-compile. XLA fuses
+    a * b + c into an FMA, so results may differ from the ops' in the last bit."""
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util  # no public API: an XLA trace?
     return (not tf.executing_eagerly() and not control_flow_util.GraphOrParentsInXlaContext(

@@ -19,8 +19,7 @@ in the config): construct the model inside ``strategy.scope()``.
 Numerics: Dense layers and attention matmuls run in the compute dtype (the Keras dtype
 policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the attention mask and
 softmax run in float32; all logits are float32. `dropout` is a function, not Keras'
-``Dropout``, whose per-layer SeedGenerator state variable is awkward under tf.distribute.
-"""
+``Dropout``, whose per-layer SeedGenerator state variable is awkward under tf.distribute."""
 
 import math
 import re
@@ -50,8 +49,7 @@ def gelu(x):
     return _gelu_fused_grad(x) if fused_backward() else tf.nn.gelu(x, approximate=False)
 
 
-def fused_backward() -> bool:
-    """While a tape records, where `compat.xla_kernels_apply()`."""
+def fused_backward() -> bool:  # while a tape records, where compat.xla_kernels_apply()
     return record.could_possibly_record() and compat.xla_kernels_apply()
 
 
@@ -94,10 +92,10 @@ _MATVEC_MEANS = False
 
 
 def use_matvec_means(enabled: bool) -> bool:
-    """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots. XLA:CPU runs those as vectorised kernels, where its reductions cost ~4% of an
-    ELECTRA-Small train step. Not for GPU or TPU, whose float32 matmuls may run in
-    TF32 / bfloat16 passes and would round the statistics. Set before tracing; returns
-    the previous setting."""
+    """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots, which XLA:CPU
+    runs as vectorised kernels (its reductions cost ~4% of an ELECTRA-Small train step).
+    Not for GPU or TPU, whose float32 matmuls may run in TF32 / bfloat16 passes and would
+    round the statistics. Set before tracing; returns the previous setting."""
     global _MATVEC_MEANS
     previous, _MATVEC_MEANS = _MATVEC_MEANS, bool(enabled)
     return previous

@@ -275,8 +275,7 @@ class _AdamFamily(tf.Module):
         entry.v.assign(v)
         var.assign(param)
 
-    def _new_values(self, param, m_old, v_old, grad, lr, scalars, decay: bool,
-                    excluded: bool):
+    def _new_values(self, param, m_old, v_old, grad, lr, scalars, decay, excluded):
         """-> (param, m, v) after the update (the old ones if not scalars["should_update"])."""
         dtype = param.dtype
         grad = tf.cast(grad, dtype)
