@@ -206,11 +206,16 @@ def xla_cpu_available() -> bool:
         return False
 
 
+def in_xla_trace() -> bool:
+    """Whether the graph being traced now is compiled by XLA (jit_compile, TPU)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util  # no public API
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 def xla_kernels_apply() -> bool:
     """Whether code traced now runs elementwise chains as XLA kernels (one pass over memory,
     not one per op): in a graph outside XLA, on a build that can XLA-compile. XLA fuses
     a * b + c into an FMA, so results may differ from the ops' in the last bit."""
     import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util  # no public API: an XLA trace?
-    return (not tf.executing_eagerly() and not control_flow_util.GraphOrParentsInXlaContext(
-        tf.compat.v1.get_default_graph()) and xla_cpu_available())
+    return not tf.executing_eagerly() and not in_xla_trace() and xla_cpu_available()

@@ -9,9 +9,10 @@ therefore mask, sample and drop out identically for the same global batch.
 
 import numpy as np
 import tensorflow as tf
-# No public API: the key/counter derivation TF's own stateless ops use for Philox, and
-# whether a trace is XLA's (jit_compile, TPU).
-from tensorflow.python.ops import control_flow_util, random_ops_util
+# No public API: the key/counter derivation TF's own stateless ops use for Philox.
+from tensorflow.python.ops import random_ops_util
+
+from electra_tf import compat
 
 _PHILOX = 1  # the `alg` enum of the V2 stateless random ops
 
@@ -22,7 +23,7 @@ def philox_key_counter(seed2):
     is ~40 (each a trace and graph-optimisation cost: a step calls this ~60 times). Not
     under XLA (jit_compile, TPU), whose kernel for that op scrambles negative seeds
     otherwise (and picks another generator on a TPU): there the Python form."""
-    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+    if compat.in_xla_trace():
         key, counter, _ = random_ops_util.get_key_counter_alg(seed2, "philox")
         return key, counter
     return tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed2)
