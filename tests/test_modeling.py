@@ -393,6 +393,29 @@ def _loss_and_grad_norm(model, ids, mask, seg, pos, seed=None, training=True):
 
 
 @pytest.mark.xla_cpu
+def test_blocks_on_rows_equal_blocks_on_sequences(tiny):
+    """Outside XLA the encoder runs its blocks on [B * L, H] rows: each block gives its
+    [B, L, H] form's numbers bit for bit (dropout too), and a graph of the encoder holds
+    no Keras tensordot plumbing (with an unknown batch size: ~15 shape ops a Dense)."""
+    ids, mask, seg, _ = _inputs()
+    x = tf.constant(np.random.RandomState(3).randn(B, L, TINY.hidden_size), tf.float32)
+    block = tiny.electra.blocks[0]
+    seed = tf.constant([5, 6, 0])
+    for training in (False, True):
+        seq = block(x, mask, training=training, seed=seed).numpy()
+        rows = block(tf.reshape(x, [B * L, -1]), mask, training=training, seed=seed).numpy()
+        np.testing.assert_array_equal(rows.reshape(seq.shape), seq)
+    spec = tf.TensorSpec([None, L], tf.int32)
+    graph = tf.function(lambda i, m, s: tiny.discriminator_hidden(i, m, s)).get_concrete_function(
+        spec, spec, spec).graph
+    assert graph.outputs[0].shape.as_list() == [None, L, TINY.hidden_size]
+    types = {op.type for op in graph.get_operations() if "/layer_" in op.name}
+    assert "MatMul" in types and not types & {"Prod", "GatherV2"}  # tensordot's own ops
+    np.testing.assert_allclose(tiny.discriminator_hidden(ids, mask, seg).numpy(),
+                               tf.function(tiny.discriminator_hidden)(ids, mask, seg).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_xla_compiled_train_like_step(tiny):
     ids, mask, seg, pos = _inputs()
 

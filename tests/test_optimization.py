@@ -279,6 +279,38 @@ def test_clip_by_global_norm():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("family", [opt_lib.AdamW, opt_lib.LAMB])
+def test_grad_scale_is_clipping_first(family):
+    """apply_gradients(grad_scale=clip_scale's) gives clip_by_global_norm-then-update's
+    numbers exactly; a non-finite norm with should_update=False changes nothing."""
+    grads = [[g * 3.0 for g in step] for step in make_grads(3, seed=5)]  # norms above 1
+    clipped = []
+    for step in grads:
+        out, _ = opt_lib.clip_by_global_norm([tf.constant(g) for g in step], 1.0)
+        clipped.append([g.numpy() for g in out])
+    want = run_tf(family(1e-2, weight_decay=0.01), make_variables(), clipped)
+    variables = make_variables()
+    optimizer = family(1e-2, weight_decay=0.01).build(variables)
+    for s, step in enumerate(grads):
+        scale, norm = opt_lib.clip_scale([tf.constant(g) for g in step], 1.0)
+        assert 0.0 < float(scale) < 1.0
+        optimizer.apply_gradients(zip([tf.constant(g) for g in step], variables),
+                                  tf.constant(s, tf.int64), grad_scale=scale,
+                                  should_update=tf.math.is_finite(norm))
+    for got, w in zip(variables, want):
+        np.testing.assert_array_equal(got.numpy(), w)
+    bad = [np.full_like(g, np.inf) for g in grads[0]]
+    scale, norm = opt_lib.clip_scale([tf.constant(g) for g in bad], 1.0)
+    assert float(scale) == 0.0 and not np.isfinite(float(norm))
+    optimizer.apply_gradients(zip([tf.constant(g) for g in bad], variables),
+                              tf.constant(3, tf.int64), grad_scale=scale,
+                              should_update=tf.math.is_finite(norm))
+    for got, w in zip(variables, want):
+        np.testing.assert_array_equal(got.numpy(), w)
+    for slot in optimizer.slot_variables().values():
+        assert np.all(np.isfinite(slot.numpy()))
+
+
 def test_clip_non_finite_gives_zeros():
     clipped, norm = opt_lib.clip_by_global_norm([tf.constant([np.inf, 1.0]),
                                                  tf.constant([2.0])], 1.0)
@@ -360,19 +392,20 @@ def test_graph_updates_are_one_xla_kernel_with_the_eager_numbers(family):
     grads = make_grads(3, seed=7)
     mults = {NAMES[0]: 0.5}
     eager = run_tf(family(1e-2, weight_decay=0.01), make_variables(), grads,
-                   lr_multipliers=mults)
+                   lr_multipliers=mults, grad_scale=tf.constant(0.75))
     variables = make_variables()
     optimizer = family(1e-2, weight_decay=0.01).build(variables)
 
     @tf.function(autograph=False)
     def apply(step_grads, step, ok):
         optimizer.apply_gradients(zip(step_grads, variables), step, lr_multipliers=mults,
-                                  should_update=ok)
+                                  should_update=ok, grad_scale=tf.constant(0.75))
     yes, no = tf.constant(True), tf.constant(False)
     graph = apply.get_concrete_function([tf.constant(g) for g in grads[0]],
                                         tf.constant(0, tf.int64), yes).graph
     assert optimizer._state.kernel is not None
-    assert not [op for op in graph.get_operations() if op.type == "Sqrt"]
+    # The multiplier, the gradient scale and the update all run in the kernels.
+    assert not [op for op in graph.get_operations() if op.type in ("Sqrt", "Mul")]
     for s, step_grads in enumerate(grads):
         apply([tf.constant(g) for g in step_grads], tf.constant(s, tf.int64), yes)
     for got, want in zip(variables, eager):

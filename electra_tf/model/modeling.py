@@ -106,7 +106,10 @@ def _mean_last(x):
     if not _MATVEC_MEANS:
         return tf.reduce_mean(x, axis=-1, keepdims=True)
     size = x.shape[-1]
-    mean = tf.matmul(tf.reshape(x, [-1, size]), tf.fill([size, 1], 1.0 / size))
+    ones = tf.fill([size, 1], 1.0 / size)
+    if x.shape.rank == 2:
+        return tf.matmul(x, ones)
+    mean = tf.matmul(tf.reshape(x, [-1, size]), ones)
     return tf.reshape(mean, tf.concat([tf.shape(x)[:-1], [1]], 0))
 
 
@@ -281,8 +284,8 @@ class TransformerLayer(keras.layers.Layer):
         passed as ints so that Keras' input casting cannot turn the float32 bias into the
         compute dtype; XLA folds the per-layer copies.)"""
         bias = attention_bias(input_mask, direction=self.direction)
-        shape = tf.shape(x)
-        batch, seq_len = shape[0], shape[1]
+        batch, seq_len = _batch_and_length(input_mask)
+        rows = x.shape.rank == 2  # [B * L, H] (Encoder's choice) or [B, L, H]
         scale = tf.cast(1.0 / math.sqrt(self.head_size), x.dtype)
         q = self._split_heads(self.query(x), batch, seq_len) * scale
         k = self._split_heads(self.key(x), batch, seq_len)
@@ -293,13 +296,22 @@ class TransformerLayer(keras.layers.Layer):
                         training, rng.fold(seed, 0))
         context = tf.matmul(probs, v)  # [B, N, L, D]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
-                             [batch, seq_len, self.hidden_size])
+                             [-1, self.hidden_size] if rows else [batch, seq_len, self.hidden_size])
         attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
                        training, rng.fold(seed, 1))
         x = self.attention_layer_norm(attn, residual=x)
         y = self.output_dense(self.intermediate(x))
         y = dropout(y, self.config.hidden_dropout_prob, training, rng.fold(seed, 2))
         return self.output_layer_norm(y, residual=x)
+
+
+def _batch_and_length(input_mask):
+    """(B, L) of a [B, L] tensor: Python ints where static, else scalar tensors."""
+    dims = input_mask.shape.as_list()
+    if None in dims:
+        shape = tf.shape(input_mask)
+        dims = [shape[i] if n is None else n for i, n in enumerate(dims)]
+    return tuple(dims)
 
 
 class Encoder(keras.layers.Layer):
@@ -350,8 +362,17 @@ class Encoder(keras.layers.Layer):
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         input_mask = tf.cast(input_mask, tf.int32)
+        # Outside XLA the blocks take [B * L, H] rows: Dense layers on 3-D inputs add ~15
+        # shape ops each to trace and optimise (half the inference graph), and 2-D lets
+        # Grappler fuse MatMul + BiasAdd. XLA compiles both alike; it keeps [B, L, H],
+        # whose reductions (bias gradients) it orders differently from the rows'.
+        rows = not compat.in_xla_trace()
+        if rows:
+            x = tf.reshape(x, [-1, self.hidden_size])
         for i, block in enumerate(self.blocks):
             x = block(x, input_mask, training=training, seed=rng.fold(seed, i + 1))
+        if rows:
+            x = tf.reshape(x, [*_batch_and_length(input_mask), self.hidden_size])
         return x
 
 

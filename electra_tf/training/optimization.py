@@ -203,12 +203,15 @@ class _AdamFamily(tf.Module):
         return tf.cast(self.learning_rate_fn(step), tf.float32)
 
     def apply_gradients(self, grads_and_vars: Iterable[Tuple[Any, Any]], step,
-                        lr_multipliers: LrMultipliers = None, should_update=None):
+                        lr_multipliers: LrMultipliers = None, should_update=None,
+                        grad_scale=None):
         """Updates the variables (and m, v) in place from gradients already aggregated over
         replicas (None skipped). `step`: updates applied so far (lr = learning_rate_fn(step),
         bias correction t = step + 1). `lr_multipliers`: {variable | var.ref() | name: float}
         or (variable, float) pairs. `should_update`: a boolean scalar; where False nothing
-        changes (selects, not a branch). Eager, in a tf.function or under `strategy.run`."""
+        changes (selects, not a branch). `grad_scale`: a float32 scalar the gradients are
+        multiplied by first (`clip_scale`'s; a non-finite gradient needs should_update=False).
+        Eager, in a tf.function or under `strategy.run`."""
         grads_and_vars = list(grads_and_vars)
         if not self.built and tf.executing_eagerly() and not tf.distribute.has_strategy():
             self.build(v for _, v in grads_and_vars)  # convenience for eager, one device
@@ -226,6 +229,8 @@ class _AdamFamily(tf.Module):
         scalars = self._step_scalars(step)
         if should_update is not None:
             scalars["should_update"] = tf.cast(should_update, tf.bool)
+        if grad_scale is not None:
+            scalars["grad_scale"] = tf.cast(grad_scale, tf.float32)
         # Multipliers travel as tensors through merge_call (never as closures over tensors),
         # one constant per distinct value.
         consts = {m: tf.constant(m, tf.float32) for m in set(multipliers.values())}
@@ -263,21 +268,26 @@ class _AdamFamily(tf.Module):
 
     def _update_variable(self, entry: _Entry, var, grad, mult, scalars):
         """Runs once per device copy of `var` (m and v resolve to the same device's copy)."""
-        lr = scalars["lr"] if mult is None else scalars["lr"] * mult
         new_values = self._new_values
         if compat.xla_kernels_apply():  # one pass over the variable, not ~20 ops
             new_values = self._state.kernel = self._state.kernel or tf.function(
                 self._new_values, jit_compile=True, autograph=False)
         param, m, v = new_values(tf.convert_to_tensor(var), tf.convert_to_tensor(entry.m),
-                                 tf.convert_to_tensor(entry.v), grad, lr, scalars,
+                                 tf.convert_to_tensor(entry.v), grad, mult, scalars,
                                  entry.decay, entry.excluded)
         entry.m.assign(m)
         entry.v.assign(v)
         var.assign(param)
 
-    def _new_values(self, param, m_old, v_old, grad, lr, scalars, decay, excluded):
-        """-> (param, m, v) after the update (the old ones if not scalars["should_update"])."""
+    def _new_values(self, param, m_old, v_old, grad, mult, scalars, decay, excluded):
+        """-> (param, m, v) after the update (the old ones if not scalars["should_update"]);
+        the learning rate is scalars["lr"] times `mult` (None: 1)."""
         dtype = param.dtype
+        lr = scalars["lr"] if mult is None else scalars["lr"] * mult
+        if "grad_scale" in scalars:  # as clip_by_global_norm: zeros where not finite
+            grad = grad * tf.cast(scalars["grad_scale"], grad.dtype)
+            if "should_update" in scalars:
+                grad = tf.where(scalars["should_update"], grad, tf.zeros([], grad.dtype))
         grad = tf.cast(grad, dtype)
         # float32 variables take the step's constants; another dtype converts the Python
         # floats directly (not through float32: the same rounding as always).
@@ -351,12 +361,10 @@ def global_norm(grads: Sequence) -> tf.Tensor:
     return tf.sqrt(tf.add_n(squares))
 
 
-def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
-    """-> (the gradients times min(1, clip_norm / global norm), the norm); no clipping for
-    clip_norm <= 0 or None; IndexedSlices stay so. A non-finite norm gives zeros (not
-    tf.clip_by_global_norm's NaNs), which still move AdamW/LAMB weights: to skip the step,
-    pass `should_update=tf.math.is_finite(norm)` to `apply_gradients`."""
-    grads = list(grads)
+def clip_scale(grads: Sequence, clip_norm: float = 1.0) -> Tuple[tf.Tensor, tf.Tensor]:
+    """-> (min(1, clip_norm / global norm), or 1 for clip_norm <= 0 or None, and 0 for a
+    non-finite norm; the norm): the factor `clip_by_global_norm` applies, or that
+    `apply_gradients(grad_scale=...)` applies inside the update (no pass of its own)."""
     norm = global_norm(grads)
     finite = tf.math.is_finite(norm)
     if clip_norm is None or clip_norm <= 0:
@@ -364,7 +372,17 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, 
     else:
         safe_norm = tf.where(finite, norm, 1.0)
         scale = float(clip_norm) / tf.maximum(safe_norm, float(clip_norm))
-    scale = tf.where(finite, scale, 0.0)
+    return tf.where(finite, scale, 0.0), norm
+
+
+def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
+    """-> (the gradients times `clip_scale`, the norm); IndexedSlices stay so. A non-finite
+    norm gives zeros (not tf.clip_by_global_norm's NaNs), which still move AdamW/LAMB
+    weights: to skip the step, pass `should_update=tf.math.is_finite(norm)` to
+    `apply_gradients`."""
+    grads = list(grads)
+    scale, norm = clip_scale(grads, clip_norm)
+    finite = tf.math.is_finite(norm)
 
     def _scale(values):
         scaled = values * tf.cast(scale, values.dtype)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from electra_tf import compat, rng
 from electra_tf.training import distribute
 from electra_tf.model.modeling import use_matvec_means
-from electra_tf.training.optimization import all_reduce_gradients, clip_by_global_norm, update_loss_scale
+from electra_tf.training.optimization import all_reduce_gradients, clip_scale, update_loss_scale
 
 # Keys of the step's metric sums that every replica reports identically (not shares).
 _PER_STEP = ("steps", "grad_norm_sum", "skipped")
@@ -220,11 +220,12 @@ class Trainer(abc.ABC):
         if self.float16:  # unscale (float32's loss scale is 1: nothing to undo)
             inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
             grads = [None if g is None else g * inv_scale for g in grads]
-        grads, norm = clip_by_global_norm(grads, self.clip_norm)
+        # Clipping scales the gradients inside the update (no pass of its own).
+        scale, norm = clip_scale(grads, self.clip_norm)
         finite = tf.math.is_finite(norm)
         self.optimizer.apply_gradients(zip(grads, self.variables), self.global_step,
                                        lr_multipliers=self.lr_multipliers,
-                                       should_update=finite)
+                                       should_update=finite, grad_scale=scale)
         if self.float16:  # halve on overflow, double after 2000 good steps
             update_loss_scale(self.loss_scale, self.good_steps, finite)
         self.global_step.assign_add(tf.cast(finite, tf.int64))
