@@ -32,10 +32,13 @@ def philox_key_counter(seed2):
 def fold_in(seed2, data) -> tf.Tensor:
     """`tf.random.experimental.stateless_fold_in(seed2, data, alg="philox")` for int32
     `data`: [a draw keyed by seed2, data]."""
+    return tf.stack([_drawn_int(seed2), tf.cast(data, tf.int32)])
+
+
+def _drawn_int(seed2) -> tf.Tensor:
     key, counter = philox_key_counter(seed2)
-    drawn = tf.raw_ops.StatelessRandomUniformFullIntV2(
+    return tf.raw_ops.StatelessRandomUniformFullIntV2(
         shape=tf.constant([], tf.int32), key=key, counter=counter, alg=_PHILOX, dtype=tf.int32)
-    return tf.stack([drawn, tf.cast(data, tf.int32)])
 
 
 def philox_uniform(shape, seed2) -> tf.Tensor:
@@ -54,13 +57,19 @@ def as_seed(seed) -> tf.Tensor:
     return seed
 
 
+def keys_and_row(seed) -> tuple:
+    """A [3] seed -> (its [2] keys, its first_row scalar): two ops, not two slices' eight."""
+    key0, key1, row = tf.unstack(as_seed(seed))
+    return tf.stack([key0, key1]), row
+
+
 def fold(seed, data) -> tf.Tensor:
     """A new independent seed from `seed` and the integer `data`; first_row is kept.
     None (no randomness: inference) stays None."""
     if seed is None:
         return None
-    seed = as_seed(seed)
-    return tf.concat([fold_in(seed[:2], data), seed[2:]], 0)
+    keys, row = keys_and_row(seed)
+    return tf.stack([_drawn_int(keys), tf.cast(data, tf.int32), row])  # fold_in's, + row
 
 
 def split(seed, num: int) -> tf.Tensor:

@@ -77,8 +77,7 @@ def dropout(x, rate: float, training: bool, seed=None):
     else:
         # TF's Philox draw keyed by the seed and the block's first row: 3x faster than the
         # row-exact `rng.uniform`, so masks depend on how the batch is split over replicas.
-        seed = rng.as_seed(seed)
-        u = rng.philox_uniform(tf.shape(x), rng.fold_in(seed[:2], seed[2]))
+        u = rng.philox_uniform(tf.shape(x), rng.fold_in(*rng.keys_and_row(seed)))
     keep = u >= rate
     return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
 
