@@ -278,13 +278,14 @@ class TransformerLayer(keras.layers.Layer):
         return tf.transpose(x, [0, 2, 1, 3])  # [B, N, L, D]
 
     def call(self, x, input_mask, training=False, seed=None):
-        """x [B, L, H] (compute dtype), input_mask [B, L] 1 = real token, 0 = padding;
+        """x [B, L, H] or [B * L, H] rows (compute dtype; the output takes the same form),
+        input_mask [B, L] 1 = real token, 0 = padding;
         `seed` (optional [2] int32) makes the three dropout masks stateless. (The mask is
         passed as ints so that Keras' input casting cannot turn the float32 bias into the
         compute dtype; XLA folds the per-layer copies.)"""
         bias = attention_bias(input_mask, direction=self.direction)
         batch, seq_len = _batch_and_length(input_mask)
-        rows = x.shape.rank == 2  # [B * L, H] (Encoder's choice) or [B, L, H]
+        rows = x.shape.rank == 2
         scale = tf.cast(1.0 / math.sqrt(self.head_size), x.dtype)
         q = self._split_heads(self.query(x), batch, seq_len) * scale
         k = self._split_heads(self.key(x), batch, seq_len)
