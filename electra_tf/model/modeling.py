@@ -362,11 +362,12 @@ class Encoder(keras.layers.Layer):
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         input_mask = tf.cast(input_mask, tf.int32)
-        # Outside XLA the blocks take [B * L, H] rows: Dense layers on 3-D inputs add ~15
-        # shape ops each to trace and optimise (half the inference graph), and 2-D lets
-        # Grappler fuse MatMul + BiasAdd. XLA compiles both alike; it keeps [B, L, H],
-        # whose reductions (bias gradients) it orders differently from the rows'.
-        rows = not compat.in_xla_trace()
+        # Inference outside XLA takes [B * L, H] rows: Dense layers on 3-D inputs with an
+        # unknown batch add ~15 shape ops each (half the graph to trace and optimise), and
+        # 2-D lets Grappler fuse MatMul + BiasAdd. Not under a tape: the fused gradient
+        # (oneDNN) differs from run to run in the last bits. XLA keeps [B, L, H], whose
+        # reductions it orders differently from the rows' (pre-training's numbers).
+        rows = not compat.in_xla_trace() and not record.could_possibly_record()
         if rows:
             x = tf.reshape(x, [-1, self.hidden_size])
         for i, block in enumerate(self.blocks):
