@@ -392,9 +392,8 @@ def _loss_and_grad_norm(model, ids, mask, seg, pos, seed=None, training=True):
     return loss, norm, len([g for g in grads if g is not None])
 
 
-@pytest.mark.xla_cpu
 def test_blocks_on_rows_equal_blocks_on_sequences(tiny):
-    """Outside XLA the encoder runs its blocks on [B * L, H] rows: each block gives its
+    """Inference outside XLA runs the blocks on [B * L, H] rows: each block gives its
     [B, L, H] form's numbers bit for bit (dropout too), and a graph of the encoder holds
     no Keras tensordot plumbing (with an unknown batch size: ~15 shape ops a Dense)."""
     ids, mask, seg, _ = _inputs()
@@ -416,6 +415,7 @@ def test_blocks_on_rows_equal_blocks_on_sequences(tiny):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.xla_cpu
 def test_xla_compiled_train_like_step(tiny):
     ids, mask, seg, pos = _inputs()
 
