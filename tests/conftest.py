@@ -15,11 +15,47 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "xla_cpu: checks XLA-compiled code on the CPU; skipped under a TensorFlow "
         "build without XLA:CPU (the TPU build, CI's second leg), which runs the step as a graph")
-    # The tiers (docs/testing.md): `-m "not subprocess and not e2e"` is the fast unit tier.
+    # The tiers (docs/testing.md): `-m UNIT_TIER` is the fast unit tier.
     config.addinivalue_line(
         "markers", "subprocess: starts Python processes or the command lines")
     config.addinivalue_line(
         "markers", "e2e: runs a whole pre-training or fine-tuning job (train, save, resume)")
+    config.addinivalue_line(
+        "markers", "slow: an in-process test that compiles or trains for ~10 s or more "
+        "(outside the fast unit tier)")
+    # The legs (docs/testing.md): CI's first leg runs every test; the other builds' legs
+    # run OTHER_LEGS: the in-process tiers, and the processes and whole jobs marked
+    # every_leg.
+    config.addinivalue_line(
+        "markers", "every_leg: a subprocess or e2e test that CI's other legs (the TPU build, "
+        "the JAX backend) run too: an import or version check, a command line or a whole "
+        "job whose outcome the build can change")
+
+
+# The -m expression of the fast unit tier (docs/testing.md: at most 5 minutes on two cores).
+UNIT_TIER = "not (subprocess or e2e or slow)"
+# The -m expression of CI's legs after the first (.ci/run).
+OTHER_LEGS = "every_leg or not (subprocess or e2e)"
+
+
+# A unit-tier test (no subprocess, e2e or slow marker) that takes longer than this is named
+# at the end of the run, so that it can be marked `slow` and the fast tier stay fast.
+SLOW_UNIT_SECONDS = 10.0
+_unmarked_slow = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > SLOW_UNIT_SECONDS and not (
+            {"subprocess", "e2e", "slow"} & set(report.keywords)):
+        _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_slow:
+        terminalreporter.section("unit-tier tests over %d s (mark them slow)"
+                                 % SLOW_UNIT_SECONDS)
+        for duration, nodeid in sorted(_unmarked_slow, reverse=True):
+            terminalreporter.write_line(f"{duration:6.1f} s  {nodeid}")
 
 
 def pytest_runtest_setup(item):

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pytest
 
+import forked_cli
 from conftest import NEWS, REPO, VOCAB, WIKI
 
 _spec = importlib.util.spec_from_file_location(
@@ -46,8 +47,10 @@ TRUNCATED = 1000  # bytes a truncated checkpoint data file keeps
 
 
 def _run(cmd, *args, timeout=300):
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout)
+    """`cmd args` run to the end (a process forked from one that has TensorFlow imported:
+    tests/forked_cli.py)."""
+    assert cmd[0] == sys.executable
+    return forked_cli.run([*cmd[1:], *args], timeout=timeout)
 
 
 def _tail(done):

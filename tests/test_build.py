@@ -16,6 +16,7 @@ from tfrecord_builder.build import BuildConfig, build
 from electra_tf.data.manifest import ManifestError, read_manifest, validate_manifest
 from electra_tf.text import Tokenizer, VocabError, vocab_info
 
+import forked_cli
 from conftest import REPO, VOCAB, WIKI, read_examples
 
 
@@ -212,7 +213,8 @@ def test_kill_9_then_rerun_completes(tmp_path):
     proc.wait()
     assert not (out / "manifest.json").exists()
     assert not any(n.startswith("pretrain_data") for n in os.listdir(out))
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert cmd[0] == sys.executable
+    done = forked_cli.run(cmd[1:])
     assert done.returncode == 0, done.stderr[-2000:]
     m = read_manifest(str(out))
     ref = build(_cfg(tmp_path / "ref", [corpus], num_shards=3, chunk_bytes=65536))
@@ -294,6 +296,7 @@ def test_cli_defaults_build_the_bundled_sample(tmp_path, sample_build):
                 or n in ("scipy.stats", "tensorflow_text.python.keras")]
 
 
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 def test_importing_the_builder_imports_no_keras_and_keras_still_imports_after():
     script = """if True:
@@ -320,9 +323,8 @@ def test_importing_the_builder_imports_no_keras_and_keras_still_imports_after():
 ])
 @pytest.mark.subprocess
 def test_cli_errors_are_one_line(tmp_path, args, needle):
-    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", "--num_workers=1",
-                           f"--output_dir={tmp_path / 'o'}"] + args,
-                          capture_output=True, text=True, cwd=REPO)
+    done = forked_cli.run(["-m", "tfrecord_builder", "--num_workers=1",
+                           f"--output_dir={tmp_path / 'o'}"] + args)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     errors = [l for l in done.stderr.splitlines() if "error" in l]
@@ -571,11 +573,11 @@ def test_cli_readme_example_with_1000_shards(tmp_path):
     """The README's flags on the bundled news sample (756 examples) with
     --num_shards=1000: the build succeeds and says how many shards are empty."""
     out = tmp_path / "x"
-    done = subprocess.run(
-        [sys.executable, "-m", "tfrecord_builder", "--input=data/corpus/lee_news_sample.txt",
+    done = forked_cli.run(
+        ["-m", "tfrecord_builder", "--input=data/corpus/lee_news_sample.txt",
          f"--output_dir={out}", "--vocab_file=data/vocab/bert_uncased_vocab.txt",
          "--do_lower_case", "--max_seq_length=128", "--num_shards=1000", "--num_workers=1",
-         "--seed=12345"], capture_output=True, text=True, cwd=REPO)
+         "--seed=12345"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == (f"756 examples, 73180 of 73180 corpus tokens kept (retention "
                            f"100.00%), 1000 shards (244 empty) in {out}\n")
@@ -753,8 +755,7 @@ def test_cli_full_disk_is_one_line_then_the_rerun_completes(tmp_path):
     assert not (out / "manifest.json").exists()
     assert sorted(os.listdir(out / ".building")) == ["pieces", "state.json"]
 
-    again = subprocess.run([sys.executable, "-m", "tfrecord_builder"] + flags,
-                           capture_output=True, text=True, cwd=REPO)
+    again = forked_cli.run(["-m", "tfrecord_builder"] + flags)
     assert again.returncode == 0, again.stderr[-2000:]
     ref = build(_cfg(tmp_path / "ref", [corpus], num_shards=3, chunk_bytes=8192))
     m = read_manifest(str(out))
@@ -799,9 +800,9 @@ def test_cli_summary_of_a_binary_file(tmp_path):
     corpus = tmp_path / "mixed.txt"
     corpus.write_bytes(b"good line one.\n\x00\xff\xfe binary\n\xff\xfe more junk\n"
                        b"a second good line.\n")
-    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
+    done = forked_cli.run(["-m", "tfrecord_builder", f"--input={corpus}",
                            f"--output_dir={tmp_path / 'o'}", "--num_workers=1",
-                           "--num_shards=1"], capture_output=True, text=True, cwd=REPO)
+                           "--num_shards=1"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == (
         f"1 examples, 9 of 9 corpus tokens kept (retention 100.00%), 1 shards in "

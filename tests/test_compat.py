@@ -141,6 +141,7 @@ def fake_old_tensorflow(tmp_path_factory):
     return str(root), name
 
 
+@pytest.mark.every_leg
 @pytest.mark.parametrize("cli", CLIS, ids=lambda c: c[-1] if c[0] != "-m" else c[1])
 @pytest.mark.subprocess
 def test_every_cli_stops_with_one_line_on_unsupported_tensorflow(cli, fake_old_tensorflow):
@@ -155,6 +156,7 @@ def test_every_cli_stops_with_one_line_on_unsupported_tensorflow(cli, fake_old_t
     assert proc.stdout == ""
 
 
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 def test_check_install_reports_this_install():
     """`python -m electra_tf.check_install`, the README's install check, on this machine:

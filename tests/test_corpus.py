@@ -3,8 +3,6 @@ one line naming the file; never a traceback, never a malformed example."""
 
 import gzip
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +11,8 @@ from tfrecord_builder.build import BuildConfig, build
 from tfrecord_builder.corpus import Chunk, LineStats, clean_lines, expand_inputs, iter_file_chunks
 from electra_tf.text import Tokenizer, vocab_info
 
-from conftest import REPO, VOCAB, WIKI, read_examples
+import forked_cli
+from conftest import VOCAB, WIKI, read_examples
 
 GOOD = ("The quick brown fox jumps over the lazy dog.\n"
         "It was not amused by the dog at all.\n\n"
@@ -172,9 +171,8 @@ def test_clean_lines_marks_documents():
 def test_cli_bad_input_is_one_line(tmp_path, content, needle):
     path = tmp_path / "blank.txt"
     path.write_bytes(content)
-    done = subprocess.run([sys.executable, "-m", "tfrecord_builder", f"--input={path}",
-                           f"--output_dir={tmp_path / 'o'}", "--num_workers=1"],
-                          capture_output=True, text=True, cwd=REPO)
+    done = forked_cli.run(["-m", "tfrecord_builder", f"--input={path}",
+                           f"--output_dir={tmp_path / 'o'}", "--num_workers=1"])
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert needle in done.stderr.strip().splitlines()[-1]
     assert not os.path.exists(tmp_path / "o" / "manifest.json")

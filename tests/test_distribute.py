@@ -5,14 +5,13 @@ network; the chief and its directories."""
 
 import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 import tensorflow as tf
 
+import forked_cli
 from electra_tf.training import distribute
 from electra_tf.training.distribute import (NO_TPU, TPU_GRPC, TPU_NODE, TPU_POD, TPU_VM,
                                    StrategyError, TpuHost, resolve_tpu_target)
@@ -303,11 +302,11 @@ def test_make_strategy_auto_on_this_machine(no_network):
      "run_finetuning: error: --strategy=cpu contradicts --tpu_zone=us-central2-b "
      "--gcp_project=p"),
 ])
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 def test_the_clis_pass_the_tpu_flags_on(tmp_path, script, flags, needle):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "KUBE_"))}
-    done = subprocess.run([sys.executable, script, f"--model_dir={tmp_path / 'm'}", *flags],
-                          capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    done = forked_cli.run([script, f"--model_dir={tmp_path / 'm'}", *flags], env=env)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(needle), done.stderr[-2000:]

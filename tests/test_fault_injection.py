@@ -6,6 +6,8 @@ import importlib.util
 import os
 import signal
 
+import pytest
+
 from conftest import REPO
 
 _spec = importlib.util.spec_from_file_location(
@@ -14,6 +16,8 @@ fi = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fi)
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path,
                                                                          sample_build):
     setup = fi.PretrainSetup(data=sample_build[0], steps=6, batch=4, save=2, loop=2, seed=7)

@@ -481,6 +481,7 @@ def test_get_final_text(pred, orig, lower, want):
     assert get_final_text(pred, orig, lower) == want
 
 
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 def test_no_tensorflow_import():
     code = ("import sys, electra_tf.finetune.squad; "

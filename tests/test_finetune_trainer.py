@@ -149,6 +149,7 @@ def trained(tmp_path_factory):
     return d, task, cfg, options, results
 
 
+@pytest.mark.every_leg
 @pytest.mark.e2e
 def test_run_learns_and_writes_results(trained):
     d, task, cfg, options, results = trained
@@ -246,6 +247,7 @@ def _in_memory_answers(trained):
     return server.serve_text(sentence=tf.constant(REQUESTS, tf.string))
 
 
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 @pytest.mark.e2e
 def test_export_serves_raw_text_like_the_model_in_a_fresh_process(trained):
@@ -517,6 +519,7 @@ def precision():
     distribute.set_precision("float32")
 
 
+@pytest.mark.slow
 def test_bfloat16_finetuning(tmp_path, precision):
     task, batch = toy_batch(str(tmp_path))
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")

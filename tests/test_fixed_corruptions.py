@@ -79,6 +79,7 @@ def test_fit_threshold_maximises_accuracy():
     assert fc.fit_threshold([0.1, 0.2], [1, 1]) < 0.1
 
 
+@pytest.mark.slow
 def test_draw_is_deterministic_and_labels_match(drawn, capsys):
     shard, judge_dir, out, meta = drawn
     a = _arrays(out)

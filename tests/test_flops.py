@@ -1,11 +1,10 @@
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 
 import flops_reference as ref
+import forked_cli
 from electra_tf.pretraining import flops
 from electra_tf.configs import apply_overrides, load_config
 
@@ -152,6 +151,7 @@ def test_profiler_counts_einsum_once_registered():
     assert total == 2 * 2 * 3 * 4 * 5 + 2 * 3 * 5 and unregistered == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_profiler_agrees_with_the_analytic_count(preset):
     cfg = load_config(preset)
@@ -176,8 +176,7 @@ def test_profiler_agrees_with_the_analytic_count(preset):
 def test_count_flops_cli_prints_the_library_numbers():
     args = ["--config", "small", "--num_train_steps", "2000", "--train_batch_size", "64",
             "--params_override", "model.generator_hidden_size=0.5", "--count_flops"]
-    proc = subprocess.run([sys.executable, "run_pretraining.py", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run(["run_pretraining.py", *args])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]]
             for line in proc.stdout.splitlines()

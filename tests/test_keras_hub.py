@@ -170,6 +170,7 @@ def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
     assert n == 40 and agree >= 0.99
 
 
+@pytest.mark.slow
 def test_text_classifier_from_preset_fine_tunes(exported):
     import keras
     from electra_tf.conversion.keras_hub_classifier import ElectraTextClassifier

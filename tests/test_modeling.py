@@ -194,6 +194,7 @@ def _check_name_map(model, cfg, show=False):
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["small", "base", "large"])
 def test_tf1_name_map_presets(preset):
     cfg = load_config(preset).model
@@ -415,6 +416,7 @@ def test_blocks_on_rows_equal_blocks_on_sequences(tiny):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.xla_cpu
 def test_xla_compiled_train_like_step(tiny):
     ids, mask, seg, pos = _inputs()

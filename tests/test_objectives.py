@@ -33,6 +33,7 @@ def test_every_spec_has_a_class_and_every_class_a_spec():
         assert cls.name == name and cls.__doc__ and cls.heads == SPECS[name].heads
 
 
+@pytest.mark.every_leg
 @pytest.mark.subprocess
 def test_specs_are_tensorflow_free_and_well_formed():
     code = "import sys, electra_tf.objective_specs; assert 'tensorflow' not in sys.modules"
@@ -216,6 +217,7 @@ def test_loss_terms_at_initialisation(name, batch):
         assert not terms, terms
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,phase", sorted(CHANGED))
 def test_one_compiled_step_changes_only_its_weights(name, phase, batch):
     trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(),
@@ -369,6 +371,7 @@ def test_electric_terms_recomposed_from_the_model(batch):
     assert float(sums["disc_label_pos"]) == labels.sum() == float(sums["mlm_weight"])
 
 
+@pytest.mark.slow
 def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
     """--generator_tying=gdes: the discriminator's term moves only its deltas (and its
     own LayerNorm), never the generator's tables; the generator's MLM term moves the
@@ -449,6 +452,7 @@ def test_fixed_generator_config():
         .objective.schedule() == ("exponential", 2.0, 1.0)
 
 
+@pytest.mark.slow
 def test_fixed_generator_step_trains_the_discriminator_only(batch):
     """No generator term, no gradient and no optimizer state for the generator; one
     compiled step changes every discriminator weight and no generator weight; the

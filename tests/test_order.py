@@ -51,6 +51,7 @@ def _pairs(ds, n):
     return [tuple(int(x) for x in r.decode().split(":")) for r in ds.take(n).as_numpy_iterator()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cycle,window", [(3, 1), (4, 7)])
 def test_stream_order_matches_its_contract_and_resumes_anywhere(cycle, window):
     counts = [5, 0, 9, 2, 7, 7, 1]  # ragged, an empty shard, a group of one at the end

@@ -22,6 +22,7 @@ from electra_tf.training import checkpoints, hardware, loop, preemption
 from electra_tf.training.loop import RunError, parse_profile_steps
 from electra_tf.training.options import PretrainingOptions
 
+import forked_cli
 from conftest import REPO, sigterm_after
 
 
@@ -82,13 +83,21 @@ def test_write_results_sorts_keys_and_checks_the_lease_first(tmp_path):
     assert open(path).read() == '{\n  "a": 0.5,\n  "b": 1\n}\n'
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, sample_build):
+    """A 6-step run of _cfg() straight through (ckpt-3, ckpt-6), made once for the resume
+    tests, which compare against its weights or work on a copy of it."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    pretrain.run(_cfg(), _options(run_dir, sample_build[0]))
+    return run_dir
+
+
+@pytest.mark.every_leg
 @pytest.mark.e2e
-def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
+def test_resume_gives_identical_weights(tmp_path, sample_build, straight, monkeypatch):
     """6 steps straight == 3 steps, a crash right after the checkpoint, then a rerun of
     the same command: same weights, bit for bit (data position and RNG are restored)."""
     data = sample_build[0]
-    straight = tmp_path / "straight"
-    pretrain.run(_cfg(), _options(straight, data))
 
     resumed = tmp_path / "resumed"
     real_save = tf.train.CheckpointManager.save
@@ -113,15 +122,15 @@ def test_resume_gives_identical_weights(tmp_path, sample_build, monkeypatch):
 
 @pytest.mark.e2e
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_the_same(
-        tmp_path, sample_build, caplog):
+        tmp_path, sample_build, straight, caplog):
     """The newest checkpoint truncated (a torn copy): the rerun names it, moves it to
     damaged_checkpoints/, resumes from the one before and ends bit-identical to an
     uninterrupted run; with every checkpoint damaged it stops, changing nothing."""
+    import shutil
     caplog.set_level("INFO", logger="absl")
     data = sample_build[0]
-    straight, run = tmp_path / "straight", tmp_path / "run"
-    pretrain.run(_cfg(), _options(straight, data))
-    pretrain.run(_cfg(), _options(run, data))
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)  # a finished 6-step run of the same command
     newest = run / "ckpt-6.data-00000-of-00001"
     size = newest.stat().st_size
     with open(newest, "r+b") as f:
@@ -185,6 +194,7 @@ def _learn(tmp_path, data, steps, **overrides):
                                    jit_compile=None))
 
 
+@pytest.mark.every_leg
 @pytest.mark.e2e
 def test_learning_on_the_bundled_sample(tmp_path, sample_build):
     """ELECTRA on the tiny preset: within 100 steps the generator's MLM loss falls by
@@ -212,8 +222,7 @@ def test_discriminator_learns_to_detect_replacements(tmp_path, sample_build):
 
 
 def _cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "run_pretraining.py", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+    return forked_cli.run(["run_pretraining.py", *args], cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -425,7 +434,7 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     import threading
 
     overrides = ",".join(f"{k}={v}" for k, v in dict(
-        train_batch_size=8, num_train_steps=40, save_checkpoints_steps=40, steps_per_loop=2,
+        train_batch_size=8, num_train_steps=16, save_checkpoints_steps=16, steps_per_loop=2,
         log_every_steps=2, warmup_steps=2).items())
     model_dir = tmp_path / "mw"
 
@@ -441,7 +450,7 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     reader.start()
     try:
         for line in procs[1].stderr:  # worker 1 under way: preempt it
-            if "step 4/40" in line:
+            if "step 4/16" in line:
                 procs[1].send_signal(signal.SIGTERM)
                 break
         procs[0].wait(timeout=240)
@@ -449,9 +458,9 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     finally:
         rest = _finish(procs, timeout=240)[1]
     assert [p.returncode for p in procs] == [75, 75], rest[-2000:]
-    # The chief saved at the agreed step, between the periodic saves (every 40).
+    # The chief saved at the agreed step, between the periodic saves (every 16).
     stopped = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
-    assert 4 <= stopped < 40
+    assert 4 <= stopped < 16
     assert f"SIGTERM at step {stopped}: saved " in rest, rest[-2000:]
     assert f"a preemption notice to another worker at step {stopped}: saved " \
         f"{model_dir}/ckpt-{stopped}" in "".join(chief_log), "".join(chief_log)[-2000:]
@@ -460,7 +469,7 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     logs = _finish(procs)
     assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:]
     assert f"(step {stopped})" in logs[0]  # resumed where the preemption saved
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-40")
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-16")
 
 
 def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):

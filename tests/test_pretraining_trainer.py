@@ -58,6 +58,7 @@ def test_losses_at_initialisation(sample_build):
     assert float(dens["mlm"]) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.xla_cpu
 def test_step_is_one_xla_program_traced_once(sample_build):
     trainer = _trainer()
@@ -77,6 +78,7 @@ def test_step_is_one_xla_program_traced_once(sample_build):
     assert second.loss < first.loss  # same batch, 7 updates: the loss falls
 
 
+@pytest.mark.slow
 def test_weights_change_and_float64_free(sample_build):
     trainer = _trainer(jit_compile=False)  # the same graph as XLA's input
     before = [v.numpy().copy() for v in trainer.variables]
@@ -88,6 +90,7 @@ def test_weights_change_and_float64_free(sample_build):
                 if any(t.dtype == tf.float64 for t in op.outputs)]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(sample_build):
     batch = _batch(sample_build[0], 16)
     # Masking and sampling draws follow the rows (electra_tf.rng); dropout keys by block.
@@ -157,6 +160,7 @@ def precision():
     distribute.set_precision("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
 def test_mixed_precision_step(sample_build, precision, name):
     """The compiled step under a mixed policy: float32 variables, a loss within a few

@@ -2,13 +2,12 @@
 (short) `objective=electric` pre-training run on the bundled sample."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import forked_cli
 from electra_tf import fileio
 from electra_tf.configs import load_config
 from electra_tf.text import TextEncoder
@@ -75,10 +74,9 @@ def test_the_cli_writes_one_row_per_text_line(electric_run, tmp_path):
     model_dir, _ = electric_run
     src, out = tmp_path / "in.txt", tmp_path / "scores.tsv"
     src.write_text("\n".join(TEXTS) + "\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "electra_tf.pretraining.score", f"--model_dir={model_dir}",
-         f"--input={src}", f"--output={out}", "--max_seq_length=16"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run(
+        ["-m", "electra_tf.pretraining.score", f"--model_dir={model_dir}",
+         f"--input={src}", f"--output={out}", "--max_seq_length=16"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split("\t") for line in out.read_text().splitlines()]
     assert [r[0] for r in rows] == ["1", "3", "4", "6"]  # blank lines 2 and 5 skipped

@@ -26,6 +26,7 @@ def _sample_lines():
                     "a" * 150 + " word", "ΟΔΟΣ ΑΧΙΛΛΕΥΣ İstanbul ǅ", "ctrl\x07char \ufffd x"]
 
 
+@pytest.mark.slow
 def test_ids_equal_reference_bert_uncased():
     """Every line of both bundled corpora (and some hard cases) gets exactly the ids of
     the reference BERT uncased algorithm."""
@@ -48,6 +49,7 @@ def test_cased_ids_equal_reference():
                for i, line in enumerate(lines))
 
 
+@pytest.mark.slow
 def test_reference_agrees_with_hugging_face():
     """Cross-check of the reference itself against transformers' BertTokenizer; they
     differ only where the Rust lower-casing ignores Greek final sigma."""

@@ -4,8 +4,6 @@ checked on their own, with the builder's tokenizer, and end to end through `buil
 import bz2
 import gzip
 import os
-import subprocess
-import sys
 import unicodedata
 
 import numpy as np
@@ -15,7 +13,8 @@ from tfrecord_builder import BuildError
 from tfrecord_builder import vocab_learning
 from electra_tf.text import SPECIAL_TOKENS, Tokenizer, read_wordpiece_vocab, vocab_info
 
-from conftest import REPO, WIKI
+import forked_cli
+from conftest import WIKI
 
 TRAIN_LINES = 3000
 VOCAB_SIZE = 2000
@@ -268,8 +267,7 @@ def test_errors(tmp_path, corpus_slice):
 
 def _cli(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "tfrecord_builder", "learn_vocab", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return forked_cli.run(["-m", "tfrecord_builder", "learn_vocab", *args], env=env)
 
 
 @pytest.mark.subprocess

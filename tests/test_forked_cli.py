@@ -1,0 +1,66 @@
+"""tests/forked_cli.py: a command forked from the command server ends as `python <argv>`
+in a fresh process does (exit code, stdout, stderr, working directory, environment, argv,
+an uncaught exception, a timeout), and a command whose start-up environment differs runs
+as a plain subprocess."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import forked_cli
+
+pytestmark = pytest.mark.subprocess
+
+SCRIPT = """
+import os, sys
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "var", os.environ.get("FORKED_CLI_VAR"))
+print("pid differs", os.getpid() != int(sys.argv[1]), file=sys.stderr)
+print("tensorflow", "tensorflow" in sys.modules, file=sys.stderr)
+if sys.argv[2] == "raise":
+    raise ValueError("boom")
+sys.exit(sys.argv[2] if not sys.argv[2].isdigit() else int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("how", ["0", "3", "a message", "raise"])
+def test_a_forked_command_ends_as_the_same_python_command(tmp_path, how):
+    env = dict(os.environ, FORKED_CLI_VAR="set")
+    argv = ["-c", SCRIPT, str(os.getpid()), how]
+    forked = forked_cli.run(argv, cwd=tmp_path, env=env)
+    plain = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                           cwd=tmp_path, env=env)
+    assert forked.returncode == plain.returncode == {"0": 0, "3": 3}.get(how, 1)
+    assert forked.stdout == plain.stdout == \
+        f"argv ['{os.getpid()}', '{how}'] cwd {tmp_path} var set\n"
+    # The same stderr, but that the server has TensorFlow imported already.
+    assert forked.stderr.splitlines()[0] == plain.stderr.splitlines()[0] == "pid differs True"
+    assert forked.stderr.splitlines()[1] == "tensorflow True"
+    assert plain.stderr.splitlines()[1] == "tensorflow False"
+    # What follows: nothing, the exit message, or the traceback's last line.
+    assert forked.stderr.splitlines()[2:][-1:] == plain.stderr.splitlines()[2:][-1:] == {
+        "0": [], "3": [], "a message": ["a message"], "raise": ["ValueError: boom"]}[how]
+
+
+def test_a_script_runs_as_main_from_its_directory(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("import sys\nprint(__name__, sys.path[0], sys.argv)\n")
+    done = forked_cli.run([str(script), "--x=1"], cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout == f"__main__ {tmp_path} ['{script}', '--x=1']\n"
+
+
+def test_a_command_past_its_timeout_is_killed():
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked_cli.run(["-c", "import time; print('started', flush=True); time.sleep(60)"],
+                       timeout=2)
+    # The server goes on serving.
+    assert forked_cli.run(["-c", "print('next')"]).stdout == "next\n"
+
+
+def test_a_start_up_variable_runs_a_plain_subprocess():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        os.environ.get("PYTHONPATH"), "/nonexistent"])))
+    done = forked_cli.run(["-c", "import sys; print('tensorflow' in sys.modules)"], env=env)
+    assert done.returncode == 0 and done.stdout == "False\n"
