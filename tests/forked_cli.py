@@ -36,6 +36,9 @@ STARTUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONDONTWR
                      "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TPU_LOAD_LIBRARY",
                      "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES", "KERAS_BACKEND",
                      "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS")
+# ... and by TensorFlow's Cloud Storage filesystem, which is set up when TensorFlow loads.
+STARTUP_PREFIXES = ("GCS_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "http_proxy",
+                    "HTTP_PROXY", "NO_GCE_CHECK", "STORAGE_EMULATOR")
 
 _server = None
 _lock = threading.Lock()
@@ -75,7 +78,9 @@ def _fallback_needed(env):
         return True
     if env is None:
         return False
-    return any(env.get(k) != os.environ.get(k) for k in STARTUP_VARIABLES)
+    names = set(STARTUP_VARIABLES) | {k for k in set(env) | set(os.environ)
+                                      if k.startswith(STARTUP_PREFIXES)}
+    return any(env.get(k) != os.environ.get(k) for k in names)
 
 
 def run(argv, cwd=REPO, timeout=300, env=None):
