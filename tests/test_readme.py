@@ -194,5 +194,18 @@ def test_the_link_check_catches_a_missing_file_and_anchor(monkeypatch, tmp_path)
                                        ("docs/a.md", "#not-a-heading")]
 
 
+def test_the_tier_and_leg_expressions_are_the_ones_the_docs_and_ci_use():
+    """The fast unit tier and the other legs' selection: conftest's expressions are the
+    ones the README, docs/testing.md and docs/install.md quote, and .ci/run reads the legs'
+    from conftest."""
+    import conftest
+    assert f'`-m "{conftest.UNIT_TIER}"`' in _read("README.md")
+    assert f'-m "{conftest.UNIT_TIER}" tests' in _read("docs/testing.md")
+    assert f'`-m "{conftest.OTHER_LEGS}"`' in _read("docs/testing.md")
+    assert f'-m "{conftest.OTHER_LEGS}" tests' in _read("docs/install.md")
+    assert "conftest.OTHER_LEGS" in _read(os.path.join(".ci", "run"))
+    assert conftest.UNIT_TIER == "not (subprocess or e2e or slow)"
+    assert conftest.OTHER_LEGS == "every_leg or not (subprocess or e2e)"
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
