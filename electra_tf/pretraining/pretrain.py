@@ -66,10 +66,10 @@ def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
 
 def _dataset(strategy, icfg: dataset.InputConfig, log: shards.ShardLog):
     """The run's input over its replicas. On one CPU device the step reads the pipeline
-    itself (the same batches, as its one input pipeline): a strategy's multi-device
-    iterator there only adds a host pipeline whose release waits for tf.data's autotuning
-    thread to wake by itself, up to a minute after the last step (30-37 s after a 6-step
-    run, measured)."""
+    itself (the same batches, as its one input pipeline) instead of through a strategy's
+    multi-device iterator, whose release waited 30-37 s for tf.data's autotuning thread
+    after the last step of 2 of 3 six-step runs. Not proven gone: one 600-step run of this
+    path still waited 20 s there (the old path 0.04 s in the same hour)."""
     if strategy.num_replicas_in_sync == 1 and distribute.is_cpu_only(strategy):
         return dataset.make_dataset(icfg, tf.distribute.InputContext(1, 0, 1), log)
     return strategy.distribute_datasets_from_function(
