@@ -12,8 +12,10 @@ stdout and stderr files and signal dispositions, and exits through the interpret
 shutdown (atexit handlers included), so its exit code, its output and what it leaves on
 disk are those of `python <argv>`. What differs is only what happens at import: TensorFlow's
 start-up messages are not printed again, and a command that must start without TensorFlow
-(the import checks) is run with `subprocess` instead. Commands whose environment differs
-from the test process's in a variable read at start-up fall back to `subprocess` too.
+(the import checks) is run with `subprocess` instead. A command whose environment differs
+from the test process's in a variable read at start-up (PYTHONPATH, Cloud Storage settings,
+...) is forked from a server started with that environment (one per such environment, kept
+for the test process's life: MAX_SERVERS in all, then `subprocess`).
 """
 
 import json
@@ -41,13 +43,17 @@ STARTUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONDONTWR
 STARTUP_PREFIXES = ("GCS_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "http_proxy",
                     "HTTP_PROXY", "NO_GCE_CHECK", "STORAGE_EMULATOR")
 
-_server = None
+# The server's own default for a variable it reads at start-up (see _serve).
+SERVER_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+MAX_SERVERS = 4
+
+_servers = {}  # start-up key -> _Server
 _lock = threading.Lock()
 
 
 class _Server:
-    def __init__(self):
-        env = dict(os.environ)
+    def __init__(self, env):
+        env = dict(env)
         self.log = tempfile.TemporaryFile(mode="w+")  # the server's own stderr
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -60,9 +66,9 @@ class _Server:
                                f"{self.log.read()[-3000:]}")
 
     def request(self, req, timeout):
+        """The command's exit code, or None once it ran past `timeout` (then killed)."""
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        """The command's exit code, or None once it ran past `timeout` (then killed)."""
         pid = json.loads(self.proc.stdout.readline())["pid"]
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
@@ -72,35 +78,40 @@ class _Server:
         return json.loads(self.proc.stdout.readline())["rc"]
 
 
-def _fallback_needed(env):
+def _on_a_gpu_machine():
     # The server initialises the framework's devices before it forks (so that their
     # start-up lines are printed once, by the server): never where a GPU is, whose driver
     # does not survive a fork.
-    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
-        return True
-    if env is None:
-        return False
-    names = set(STARTUP_VARIABLES) | {k for k in set(env) | set(os.environ)
-                                      if k.startswith(STARTUP_PREFIXES)}
-    return any(env.get(k) != os.environ.get(k) for k in names)
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+def startup_key(env):
+    """What of `env` a process reads when Python or TensorFlow start: commands with equal
+    keys can fork from one server."""
+    names = set(STARTUP_VARIABLES) | {k for k in env if k.startswith(STARTUP_PREFIXES)}
+    return tuple(sorted((k, env.get(k, SERVER_DEFAULTS.get(k))) for k in names))
 
 
 def run(argv, cwd=REPO, timeout=300, env=None):
     """`subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=cwd,
-    timeout=timeout, env=env)`, forked from the command server."""
-    global _server
+    timeout=timeout, env=env)`, forked from the command server of env's start-up key."""
     argv = [str(a) for a in argv]
-    if _fallback_needed(env):
-        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                              cwd=cwd, timeout=timeout, env=env)
+    env = dict(os.environ if env is None else env)
+    key = startup_key(env)
     with _lock:
-        if _server is None or _server.proc.poll() is not None:
-            _server = _Server()
+        server = _servers.get(key)
+        if server is not None and server.proc.poll() is not None:  # it died: a new one
+            del _servers[key]
+            server = None
+        if server is None and not _on_a_gpu_machine() and len(_servers) < MAX_SERVERS:
+            server = _servers[key] = _Server(env)
+        if server is None:
+            return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                                  cwd=cwd, timeout=timeout, env=env)
         with tempfile.TemporaryDirectory() as d:
             out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
-            req = {"argv": argv, "cwd": str(cwd), "env": dict(env or os.environ),
-                   "stdout": out, "stderr": err}
-            rc = _server.request(req, timeout)
+            req = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
+            rc = server.request(req, timeout)
             with open(out, encoding="utf-8", errors="replace") as f:
                 stdout = f.read()
             with open(err, encoding="utf-8", errors="replace") as f:
@@ -149,7 +160,8 @@ def _child(req):
 
 
 def _serve():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name, value in SERVER_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     import importlib
     for name in PRELOAD:
         importlib.import_module(name)

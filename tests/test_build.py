@@ -743,9 +743,7 @@ def test_cli_full_disk_is_one_line_then_the_rerun_completes(tmp_path):
         "cli._build = build_on_a_full_disk\n"
         f"sys.argv = ['tfrecord_builder'] + {flags!r}\n"
         "cli.run()\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=REPO, env=env)
+    done = forked_cli.run(["-c", script], cwd=REPO)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and done.stdout == ""
     errors = [l for l in done.stderr.splitlines() if "error" in l.lower()]

@@ -3,9 +3,6 @@
 
 import collections
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -15,6 +12,7 @@ import tensorflow as tf
 from conftest import REPO, SMALL_SEQ as SEQ, SMALL_SHARDS as NUM_SHARDS
 from electra_tf.data.dataset import InputConfig, make_dataset
 from electra_tf.data.files import FEATURE_NAMES, InputDataError, resolve_files, shard_files
+import forked_cli
 
 VOCAB_SIZE = 30522
 
@@ -211,12 +209,9 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.subprocess
 def test_mirrored_strategy_two_cpu_replicas(data_dir):
-    # A subprocess: logical devices can only be configured before TF initializes them,
+    # Another process: logical devices can only be configured before TF initializes them,
     # which other tests in this process have already done.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, data_dir], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = forked_cli.run(["-c", MIRRORED_SCRIPT, data_dir], cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["contexts"] == [[1, 0, 2]]  # one pipeline on this host, 2 replicas

@@ -28,6 +28,7 @@ from electra_tf.training.preemption import PREEMPTED_EXIT_CODE
 from ram_paths import forget
 
 from conftest import REPO, finetune_tiny_model, sigterm_after, write
+import forked_cli
 
 VOCAB = "data/vocab/bert_uncased_vocab.txt"
 TINY = finetune_tiny_model()
@@ -262,8 +263,7 @@ reqs = {REQUESTS!r}
 out = m.signatures["serving_default"](sentence=tf.constant(reqs, tf.string))
 print(json.dumps({{k: v.numpy().tolist() for k, v in out.items() if k != "label"}}))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    proc = forked_cli.run(["-c", code], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     mine = _in_memory_answers(trained)
@@ -495,9 +495,7 @@ def test_two_replicas_equal_one_device(tmp_path):
     step on one device with the same global batch of 16 and the same weights (dropout off;
     the loss is divided by the global batch, gradients are summed over replicas)."""
     code = REPLICA_SCRIPT.format(tests=os.path.join(REPO, "tests"), data=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    done = forked_cli.run(["-c", code], cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["replicas"] == 2

