@@ -4,28 +4,38 @@ TensorFlow's import (6 s on an idle core, 12-15 s while the suite runs) for each
 command.
 
 `run(argv, cwd=..., timeout=...)` behaves as `subprocess.run([sys.executable, *argv],
-capture_output=True, text=True, ...)`: argv is a script path, `-m module` or `-c code`
-and its arguments; the command runs as `__main__` in a child process of a per-test-process
-server (this file run as a script) that imported PRELOAD and nothing else of the command.
-The child has its own pid, working directory, environment, argv, stdin (/dev/null),
-stdout and stderr files and signal dispositions, and exits through the interpreter's own
-shutdown (atexit handlers included), so its exit code, its output and what it leaves on
-disk are those of `python <argv>`. What differs is only what happens at import: TensorFlow's
-start-up messages are not printed again, and a command that must start without TensorFlow
-(the import checks) is run with `subprocess` instead. A command whose environment differs
-from the test process's in a variable read at start-up (PYTHONPATH, Cloud Storage settings,
-...) is forked from a server started with that environment (one per such environment, kept
-for the test process's life: MAX_SERVERS in all, then `subprocess`).
+capture_output=True, text=True, ...)` and `start(argv, ...)` as `subprocess.Popen(...)`
+(pid, poll, wait, communicate, send_signal, kill, stdout/stderr pipes or files): argv is a
+script path, `-m module` or `-c code` and its arguments; the command runs as `__main__` in
+a child process of a per-test-process server (this file run as a script) that imported
+PRELOAD and nothing else of the command. Several commands may run at once (the workers of
+one job, two runs on one directory). The child has its own pid, working directory,
+environment, argv, stdin (/dev/null), stdout and stderr and signal dispositions, and exits
+through the interpreter's own shutdown (atexit handlers included), so its exit code, its
+output and what it leaves on disk are those of `python <argv>`. What differs is only what
+happens at import: TensorFlow's start-up messages are not printed again, and a command
+that must start without TensorFlow (the import checks) is run with `subprocess` instead. A
+command whose environment differs from the test process's in a variable read at start-up
+(PYTHONPATH, Cloud Storage settings, ...) is forked from a server started with that
+environment (one per such environment, kept for the test process's life: MAX_SERVERS in
+all, then `subprocess`).
+
+The server and the test process talk over a Unix socket pair: a request carries the
+command and the file descriptors of its stdout and stderr (pipes or files the test process
+opened), the server answers with the child's pid and, when it has reaped it, its exit code.
 """
 
+import io
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the server imports before it forks: the framework and the modules every command
@@ -42,40 +52,163 @@ STARTUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONDONTWR
 # ... and by TensorFlow's Cloud Storage filesystem, which is set up when TensorFlow loads.
 STARTUP_PREFIXES = ("GCS_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "http_proxy",
                     "HTTP_PROXY", "NO_GCE_CHECK", "STORAGE_EMULATOR")
-
 # The server's own default for a variable it reads at start-up (see _serve).
 SERVER_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 MAX_SERVERS = 4
+_MESSAGE = 1 << 20  # the largest request or reply (a command and its environment)
+
+PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
 
 _servers = {}  # start-up key -> _Server
 _lock = threading.Lock()
 
 
 class _Server:
-    def __init__(self, env):
-        env = dict(env)
-        self.log = tempfile.TemporaryFile(mode="w+")  # the server's own stderr
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, cwd=REPO, env=env, text=True,
-                                     bufsize=1)
-        ready = self.proc.stdout.readline()
-        if ready.strip() != "ready":
-            self.log.seek(0)
-            raise RuntimeError(f"the command server did not start: {ready!r}\n"
-                               f"{self.log.read()[-3000:]}")
+    """One server process and a thread that reads its replies."""
 
-    def request(self, req, timeout):
-        """The command's exit code, or None once it ran past `timeout` (then killed)."""
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        pid = json.loads(self.proc.stdout.readline())["pid"]
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            self.proc.stdout.readline()
+    def __init__(self, env):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile(mode="w+")  # the server's own stderr
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log, cwd=REPO,
+            env=dict(env), pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.sock = mine
+        self.send_lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.pids, self.exits = {}, {}  # request id -> pid; pid -> exit code
+        self.next_id = 0
+        if self._receive() != {"ready": True}:
+            self.log.seek(0)
+            raise RuntimeError(f"the command server did not start:\n{self.log.read()[-3000:]}")
+        threading.Thread(target=self._read_replies, daemon=True).start()
+
+    def _receive(self):
+        data = self.sock.recv(_MESSAGE)
+        return json.loads(data) if data else None
+
+    def _read_replies(self):
+        while True:
+            try:
+                reply = self._receive()
+            except OSError:
+                reply = None
+            with self.changed:
+                if reply is None:  # the server ended: its children's codes are lost
+                    self.dead = True
+                elif "exit" in reply:
+                    self.exits[reply["exit"]] = reply["rc"]
+                else:
+                    self.pids[reply["id"]] = reply["pid"]
+                self.changed.notify_all()
+            if reply is None:
+                return
+
+    dead = False
+
+    def spawn(self, argv, cwd, env, fds):
+        """Starts the command with stdout, stderr on `fds`; returns its pid."""
+        with self.send_lock:
+            self.next_id += 1
+            ident = self.next_id
+            req = json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env})
+            socket.send_fds(self.sock, [req.encode()], fds)
+        with self.changed:
+            self.changed.wait_for(lambda: ident in self.pids or self.dead)
+            if self.dead:
+                raise RuntimeError("the command server ended")
+            return self.pids.pop(ident)
+
+    def wait(self, pid, timeout):
+        """The exit code of `pid`, or None if it still runs after `timeout` seconds."""
+        with self.changed:
+            self.changed.wait_for(lambda: pid in self.exits or self.dead, timeout)
+            if pid in self.exits:
+                return self.exits[pid]
+            if self.dead:
+                raise RuntimeError("the command server ended before its command")
             return None
-        return json.loads(self.proc.stdout.readline())["rc"]
+
+
+class Process:
+    """What `subprocess.Popen` gives for a command forked from a server."""
+
+    def __init__(self, server, argv, cwd, env, stdout, stderr):
+        self.args = [sys.executable, *argv]
+        self.returncode = None
+        self._server = server
+        self.stdout = self.stderr = None
+        fds, close = [], []
+        for name, how in (("stdout", stdout), ("stderr", stderr)):
+            if how == PIPE:
+                read, write = os.pipe()
+                setattr(self, name, io.open(read, "r", encoding="utf-8", errors="replace"))
+                fds.append(write)
+                close.append(write)
+            elif how == DEVNULL:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                fds.append(fd)
+                close.append(fd)
+            elif how is None:  # this process's own (as a plain child inherits them)
+                fds.append(1 if name == "stdout" else 2)
+            else:
+                fds.append(how if isinstance(how, int) else how.fileno())
+        try:
+            self.pid = server.spawn(argv, cwd, env, fds)
+        finally:
+            for fd in close:
+                os.close(fd)
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self._server.wait(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = self._server.wait(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) read to their ends (None where not a pipe), then the exit."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = {}
+        readers = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()),
+                                    daemon=True)
+                   for n, f in (("stdout", self.stdout), ("stderr", self.stderr)) if f]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if r.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for f in (self.stdout, self.stderr):
+            if f:
+                f.close()
+        return out.get("stdout"), out.get("stderr")
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for f in (self.stdout, self.stderr):
+            if f:
+                f.close()
+        self.wait()
 
 
 def _on_a_gpu_machine():
@@ -92,56 +225,88 @@ def startup_key(env):
     return tuple(sorted((k, env.get(k, SERVER_DEFAULTS.get(k))) for k in names))
 
 
+def _server_for(env):
+    """The server for env's start-up key (started if need be), or None: run a subprocess."""
+    key = startup_key(env)
+    with _lock:
+        server = _servers.get(key)
+        if server is not None and (server.dead or server.proc.poll() is not None):
+            del _servers[key]  # it died: a new one
+            server = None
+        if server is None and not _on_a_gpu_machine() and len(_servers) < MAX_SERVERS:
+            server = _servers[key] = _Server(env)
+        return server
+
+
+def start(argv, cwd=REPO, env=None, stdout=None, stderr=None, nice=0):
+    """`subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout,
+    stderr=stderr, text=True)` (stdout, stderr: PIPE, DEVNULL, None or an open file),
+    forked from the command server of env's start-up key; `nice` as os.nice in the child."""
+    argv = [str(a) for a in argv]
+    env = dict(os.environ if env is None else env)
+    if nice:
+        env["FORKED_CLI_NICE"] = str(nice)
+    server = _server_for(env)
+    if server is None:
+        env.pop("FORKED_CLI_NICE", None)
+        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout,
+                                stderr=stderr, text=True,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    return Process(server, argv, cwd, env, stdout, stderr)
+
+
 def run(argv, cwd=REPO, timeout=300, env=None):
     """`subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=cwd,
     timeout=timeout, env=env)`, forked from the command server of env's start-up key."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
-    key = startup_key(env)
-    with _lock:
-        server = _servers.get(key)
-        if server is not None and server.proc.poll() is not None:  # it died: a new one
-            del _servers[key]
-            server = None
-        if server is None and not _on_a_gpu_machine() and len(_servers) < MAX_SERVERS:
-            server = _servers[key] = _Server(env)
-        if server is None:
-            return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                                  cwd=cwd, timeout=timeout, env=env)
-        with tempfile.TemporaryDirectory() as d:
-            out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
-            req = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
-            rc = server.request(req, timeout)
-            with open(out, encoding="utf-8", errors="replace") as f:
-                stdout = f.read()
-            with open(err, encoding="utf-8", errors="replace") as f:
-                stderr = f.read()
-    if rc is None:
+    if _server_for(env) is None:
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                              cwd=cwd, timeout=timeout, env=env)
+    # Files, not pipes: nothing to drain while waiting.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = start(argv, cwd=cwd, env=env, stdout=out, stderr=err)
+        try:
+            proc.wait(timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            timed_out = True
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if timed_out:
         raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, stdout, stderr)
-    return subprocess.CompletedProcess([sys.executable, *argv], rc, stdout, stderr)
+    return subprocess.CompletedProcess([sys.executable, *argv], proc.returncode, stdout, stderr)
 
 
 # ------------------------------------------------------------------------------ the server
 
 
-def _child(req):
+def _child(req, fds):
     """In the forked child: become `python <argv>`. Returns if the command ends without
     exiting; its SystemExit or exception propagates to the interpreter's own exit."""
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
-                            (1, req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        opened = os.open(path, flags, 0o644)
-        os.dup2(opened, fd)
-        os.close(opened)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for target, fd in zip((1, 2), fds):  # fds: received, so never 0-2 (open in the server)
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", closefd=False)  # line-buffered only on a terminal, as python
     sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
+    nice = int(os.environ.pop("FORKED_CLI_NICE", "0"))
+    if nice:
+        os.nice(nice)
     argv = req["argv"]
     import runpy
     if argv[0] == "-m":
@@ -159,7 +324,7 @@ def _child(req):
         runpy.run_path(script, run_name="__main__")
 
 
-def _serve():
+def _serve(sock):
     for name, value in SERVER_DEFAULTS.items():
         os.environ.setdefault(name, value)
     import importlib
@@ -168,24 +333,36 @@ def _serve():
     # The platforms' start-up lines (no CUDA driver, ...) here, not in each command's
     # stderr; this starts no thread.
     sys.modules["tensorflow"].config.list_physical_devices()
-    replies = os.fdopen(os.dup(1), "w", buffering=1)
-    requests = sys.stdin
-    replies.write("ready\n")
-    for line in requests:
-        req = json.loads(line)
+    sock.send(json.dumps({"ready": True}).encode())
+    children = set()
+    while True:
+        # Reap every child that ended (a 50 ms poll: no signal handler to race with fork).
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                sock.send(json.dumps({"exit": pid,
+                                      "rc": os.waitstatus_to_exitcode(status)}).encode())
+        ready, _, _ = select.select([sock], [], [], 0.05)
+        if not ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, _MESSAGE, 2)
+        if not data:  # the test process ended
+            return
+        req = json.loads(data)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            replies.close()
-            requests.close()
-            _child(req)
+            sock.close()
+            _child(req, fds)
             return  # the interpreter's normal exit, with the command's exit code
-        replies.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
 
 
 if __name__ == "__main__":
     sys.path[0] = REPO
-    _serve()
+    _serve(socket.socket(fileno=int(sys.argv[1])))

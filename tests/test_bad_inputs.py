@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -317,8 +316,9 @@ def _start(cmd, log_path, nice=0):
     """A command with its stderr in a file (no pipe to fill while the test waits)."""
     log = open(log_path, "w")
     try:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
-                                text=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        assert cmd[0] == sys.executable
+        return forked_cli.start(cmd[1:], cwd=REPO, stdout=forked_cli.DEVNULL, stderr=log,
+                                nice=nice)
     finally:
         log.close()
 

@@ -202,7 +202,8 @@ def test_kill_9_then_rerun_completes(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "tfrecord_builder", f"--input={corpus}",
            f"--output_dir={out}", "--num_workers=1", "--num_shards=3", "--chunk_bytes=65536"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    proc = forked_cli.start(cmd[1:], stdout=forked_cli.DEVNULL, stderr=forked_cli.DEVNULL,
+                            cwd=REPO)
     pieces = out / ".building" / "pieces"
     deadline = time.time() + 60
     while time.time() < deadline:

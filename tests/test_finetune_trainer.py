@@ -289,12 +289,11 @@ def test_export_signatures_and_bad_requests(trained):
                  "inputs['sentence']", "outputs['probabilities']", "inputs['input_ids']"):
         assert name in proc.stdout
     # `run` needs the tensorflow-text ops: our wrapper registers them.
-    proc = subprocess.run([sys.executable, "-m", "electra_tf.conversion.saved_model_cli", "run",
+    proc = forked_cli.run(["-m", "electra_tf.conversion.saved_model_cli", "run",
                            "--dir", results["export"]["task"], "--tag_set", "serve",
                            "--signature_def", "serving_default", "--input_exprs",
                            "sentence=['a great story', 'the plot was dull']"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                          timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Result for output key label_id:\n[1 0]" in proc.stdout, proc.stdout
     loaded = tf.saved_model.load(results["export"]["task"])
@@ -416,13 +415,12 @@ def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypat
 
 @pytest.mark.subprocess
 def test_cli_bad_flags_one_line(tmp_path):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     # (A bad --init_checkpoint is tested in test_finetune_model; each process costs ~7 s.)
     cases = [(["--task", "nosuch", "--init_checkpoint", "none"], "is not a known task")]
     for args, message in cases:
-        proc = subprocess.run([sys.executable, os.path.join(REPO, "run_finetuning.py"),
+        proc = forked_cli.run([os.path.join(REPO, "run_finetuning.py"),
                                "--model_dir", str(tmp_path / "m"), "--config", "tiny"] + args,
-                              capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+                              timeout=300, cwd=REPO)
         assert proc.returncode == 1, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("run_finetuning: error:") and message in last, last
@@ -569,7 +567,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
             "--train_batch_size=8", "--eval_batch_size=8", "--num_train_epochs=12",
             "--save_checkpoints_steps=4", "--learning_rate=1e-3", "--strategy=cpu"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
+    proc = forked_cli.start(args[1:], cwd=REPO, stderr=forked_cli.PIPE, env=env)
     seen, rest = sigterm_after(proc, " step 4/96 ")
     assert proc.returncode == PREEMPTED_EXIT_CODE == 75, (seen + rest)[-3000:]
     last = rest.strip().splitlines()[-1]
@@ -582,8 +580,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     assert not (model_dir / "results.json").exists()
     assert not (model_dir / "trial_0" / "result.json").exists()
 
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=env)
+    done = forked_cli.run(args[1:], cwd=REPO, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Resumed from {saved} (step {step})" in done.stderr, done.stderr[-3000:]
     steps = [int(x.split(" step ")[1].split("/")[0]) for x in done.stderr.splitlines()

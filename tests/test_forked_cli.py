@@ -79,3 +79,34 @@ def test_a_start_up_variable_gets_a_server_started_with_it():
     assert forked_cli.startup_key(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")) == \
         forked_cli.startup_key({k: v for k, v in os.environ.items()
                                 if k != "TF_CPP_MIN_LOG_LEVEL"})
+
+
+WAITER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+print("out", sys.argv[1], flush=True)
+print("started", sys.argv[1], file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+def test_started_commands_run_at_once_and_take_signals_as_popen_ones_do(tmp_path):
+    """Two commands at once; each one's stderr is read line by line while it runs; SIGTERM
+    (handled: exit 75) and SIGKILL (-9) end them with Popen's return codes."""
+    log = open(tmp_path / "b.log", "w")
+    a = forked_cli.start(["-c", WAITER, "a"], stdout=forked_cli.PIPE, stderr=forked_cli.PIPE)
+    b = forked_cli.start(["-c", WAITER, "b"], stdout=forked_cli.DEVNULL, stderr=log)
+    log.close()
+    plain = subprocess.Popen([sys.executable, "-c", WAITER, "p"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert a.stderr.readline() == "started a\n" and plain.stderr.readline() == "started p\n"
+    assert a.poll() is None and b.poll() is None and a.pid != b.pid
+    with pytest.raises(subprocess.TimeoutExpired):
+        a.wait(0.2)
+    for proc in (a, plain):
+        proc.send_signal(15)
+        assert proc.communicate(timeout=60) == ("out %s\n" % proc.args[-1], "")
+        assert proc.returncode == 75
+    b.kill()
+    assert b.wait(60) == -9 and b.poll() == -9
+    assert (tmp_path / "b.log").read_text() == "started b\n"

@@ -7,8 +7,6 @@ import logging
 import math
 import os
 import re
-import subprocess
-import sys
 import uuid
 
 import numpy as np
@@ -280,12 +278,12 @@ def _free_ports(n):
     return ports
 
 
-def _start_workers(script, model_dir, data, overrides, stdout=subprocess.PIPE):
+def _start_workers(script, model_dir, data, overrides, stdout=forked_cli.PIPE):
     """Two worker processes of one MultiWorkerMirroredStrategy job on localhost."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-    return [subprocess.Popen(
-        [sys.executable, "-c", script, str(model_dir), data, overrides], cwd=REPO,
-        stdout=stdout, stderr=subprocess.PIPE, text=True,
+    return [forked_cli.start(
+        ["-c", script, str(model_dir), data, overrides], cwd=REPO,
+        stdout=stdout, stderr=forked_cli.PIPE,
         env=dict(os.environ, TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": i}})))
         for i in range(2)]
@@ -386,8 +384,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build
             "--num_train_steps=400", "--train_batch_size=8", "--steps_per_loop=2",
             "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2",
             "--nojit_compile"]
-    proc = subprocess.Popen([sys.executable, "run_pretraining.py", *args], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
+    proc = forked_cli.start(["run_pretraining.py", *args], cwd=REPO, stderr=forked_cli.PIPE)
     _, rest = sigterm_after(proc, " step 4/400 ")
     assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, rest[-2000:]
     last = rest.strip().splitlines()[-1]
@@ -443,7 +440,7 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
 
     def start():
         return _start_workers(PREEMPTIBLE_WORKER_SCRIPT, model_dir, sample_build[0],
-                              overrides, stdout=subprocess.DEVNULL)
+                              overrides, stdout=forked_cli.DEVNULL)
 
     procs = start()
     # Drain the chief's stderr so that it never blocks on a full pipe.
