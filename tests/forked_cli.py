@@ -39,8 +39,11 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the server imports before it forks: the framework and the modules every command
-# line imports (its flags and its own module stay for the child).
-PRELOAD = ("tensorflow", "keras", "tensorflow_text", "numpy", "electra_tf",
+# line imports (its flags and its own module stay for the child). electra_tf first, as
+# every command line does: it sets up the TPU build's runtime before TensorFlow loads
+# (compat.configure_tpu_library; imported first, the TPU build on a host without TPU
+# chips waits for one).
+PRELOAD = ("electra_tf", "tensorflow", "keras", "tensorflow_text", "numpy",
            "electra_tf.pretraining.pretrain", "electra_tf.finetune.cli",
            "electra_tf.conversion.convert", "tfrecord_builder.build")
 # Variables read when Python or TensorFlow start: a command given other values of these
@@ -55,6 +58,7 @@ STARTUP_PREFIXES = ("GCS_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "h
 # The server's own default for a variable it reads at start-up (see _serve).
 SERVER_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 MAX_SERVERS = 4
+START_TIMEOUT = 300  # seconds for a server's imports
 _MESSAGE = 1 << 20  # the largest request or reply (a command and its environment)
 
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
@@ -79,9 +83,17 @@ class _Server:
         self.changed = threading.Condition()
         self.pids, self.exits = {}, {}  # request id -> pid; pid -> exit code
         self.next_id = 0
-        if self._receive() != {"ready": True}:
+        self.sock.settimeout(START_TIMEOUT)
+        try:
+            ready = self._receive()
+        except socket.timeout:
+            self.proc.kill()
+            ready = "no reply within %d s" % START_TIMEOUT
+        if ready != {"ready": True}:
             self.log.seek(0)
-            raise RuntimeError(f"the command server did not start:\n{self.log.read()[-3000:]}")
+            raise RuntimeError(f"the command server did not start ({ready}):\n"
+                               f"{self.log.read()[-3000:]}")
+        self.sock.settimeout(None)
         threading.Thread(target=self._read_replies, daemon=True).start()
 
     def _receive(self):
