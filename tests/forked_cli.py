@@ -47,7 +47,7 @@ PRELOAD = ("electra_tf", "tensorflow", "keras", "tensorflow_text", "numpy",
            "electra_tf.pretraining.pretrain", "electra_tf.finetune.cli",
            "electra_tf.conversion.convert", "tfrecord_builder.build")
 # Variables read when Python or TensorFlow start: a command given other values of these
-# runs as a plain subprocess.
+# forks from a server started with them.
 STARTUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
                      "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TPU_LOAD_LIBRARY",
                      "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES", "KERAS_BACKEND",
@@ -83,6 +83,7 @@ class _Server:
         self.changed = threading.Condition()
         self.pids, self.exits = {}, {}  # request id -> pid; pid -> exit code
         self.next_id = 0
+        self.dead = False  # the server ended
         self.sock.settimeout(START_TIMEOUT)
         try:
             ready = self._receive()
@@ -117,14 +118,13 @@ class _Server:
             if reply is None:
                 return
 
-    dead = False
-
-    def spawn(self, argv, cwd, env, fds):
+    def spawn(self, argv, cwd, env, fds, nice):
         """Starts the command with stdout, stderr on `fds`; returns its pid."""
         with self.send_lock:
             self.next_id += 1
             ident = self.next_id
-            req = json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env})
+            req = json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env,
+                              "nice": nice})
             socket.send_fds(self.sock, [req.encode()], fds)
         with self.changed:
             self.changed.wait_for(lambda: ident in self.pids or self.dead)
@@ -146,7 +146,7 @@ class _Server:
 class Process:
     """What `subprocess.Popen` gives for a command forked from a server."""
 
-    def __init__(self, server, argv, cwd, env, stdout, stderr):
+    def __init__(self, server, argv, cwd, env, stdout, stderr, nice=0):
         self.args = [sys.executable, *argv]
         self.returncode = None
         self._server = server
@@ -167,7 +167,7 @@ class Process:
             else:
                 fds.append(how if isinstance(how, int) else how.fileno())
         try:
-            self.pid = server.spawn(argv, cwd, env, fds)
+            self.pid = server.spawn(argv, cwd, env, fds, nice)
         finally:
             for fd in close:
                 os.close(fd)
@@ -256,15 +256,12 @@ def start(argv, cwd=REPO, env=None, stdout=None, stderr=None, nice=0):
     forked from the command server of env's start-up key; `nice` as os.nice in the child."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
-    if nice:
-        env["FORKED_CLI_NICE"] = str(nice)
     server = _server_for(env)
     if server is None:
-        env.pop("FORKED_CLI_NICE", None)
         return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout,
                                 stderr=stderr, text=True,
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
-    return Process(server, argv, cwd, env, stdout, stderr)
+    return Process(server, argv, cwd, env, stdout, stderr, nice)
 
 
 def run(argv, cwd=REPO, timeout=300, env=None):
@@ -272,12 +269,13 @@ def run(argv, cwd=REPO, timeout=300, env=None):
     timeout=timeout, env=env)`, forked from the command server of env's start-up key."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
-    if _server_for(env) is None:
+    server = _server_for(env)
+    if server is None:
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
                               cwd=cwd, timeout=timeout, env=env)
     # Files, not pipes: nothing to drain while waiting.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = start(argv, cwd=cwd, env=env, stdout=out, stderr=err)
+        proc = Process(server, argv, cwd, env, out, err)
         try:
             proc.wait(timeout)
             timed_out = False
@@ -316,9 +314,8 @@ def _child(req, fds):
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    nice = int(os.environ.pop("FORKED_CLI_NICE", "0"))
-    if nice:
-        os.nice(nice)
+    if req["nice"]:
+        os.nice(req["nice"])
     argv = req["argv"]
     import runpy
     if argv[0] == "-m":
