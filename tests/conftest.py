@@ -6,6 +6,22 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# One XLA compile per distinct program per test run: TensorFlow's persistent compilation
+# cache (TF_XLA_FLAGS --tf_xla_persistent_cache_directory) in one directory for the whole
+# run, made by the first pytest process and inherited by its xdist workers and every
+# process a test starts. A program compiled once (the tiny step of the command-line tests,
+# the learning runs, the jobs several tests start) is loaded from it after that, the same
+# executable: a run's numbers are the same either way (docs/testing.md: Compiling steps).
+XLA_CACHE_VARIABLE = "ELECTRA_TF_TEST_XLA_CACHE"
+_owns_xla_cache = XLA_CACHE_VARIABLE not in os.environ
+if _owns_xla_cache:
+    import tempfile
+    os.environ[XLA_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="electra_tf_xla_cache_")
+if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
+    os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, (
+        os.environ.get("TF_XLA_FLAGS"),
+        "--tf_xla_persistent_cache_directory=" + os.environ[XLA_CACHE_VARIABLE])))
+
 # Before any test imports TensorFlow: the version check, and under the TPU build on a host
 # without TPU chips TPU_LOAD_LIBRARY=0, which every subprocess a test starts inherits.
 import electra_tf  # noqa: E402,F401
@@ -48,6 +64,12 @@ def pytest_runtest_logreport(report):
     if report.when == "call" and report.duration > SLOW_UNIT_SECONDS and not (
             {"subprocess", "e2e", "slow"} & set(report.keywords)):
         _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_unconfigure(config):
+    if _owns_xla_cache:
+        import shutil
+        shutil.rmtree(os.environ[XLA_CACHE_VARIABLE], ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):
