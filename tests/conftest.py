@@ -11,12 +11,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # run, made by the first pytest process and inherited by its xdist workers and every
 # process a test starts. A program compiled once (the tiny step of the command-line tests,
 # the learning runs, the jobs several tests start) is loaded from it after that, the same
-# executable: a run's numbers are the same either way (docs/testing.md: Compiling steps).
+# executable: a run's numbers are the same either way (docs/testing.md: One XLA compile
+# per program per test run).
 XLA_CACHE_VARIABLE = "ELECTRA_TF_TEST_XLA_CACHE"
-_owns_xla_cache = XLA_CACHE_VARIABLE not in os.environ
-if _owns_xla_cache:
+if XLA_CACHE_VARIABLE not in os.environ:
+    import atexit
+    import shutil
     import tempfile
     os.environ[XLA_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="electra_tf_xla_cache_")
+    # Removed when this process ends (not a forked child that runs exit handlers).
+    atexit.register(lambda pid=os.getpid(), path=os.environ[XLA_CACHE_VARIABLE]:
+                    os.getpid() == pid and shutil.rmtree(path, ignore_errors=True))
 if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
     os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, (
         os.environ.get("TF_XLA_FLAGS"),
@@ -64,12 +69,6 @@ def pytest_runtest_logreport(report):
     if report.when == "call" and report.duration > SLOW_UNIT_SECONDS and not (
             {"subprocess", "e2e", "slow"} & set(report.keywords)):
         _unmarked_slow.append((report.duration, report.nodeid))
-
-
-def pytest_unconfigure(config):
-    if _owns_xla_cache:
-        import shutil
-        shutil.rmtree(os.environ[XLA_CACHE_VARIABLE], ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):
