@@ -34,10 +34,15 @@ setup(
                  "matplotlib>=3.7",
                  # tests/test_gcs_emulator.py: gs:// against a local Cloud Storage emulator.
                  "gcp-storage-emulator==2026.7.19", "cryptography>=42",
-                 "keras-hub==0.32.0"],
+                 "keras-hub==0.32.0",
+                 # tests/test_backends.py: the model on the JAX backend beside TensorFlow.
+                 "jax[cpu]>=0.6"],
         # keras-hub presets (electra_tf/conversion/keras_hub.py); the pin is the release
         # whose ElectraBackbone layer names the converter reads.
         "keras-hub": ["keras-hub==0.32.0"],
+        # The model, heads and objectives on Keras' JAX backend (KERAS_BACKEND=jax; CPU
+        # wheels here: a GPU or TPU machine installs its own jaxlib, e.g. jax[cuda13]).
+        "jax": ["jax[cpu]>=0.6"],
         # One NVIDIA GPU node: TensorFlow with its CUDA libraries from PyPI.
         "gpu": ["tensorflow[and-cuda]>=2.20,<2.22"],
         # Beam resolves protobuf to 6.x, which TensorFlow 2.21 accepts.

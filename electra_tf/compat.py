@@ -1,7 +1,9 @@
 """The TensorFlow versions electra-tf runs on (2.20, the newest TPU build, and 2.21, each
-with the tensorflow-text of its minor version and Keras 3), checked from package metadata
-before any TensorFlow code runs: `import electra_tf` stops with one line otherwise. Where
-the TensorFlow builds differ (the TPU build's runtime), the difference lives here.
+with the tensorflow-text of its minor version and Keras 3), and JAX where it is installed
+(the model's other Keras backend; on a machine with JAX and no TensorFlow, JAX and Keras
+alone are checked), read from package metadata before any framework is imported:
+`import electra_tf` stops with one line otherwise. Where the TensorFlow builds differ (the
+TPU build's runtime), the difference lives here.
 """
 
 import functools
@@ -63,13 +65,37 @@ def installed_versions() -> Dict[str, object]:
             tensorflow.append((name, version))
     return {"tensorflow": tensorflow, "stand_in": stand_in,
             "tensorflow_text": _installed("tensorflow-text"), "keras": _installed("keras"),
-            "libtpu": _installed("libtpu")}
+            "libtpu": _installed("libtpu"), "jax": _installed("jax")}
+
+
+SUPPORTED_JAX = "0.6"  # the oldest JAX release the model's JAX backend is tested above
+
+
+def _keras_problem(found) -> Optional[str]:
+    keras = found["keras"]
+    if keras is None or int(_minor(keras).split(".")[0]) < 3:
+        what = f"Keras {keras} is installed" if keras else "Keras is not installed"
+        return f"electra-tf: {what}; electra-tf needs Keras 3 (pip install 'keras>=3.10')"
+    return None
+
+
+def _jax_problem(found) -> Optional[str]:
+    jax = found.get("jax")
+    if jax and tuple(int(p) for p in _minor(jax).split(".")) < tuple(
+            int(p) for p in SUPPORTED_JAX.split(".")):
+        return (f"electra-tf: JAX {jax} is installed; the JAX backend needs JAX >= "
+                f"{SUPPORTED_JAX} (pip install -e '.[jax]')")
+    return None
 
 
 def check_versions(found: Dict[str, object]) -> Optional[str]:
     """The one-line problem with `found` (as `installed_versions` returns it), or None."""
     supported = " and ".join(SUPPORTED_TENSORFLOW)
     tensorflow = found["tensorflow"]
+    if not tensorflow and found.get("jax"):
+        # A JAX-only machine (a GPU box, a JAX TPU VM): the model, heads and objectives run
+        # under KERAS_BACKEND=jax; the parts that need TensorFlow say so where they import it.
+        return _jax_problem(found) or _keras_problem(found)
     if not tensorflow:
         return (f"electra-tf: TensorFlow is not installed; electra-tf supports TensorFlow "
                 f"{supported}: {INSTALL_HINT}")
@@ -90,11 +116,7 @@ def check_versions(found: Dict[str, object]) -> Optional[str]:
         return (f"electra-tf: tensorflow-text {text} does not match TensorFlow {version} "
                 f"({name}); install the same minor version: "
                 f"pip install 'tensorflow-text=={_minor(version)}.*'")
-    keras = found["keras"]
-    if keras is None or int(_minor(keras).split(".")[0]) < 3:
-        what = f"Keras {keras} is installed" if keras else "Keras is not installed"
-        return f"electra-tf: {what}; electra-tf needs Keras 3 (pip install 'keras>=3.10')"
-    return None
+    return _keras_problem(found) or _jax_problem(found)
 
 
 @functools.lru_cache(maxsize=None)  # once it passed

@@ -22,6 +22,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 # TensorFlow's own entries.
 from tensorflow.python.profiler.internal import flops_registry  # noqa: F401
 
+from electra_tf import kernels
 from electra_tf.model import modeling
 from electra_tf.pretraining import flops
 from electra_tf.pretraining.flops import PAPER, Convention, Transformer
@@ -329,11 +330,11 @@ def profile_forward(cfg, batch_size: int = 1, training: bool = True,
             continue
         fn, specs, calls = graphs[name]
         # The model's own LayerNorm reductions, whatever a CPU run in this process chose.
-        matvec = modeling.use_matvec_means(False)
+        matvec = kernels.use_matvec_means(False)
         try:
             frozen = _freeze(fn, specs)
         finally:
-            modeling.use_matvec_means(matvec)
+            kernels.use_matvec_means(matvec)
         count, by_op, unregistered = profile_graph(frozen)
         scale = calls / b
         out[name] = Profiled(count * scale, {k: v * scale for k, v in by_op.items()},

@@ -13,13 +13,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _found(tensorflow=(("tensorflow", "2.21.0"),), text="2.21.1", keras="3.15.1",
-           stand_in=None, libtpu=None):
+           stand_in=None, libtpu=None, jax=None):
     return {"tensorflow": list(tensorflow), "stand_in": stand_in, "tensorflow_text": text,
-            "keras": keras, "libtpu": libtpu}
+            "keras": keras, "libtpu": libtpu, "jax": jax}
 
 
 def test_supported_installs_pass():
     assert compat.check_versions(_found()) is None
+    assert compat.check_versions(_found(jax="0.10.2")) is None  # the jax extra beside TF
+    # A machine with JAX and no TensorFlow (a GPU box, a JAX TPU VM): the model's backend.
+    assert compat.check_versions(_found((), None, jax="0.11.2")) is None
     assert compat.check_versions(_found((("tensorflow-tpu", "2.20.0"),), "2.20.1",
                                         stand_in="2.20.0+tpu.stand.in")) is None
     assert compat.check_versions(_found((("tensorflow-cpu", "2.20.0"),), "2.20.1")) is None
@@ -40,6 +43,9 @@ def test_supported_installs_pass():
     (_found(text=None), ["tensorflow-text is not installed", "tensorflow-text==2.21.*"]),
     (_found(keras="2.15.0"), ["Keras 2.15.0 is installed", "needs Keras 3"]),
     (_found(keras=None), ["Keras is not installed", "needs Keras 3"]),
+    (_found((), None, jax="0.11.2", keras=None), ["Keras is not installed", "needs Keras 3"]),
+    (_found((), None, jax="0.4.30"), ["JAX 0.4.30 is installed", "JAX >= 0.6", ".[jax]"]),
+    (_found(jax="0.5.3"), ["JAX 0.5.3 is installed", "JAX >= 0.6"]),
 ])
 def test_unsupported_installs_get_one_line(found, needles):
     message = compat.check_versions(found)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import kernels
 from electra_tf.model import modeling
+from electra_tf.kernels import tensorflow as tf_kernels
 from electra_tf.configs import ModelConfig, load_config
 
 # E=32, H=64, 2 layers, V=1000; generator 1/4 -> hidden 16 (so it has its own projection).
@@ -529,12 +531,12 @@ def test_layer_norm_matvec_means_equal_reductions():
     x = tf.constant(np.random.default_rng(0).normal(3.0, 2.0, (4, 5, 64)).astype(np.float32))
     r = tf.constant(np.random.default_rng(1).normal(0.0, 1.0, (4, 5, 64)).astype(np.float32))
     try:
-        modeling.use_matvec_means(False)
+        kernels.use_matvec_means(False)
         plain = ln(x, residual=r).numpy()
-        modeling.use_matvec_means(True)
+        kernels.use_matvec_means(True)
         matvec = ln(x, residual=r).numpy()
     finally:
-        modeling.use_matvec_means(False)
+        kernels.use_matvec_means(False)
     np.testing.assert_allclose(matvec, plain, atol=2e-5)
     np.testing.assert_allclose(plain.mean(-1), 0.0, atol=1e-5)
     np.testing.assert_allclose(plain.std(-1), 1.0, atol=1e-3)
@@ -548,7 +550,7 @@ def _gelu_and_grad(x, dy, jit_compile=False):
     def run(x, dy):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            used.append(modeling.fused_backward())
+            used.append(tf_kernels.fused_backward())
             y = modeling.gelu(x)
         return y, tape.gradient(y, x, output_gradients=dy)
     y, dx = run(x, dy)
@@ -577,5 +579,5 @@ def test_gelu_fused_gradient_equals_autodiff():
     _, xla_dx, fused_in_xla = _gelu_and_grad(x, dy, jit_compile=True)
     assert not fused_in_xla
     np.testing.assert_allclose(xla_dx, ref_dx, rtol=2e-6, atol=1e-7)
-    assert not modeling.fused_backward()  # eager
-    assert not tf.function(modeling.fused_backward)()  # a graph, no tape
+    assert not tf_kernels.fused_backward()  # eager
+    assert not tf.function(tf_kernels.fused_backward)()  # a graph, no tape

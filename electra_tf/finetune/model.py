@@ -1,18 +1,18 @@
 """The fine-tuning model: the discriminator encoder (`electra/...`) plus one task head
 (`task_specific/...`, as the paper's Appendix and the official code), the encoder's
-initialisation and the layer-wise learning rates."""
+initialisation and the layer-wise learning rates. The layers are `keras.ops` (any backend);
+initialisation from a checkpoint reads files through TensorFlow, imported where it is used."""
 
 import re
 from typing import Dict
 
 import keras
-import tensorflow as tf
 from absl import logging
+from keras import ops
 
+from electra_tf import kernels as K
 from electra_tf import rng
-from electra_tf.conversion import source
 from electra_tf.configs import ModelConfig
-from electra_tf.training.checkpoints import assign_arrays
 from electra_tf.model.modeling import (Encoder, build_discriminator_encoder, dropout, gelu,
                                       tf1_variables, truncated_normal)
 
@@ -45,18 +45,18 @@ class DenseHead(keras.layers.Layer):
     def call(self, hidden, batch, training=False, seed=None):
         x = hidden if self.every_token else hidden[:, 0]
         x = dropout(x, self.config.hidden_dropout_prob, training, seed)
-        return {"logits": tf.cast(self.classifier(x), tf.float32)}
+        return {"logits": ops.cast(self.classifier(x), "float32")}
 
 
-def answer_mask(batch) -> tf.Tensor:
+def answer_mask(batch):
     """[B, L] 1.0 where an answer may start or end: the passage (segment 1, not the final
     [SEP]) and the [CLS], which stands for "no answer in this window"."""
-    mask = tf.cast(batch["input_mask"], tf.float32) * tf.cast(batch["segment_ids"], tf.float32)
+    mask = ops.cast(batch["input_mask"], "float32") * ops.cast(batch["segment_ids"], "float32")
     # The last real token is the closing [SEP].
-    length = tf.reduce_sum(tf.cast(batch["input_mask"], tf.int32), axis=1)
-    last = tf.one_hot(length - 1, tf.shape(mask)[1], dtype=tf.float32)
-    cls = tf.one_hot(tf.zeros_like(length), tf.shape(mask)[1], dtype=tf.float32)
-    return tf.clip_by_value(mask - last + cls, 0.0, 1.0)
+    length = ops.sum(ops.cast(batch["input_mask"], "int32"), axis=1)
+    last = ops.one_hot(length - 1, ops.shape(mask)[1], dtype="float32")
+    cls = ops.one_hot(ops.zeros_like(length), ops.shape(mask)[1], dtype="float32")
+    return ops.clip(mask - last + cls, 0.0, 1.0)
 
 
 class QAHead(keras.layers.Layer):
@@ -88,39 +88,40 @@ class QAHead(keras.layers.Layer):
 
     def _end_logits(self, hidden, start_hidden, mask):
         """hidden [B, L, H], start_hidden [B, K, H] -> masked end logits [B, K, L]."""
-        k, length = tf.shape(start_hidden)[1], tf.shape(hidden)[1]
-        tiled = tf.tile(hidden[:, None], [1, k, 1, 1])
-        starts = tf.tile(start_hidden[:, :, None], [1, 1, length, 1])
-        x = self.end_dense(tf.concat([tiled, starts], axis=-1))
-        logits = tf.cast(tf.squeeze(self.end_logits(x), -1), tf.float32)
+        k, length = ops.shape(start_hidden)[1], ops.shape(hidden)[1]
+        tiled = ops.tile(hidden[:, None], [1, k, 1, 1])
+        starts = ops.tile(start_hidden[:, :, None], [1, 1, length, 1])
+        x = self.end_dense(ops.concatenate([tiled, starts], axis=-1))
+        logits = ops.cast(ops.squeeze(self.end_logits(x), -1), "float32")
         return logits + (1.0 - mask[:, None]) * _NEG
 
     def call(self, hidden, batch, training=False, seed=None):
         hidden = dropout(hidden, self.config.hidden_dropout_prob, training, seed)
         mask = answer_mask(batch)
-        start_logits = tf.cast(tf.squeeze(self.start_logits(hidden), -1), tf.float32)
+        start_logits = ops.cast(ops.squeeze(self.start_logits(hidden), -1), "float32")
         start_logits += (1.0 - mask) * _NEG
         out = {"start_logits": start_logits}
         if training or "start_positions" in batch:
             # Teacher forcing: the end is conditioned on the gold start.
-            gold = tf.gather(hidden, tf.cast(batch["start_positions"], tf.int32)[:, None],
-                             axis=1, batch_dims=1)
+            gold = K.gather_slots(hidden, ops.cast(batch["start_positions"], "int32")[:, None])
             out["end_logits"] = self._end_logits(hidden, gold, mask)[:, 0]
         if not training:
-            start_log_probs = tf.nn.log_softmax(start_logits)
-            k = tf.minimum(self.beam, tf.shape(start_logits)[1])
-            top_start, top_index = tf.math.top_k(start_log_probs, k)
-            start_hidden = tf.gather(hidden, top_index, axis=1, batch_dims=1)
-            end_log_probs = tf.nn.log_softmax(self._end_logits(hidden, start_hidden, mask))
-            top_end, end_index = tf.math.top_k(end_log_probs, k)
+            start_log_probs = ops.log_softmax(start_logits)
+            length = ops.shape(start_logits)[1]
+            k = min(self.beam, length) if isinstance(length, int) else ops.minimum(self.beam,
+                                                                                  length)
+            top_start, top_index = ops.top_k(start_log_probs, k)
+            start_hidden = K.gather_slots(hidden, top_index)
+            end_log_probs = ops.log_softmax(self._end_logits(hidden, start_hidden, mask))
+            top_end, end_index = ops.top_k(end_log_probs, k)
             out.update(start_top_log_probs=top_start, start_top_index=top_index,
                        end_top_log_probs=top_end, end_top_index=end_index)
         if self.answerable:
-            start_p = tf.nn.softmax(start_logits)
-            weighted = tf.einsum("bl,blh->bh", start_p, tf.cast(hidden, tf.float32))
-            feats = tf.concat([tf.cast(hidden[:, 0], tf.float32), weighted], axis=-1)
-            x = self.null_dense(tf.cast(feats, self.compute_dtype))
-            out["null_logit"] = tf.cast(tf.squeeze(self.null_logit(x), -1), tf.float32)
+            start_p = ops.softmax(start_logits)
+            weighted = ops.einsum("bl,blh->bh", start_p, ops.cast(hidden, "float32"))
+            feats = ops.concatenate([ops.cast(hidden[:, 0], "float32"), weighted], axis=-1)
+            x = self.null_dense(ops.cast(feats, self.compute_dtype))
+            out["null_logit"] = ops.cast(ops.squeeze(self.null_logit(x), -1), "float32")
         return out
 
 
@@ -170,6 +171,9 @@ _SHAPES = re.compile(r"(\S+): shape (\[[^\]]*\]) != variable shape (\[[^\]]*\])"
 def init_encoder(encoder: Encoder, path: str) -> str:
     """Loads the discriminator encoder from any `conversion.source` checkpoint (ignoring
     the generator, the pooler and the pre-training heads); returns the checkpoint used."""
+    from electra_tf.conversion import source  # TensorFlow's file layer and checkpoints
+    from electra_tf.training.checkpoints import assign_arrays
+
     src = source.resolve(path, encoder.config, "--init_checkpoint")
     try:
         assign_arrays(encoder, src.arrays(tf1_variables(encoder)))

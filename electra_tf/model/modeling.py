@@ -1,4 +1,6 @@
-"""The ELECTRA generator and discriminator as Keras 3 layers (TensorFlow backend).
+"""The ELECTRA generator and discriminator as Keras 3 layers, in `keras.ops`: the same code
+runs under the TensorFlow and the JAX backend (`KERAS_BACKEND`); what differs per backend is
+in `electra_tf.kernels`.
 
 Layout and initialisation follow the released TF1 code, and the layers are *named* so
 that every Keras ``variable.path`` IS the variable's name in the released TF1
@@ -13,13 +15,15 @@ checkpoints, e.g.::
     generator_ltr/encoder/layer_0/attention/self/key/kernel  [h, h]   (two-tower generator)
     cloze_predictions/dense/kernel                           [2h, E]  (two-tower generator)
 
-(`tf1_variables` returns that map.) Variables are created on construction (every size is
-in the config): construct the model inside ``strategy.scope()``.
+(`tf1_variables` returns that map; the paths are the same on every backend.) Variables are
+created on construction (every size is in the config): on TensorFlow, construct the model
+inside ``strategy.scope()``.
 
 Numerics: Dense layers and attention matmuls run in the compute dtype (the Keras dtype
 policy, e.g. ``mixed_bfloat16``); LayerNorm, the embedding sum, the attention mask and
-softmax run in float32; all logits are float32. `dropout` is a function, not Keras'
-``Dropout``, whose per-layer SeedGenerator state variable is awkward under tf.distribute."""
+softmax run in float32; all logits are float32. `dropout` is a function of a seed
+(`electra_tf.rng`), not Keras' ``Dropout``, whose per-layer SeedGenerator state variable is
+awkward under tf.distribute and would make a step's masks depend on state."""
 
 import math
 import re
@@ -28,11 +32,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
-import tensorflow as tf
-from tensorflow.python.eager import record  # no public API: whether a tape records
+from keras import ops
 
-from electra_tf import compat, rng
+from electra_tf import kernels as K
+from electra_tf import rng
 from electra_tf.configs import ModelConfig
+from electra_tf.kernels import gelu  # the backend's exact GELU (also the heads')
 
 # First path component of every pre-training variable (the released checkpoints' scopes).
 TF1_ROOTS = ("electra", "generator", "generator_predictions", "discriminator_predictions",
@@ -43,73 +48,27 @@ HEADS = ("mlm", "sampling", "baseline")  # optional heads (`ElectraPretrainingMo
 _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 too
 
 
-def gelu(x):
-    """Exact (erf) GELU, as the released ELECTRA code: `tf.nn.gelu`'s numbers, with a
-    gradient of one XLA kernel (not nine passes over [B, L, 4H]) where `fused_backward()`."""
-    return _gelu_fused_grad(x) if fused_backward() else tf.nn.gelu(x, approximate=False)
-
-
-def fused_backward() -> bool:  # while a tape records, where compat.xla_kernels_apply()
-    return record.could_possibly_record() and compat.xla_kernels_apply()
-
-
-@tf.custom_gradient
-def _gelu_fused_grad(x):
-    erfc = tf.math.erfc(-x * tf.cast(0.7071067811865476, x.dtype))  # as tf.nn.gelu
-    return 0.5 * x * erfc, lambda dy: _gelu_grad_kernel(x, erfc, dy)
-
-
-@tf.function(jit_compile=True, autograph=False)
-def _gelu_grad_kernel(x, erfc, dy):
-    """dy * d/dx [x Phi(x)] = dy * (Phi(x) + x phi(x)), Phi(x) = erfc(-x / sqrt 2) / 2."""
-    pdf = tf.exp(-0.5 * tf.square(x)) * tf.cast(0.3989422804014327, x.dtype)
-    return dy * (0.5 * erfc + x * pdf)
-
-
 def dropout(x, rate: float, training: bool, seed=None):
     """Inverted dropout, the mask drawn in float32 and applied in x's dtype. With a `seed`
     ([3] int32, `electra_tf.rng`) the mask is a pure function of it (a step is reproducible,
-    a resumed run redraws the same masks); without one, TF's global random state."""
+    a resumed run redraws the same masks); without one, Keras' global seed generator."""
     if not training or rate <= 0.0:
         return x
     if seed is None:
-        u = tf.random.uniform(tf.shape(x), dtype=tf.float32)
+        u = keras.random.uniform(ops.shape(x), dtype="float32")
     else:
-        # TF's Philox draw keyed by the seed and the block's first row: 3x faster than the
-        # row-exact `rng.uniform`, so masks depend on how the batch is split over replicas.
-        u = rng.philox_uniform(tf.shape(x), rng.fold_in(*rng.keys_and_row(seed)))
+        u = rng.dropout_uniform(_dynamic_shape(x), seed)
     keep = u >= rate
-    return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
+    return x * ops.cast(keep, x.dtype) * ops.cast(1.0 / (1.0 - rate), x.dtype)
+
+
+def _dynamic_shape(x):
+    """x's shape as the backend states it at run time (TensorFlow: a 1-D tensor; JAX: ints)."""
+    return ops.shape(x) if K.BACKEND == "jax" else ops.convert_to_tensor(ops.shape(x))
 
 
 def truncated_normal(stddev: float):
     return keras.initializers.TruncatedNormal(stddev=stddev)
-
-
-# LayerNorm means as matrix-vector products (see `use_matvec_means`).
-_MATVEC_MEANS = False
-
-
-def use_matvec_means(enabled: bool) -> bool:
-    """CPU only: compute LayerNorm means as [rows, H] x [H, 1] float32 dots, which XLA:CPU
-    runs as vectorised kernels (its reductions cost ~4% of an ELECTRA-Small train step).
-    Not for GPU or TPU, whose float32 matmuls may run in TF32 / bfloat16 passes and would
-    round the statistics. Set before tracing; returns the previous setting."""
-    global _MATVEC_MEANS
-    previous, _MATVEC_MEANS = _MATVEC_MEANS, bool(enabled)
-    return previous
-
-
-def _mean_last(x):
-    """Mean over the last (static) axis, keepdims, in float32."""
-    if not _MATVEC_MEANS:
-        return tf.reduce_mean(x, axis=-1, keepdims=True)
-    size = x.shape[-1]
-    ones = tf.fill([size, 1], 1.0 / size)
-    if x.shape.rank == 2:
-        return tf.matmul(x, ones)
-    mean = tf.matmul(tf.reshape(x, [-1, size]), ones)
-    return tf.reshape(mean, tf.concat([tf.shape(x)[:-1], [1]], 0))
 
 
 class LayerNorm(keras.layers.Layer):
@@ -129,15 +88,15 @@ class LayerNorm(keras.layers.Layer):
                                     autocast=False)
 
     def call(self, x, residual=None):
-        x = tf.cast(x, tf.float32)
+        x = ops.cast(x, "float32")
         if residual is not None:
-            x = x + tf.cast(residual, tf.float32)
-        mean = _mean_last(x)
+            x = x + ops.cast(residual, "float32")
+        mean = K.mean_last(x)
         centered = x - mean
-        variance = _mean_last(tf.square(centered))
-        y = centered * tf.math.rsqrt(variance + self.epsilon)
-        y = y * tf.convert_to_tensor(self.gamma) + tf.convert_to_tensor(self.beta)
-        return tf.cast(y, self.compute_dtype)
+        variance = K.mean_last(ops.square(centered))
+        y = centered * ops.rsqrt(variance + self.epsilon)
+        y = y * ops.convert_to_tensor(self.gamma) + ops.convert_to_tensor(self.beta)
+        return ops.cast(y, self.compute_dtype)
 
 
 TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
@@ -166,19 +125,19 @@ class Embeddings(keras.layers.Layer):
                 autocast=False))
         self.layer_norm.build((None, None, c.embedding_size))
 
-    def tables(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def tables(self) -> Tuple:
         """(word, position, token-type) tables as used, float32."""
-        return tuple(tf.convert_to_tensor(getattr(self, name)) for name in TABLES)
+        return tuple(ops.convert_to_tensor(getattr(self, name)) for name in TABLES)
 
     def call(self, input_ids, segment_ids=None, training=False, seed=None):
-        input_ids = tf.cast(input_ids, tf.int32)
-        seq_len = tf.shape(input_ids)[1]
+        input_ids = ops.cast(input_ids, "int32")
+        seq_len = ops.shape(input_ids)[1]
         word, position, token_type = self.tables()
-        x = tf.gather(word, input_ids)
-        x = x + position[tf.newaxis, :seq_len, :]
+        x = K.take_rows(word, input_ids)
+        x = x + position[None, :seq_len, :]
         if segment_ids is None:
-            segment_ids = tf.zeros_like(input_ids)
-        x = x + tf.gather(token_type, tf.cast(segment_ids, tf.int32))
+            segment_ids = ops.zeros_like(input_ids)
+        x = x + K.take_rows(token_type, ops.cast(segment_ids, "int32"))
         x = self.layer_norm(x)
         return dropout(x, self.config.hidden_dropout_prob, training, seed)
 
@@ -202,24 +161,24 @@ class DisentangledEmbeddings(Embeddings):
         return tuple(getattr(self, name + DELTA_SUFFIX) for name in TABLES)
 
     def tables(self):
-        return tuple(tf.stop_gradient(table) + tf.convert_to_tensor(delta)
+        return tuple(ops.stop_gradient(table) + ops.convert_to_tensor(delta)
                      for table, delta in zip(self._source().tables(), self.deltas))
 
 
 DIRECTIONS = (None, "ltr", "rtl")
 
 
-def attention_bias(input_mask, dtype=tf.float32, direction=None):
+def attention_bias(input_mask, dtype="float32", direction=None):
     """[B, L] 1/0 mask -> additive bias (0 or -10000), float32 by default: [B, 1, 1, L],
     or [B, 1, L, L] with a `direction`: "ltr" lets position i see positions <= i, "rtl"
     positions >= i (the towers of the two-tower generator)."""
-    mask = tf.cast(input_mask, tf.float32)[:, tf.newaxis, tf.newaxis, :]
+    mask = ops.cast(input_mask, "float32")[:, None, None, :]
     if direction is not None:
-        length = tf.shape(input_mask)[-1]
-        square = tf.ones([length, length], tf.float32)
-        lower, upper = (-1, 0) if direction == "ltr" else (0, -1)
-        mask = mask * tf.linalg.band_part(square, lower, upper)  # [query, key]
-    return tf.cast((1.0 - mask) * _MASK_ADDER, dtype)
+        length = ops.shape(input_mask)[-1]
+        square = ops.ones([length, length], "float32")
+        one_sided = ops.tril if direction == "ltr" else ops.triu
+        mask = mask * one_sided(square)  # [query, key]
+    return ops.cast((1.0 - mask) * _MASK_ADDER, dtype)
 
 
 class TransformerLayer(keras.layers.Layer):
@@ -274,8 +233,8 @@ class TransformerLayer(keras.layers.Layer):
             self.output_layer_norm.build((None, None, h))
 
     def _split_heads(self, x, batch, seq_len):
-        x = tf.reshape(x, [batch, seq_len, self.num_heads, self.head_size])
-        return tf.transpose(x, [0, 2, 1, 3])  # [B, N, L, D]
+        x = ops.reshape(x, [batch, seq_len, self.num_heads, self.head_size])
+        return ops.transpose(x, [0, 2, 1, 3])  # [B, N, L, D]
 
     def call(self, x, input_mask, training=False, seed=None):
         """x [B, L, H] or [B * L, H] rows (compute dtype; the output takes the same form),
@@ -285,17 +244,17 @@ class TransformerLayer(keras.layers.Layer):
         compute dtype; XLA folds the per-layer copies.)"""
         bias = attention_bias(input_mask, direction=self.direction)
         batch, seq_len = _batch_and_length(input_mask)
-        rows = x.shape.rank == 2
-        scale = tf.cast(1.0 / math.sqrt(self.head_size), x.dtype)
+        rows = len(x.shape) == 2
+        scale = ops.cast(1.0 / math.sqrt(self.head_size), x.dtype)
         q = self._split_heads(self.query(x), batch, seq_len) * scale
         k = self._split_heads(self.key(x), batch, seq_len)
         v = self._split_heads(self.value(x), batch, seq_len)
-        scores = tf.matmul(q, k, transpose_b=True)  # [B, N, L, L]
-        probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
-        probs = dropout(tf.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
+        scores = K.matmul_nt(q, k)  # [B, N, L, L]
+        probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
+        probs = dropout(ops.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
                         training, rng.fold(seed, 0))
-        context = tf.matmul(probs, v)  # [B, N, L, D]
-        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
+        context = ops.matmul(probs, v)  # [B, N, L, D]
+        context = ops.reshape(ops.transpose(context, [0, 2, 1, 3]),
                              [-1, self.hidden_size] if rows else [batch, seq_len, self.hidden_size])
         attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
                        training, rng.fold(seed, 1))
@@ -307,9 +266,9 @@ class TransformerLayer(keras.layers.Layer):
 
 def _batch_and_length(input_mask):
     """(B, L) of a [B, L] tensor: Python ints where static, else scalar tensors."""
-    dims = input_mask.shape.as_list()
+    dims = list(input_mask.shape)
     if None in dims:
-        shape = tf.shape(input_mask)
+        shape = ops.shape(input_mask)
         dims = [shape[i] if n is None else n for i, n in enumerate(dims)]
     return tuple(dims)
 
@@ -356,24 +315,19 @@ class Encoder(keras.layers.Layer):
     def call(self, input_ids, input_mask=None, segment_ids=None, training=False, seed=None):
         """-> sequence output [B, L, hidden] in the compute dtype (`seed`: see dropout)."""
         if input_mask is None:
-            input_mask = tf.ones_like(input_ids)
+            input_mask = ops.ones_like(input_ids)
         x = self.embeddings(input_ids, segment_ids, training=training,
                             seed=rng.fold(seed, 0))
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
-        input_mask = tf.cast(input_mask, tf.int32)
-        # Inference outside XLA takes [B * L, H] rows: Dense layers on 3-D inputs with an
-        # unknown batch add ~15 shape ops each (half the graph to trace and optimise), and
-        # 2-D lets Grappler fuse MatMul + BiasAdd. Not under a tape: the fused gradient
-        # (oneDNN) differs from run to run in the last bits. XLA keeps [B, L, H], whose
-        # reductions it orders differently from the rows' (pre-training's numbers).
-        rows = not compat.in_xla_trace() and not record.could_possibly_record()
+        input_mask = ops.cast(input_mask, "int32")
+        rows = K.rows_only()  # TensorFlow's inference outside XLA: [B * L, H] rows
         if rows:
-            x = tf.reshape(x, [-1, self.hidden_size])
+            x = ops.reshape(x, [-1, self.hidden_size])
         for i, block in enumerate(self.blocks):
             x = block(x, input_mask, training=training, seed=rng.fold(seed, i + 1))
         if rows:
-            x = tf.reshape(x, [*_batch_and_length(input_mask), self.hidden_size])
+            x = ops.reshape(x, [*_batch_and_length(input_mask), self.hidden_size])
         return x
 
 
@@ -408,7 +362,7 @@ class TwoTowerGenerator(keras.layers.Layer):
         """-> [B, L, 2h] in the compute dtype: each position's context without itself."""
         ltr, rtl = (tower(input_ids, input_mask, segment_ids, training=training,
                           seed=rng.fold(seed, i)) for i, tower in enumerate(self.towers))
-        return tf.concat([tf.roll(ltr, 1, axis=1), tf.roll(rtl, -1, axis=1)], axis=-1)
+        return ops.concatenate([ops.roll(ltr, 1, axis=1), ops.roll(rtl, -1, axis=1)], axis=-1)
 
 
 class DiscriminatorPredictions(keras.layers.Layer):
@@ -431,7 +385,7 @@ class DiscriminatorPredictions(keras.layers.Layer):
 
     def call(self, hidden):
         logits = self.dense_1(self.dense(hidden))
-        return tf.cast(tf.squeeze(logits, -1), tf.float32)
+        return ops.cast(ops.squeeze(logits, -1), "float32")
 
 
 class GeneratorPredictions(keras.layers.Layer):
@@ -459,13 +413,13 @@ class GeneratorPredictions(keras.layers.Layer):
 
     def call(self, hidden):
         x = self.layer_norm(self.dense(hidden))
-        table = tf.cast(self.embeddings.tables()[0], x.dtype)
+        table = ops.cast(self.embeddings.tables()[0], x.dtype)
         # One 2-D matmul: an einsum over [B, P, E] makes the table's gradient a batched
         # product with a [B, E, V] intermediate, ~20x slower on CPU.
-        rows = tf.reshape(x, [-1, self.config.embedding_size])
-        logits = tf.matmul(rows, table, transpose_b=True)
-        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [self.config.vocab_size]], 0))
-        return tf.cast(logits, tf.float32) + tf.convert_to_tensor(self.output_bias)
+        rows = ops.reshape(x, [-1, self.config.embedding_size])
+        logits = K.matmul_nt(rows, table)
+        logits = ops.reshape(logits, [*ops.shape(x)[:-1], self.config.vocab_size])
+        return ops.cast(logits, "float32") + ops.convert_to_tensor(self.output_bias)
 
 
 def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
@@ -576,12 +530,11 @@ class ElectraPretrainingModel(keras.Model):
                              training=False, seed=None):
         """-> MLM logits [B, P, V], float32, only at `masked_positions` [B, P]."""
         hidden = self.generator_hidden(input_ids, input_mask, segment_ids, training, seed)
-        return self.generator_predictions(tf.gather(
-            hidden, tf.cast(masked_positions, tf.int32), axis=1, batch_dims=1))
+        return self.generator_predictions(K.gather_slots(hidden, masked_positions))
 
     def baseline_logits(self, generator_hidden):
         """The adversarial baseline's logits [...] from generator hidden states [..., h]."""
-        return tf.cast(tf.squeeze(self.adversarial_baseline(generator_hidden), -1), tf.float32)
+        return ops.cast(ops.squeeze(self.adversarial_baseline(generator_hidden), -1), "float32")
 
     def call(self, inputs, training=False):
         """inputs: dict with input_ids, input_mask, segment_ids -> discriminator logits."""
@@ -636,7 +589,7 @@ def released_arrays(model, variables: Optional[Sequence] = None) -> Dict[str, np
     out = {}
     for name, v in tf1_variables(model, variables).items():
         if id(v) in folded:
-            out[name[:-len(DELTA_SUFFIX)]] = folded[id(v)].numpy()
+            out[name[:-len(DELTA_SUFFIX)]] = ops.convert_to_numpy(folded[id(v)])
         else:
             out[name] = np.asarray(v.numpy())
     return out

@@ -1,7 +1,8 @@
 """The ELECTRA objective as pure functions: masking, sampling, corruption, losses, metrics.
 
-Tensors in, tensors out: no state, static shapes where the inputs have them, and every
-function compiles with `tf.function(jit_compile=True)`.
+Tensors in, tensors out, in `keras.ops` (the backend's primitives from `electra_tf.kernels`):
+no state, static shapes where the inputs have them; every function compiles with
+`tf.function(jit_compile=True)` on TensorFlow and `jax.jit` on JAX.
 
 * Ids are int32 (int64 inputs are cast). B batch, L length, P prediction slots
   (`max_predictions`), V vocabulary. Slots: `masked_positions`, `masked_ids` (the original
@@ -18,10 +19,11 @@ function compiles with `tf.function(jit_compile=True)`.
   `metrics_from_sums` turns them into the reported values."""
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
-import tensorflow as tf
+from keras import ops
 
+from electra_tf import kernels as K
 from electra_tf import rng
 
 AUC_BUCKETS = 1000
@@ -29,62 +31,54 @@ _EPS = 1e-5
 _DISALLOW_PENALTY = 1000.0
 
 
-def _shape(x: tf.Tensor):
+def _shape(x):
     """Static dims where known, dynamic scalars elsewhere."""
-    static = x.shape.as_list()
-    dynamic = tf.shape(x)
-    return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
+    return list(ops.shape(x))
 
 
-def _runtime_zeros(like: tf.Tensor) -> tf.Tensor:
+def _runtime_zeros(like):
     """float32 zeros like `like`, made at run time: XLA's slow evaluator would constant-fold
     reductions over constant [B,P,V] logits (minutes of compile); it keeps float `0 * x`."""
-    return 0.0 * tf.cast(like, tf.float32)
+    return 0.0 * ops.cast(like, "float32")
 
 
-def _scatter_slots(ids: tf.Tensor, positions: tf.Tensor, values: tf.Tensor,
-                   real: tf.Tensor) -> tf.Tensor:
+def _scatter_slots(ids, positions, values, real):
     """ids [B,L] with ids[b, positions[b,j]] = values[b,j] wherever real[b,j]: one-hot sums,
     deterministic on every device (padding slots never collide with real ones). A position named by
     several real slots (`with_replacement`) gets the floor of their values' mean, as officially."""
-    length = ids.shape[1] if ids.shape[1] is not None else tf.shape(ids)[1]
-    hits = tf.one_hot(positions, length, dtype=tf.int32) * tf.cast(real, tf.int32)[..., None]
-    times = tf.reduce_sum(hits, axis=1)                           # [B,L]
-    new_values = tf.reduce_sum(hits * values[..., None], axis=1)  # [B,L]
-    return tf.where(times > 0, new_values // tf.maximum(times, 1), ids)
+    length = ops.shape(ids)[1]
+    hits = ops.one_hot(positions, length, dtype="int32") * ops.cast(real, "int32")[..., None]
+    times = ops.sum(hits, axis=1)                           # [B,L]
+    new_values = ops.sum(hits * values[..., None], axis=1)  # [B,L]
+    return ops.where(times > 0, new_values // ops.maximum(times, 1), ids)
 
 
-def cross_replica_sum(x: tf.Tensor) -> tf.Tensor:
-    """SUM of `x` (no gradient) over the current context's replicas: a global denominator."""
-    x = tf.stop_gradient(tf.convert_to_tensor(x))
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
-        return x
-    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, x)
+# SUM of `x` (no gradient) over the current context's replicas: a global denominator.
+cross_replica_sum = K.cross_replica_sum
 
 
-def num_to_mask(input_ids: tf.Tensor, input_mask: tf.Tensor, *, mask_prob: float,
+def num_to_mask(input_ids, input_mask, *, mask_prob: float,
                 max_predictions: int, mask_id: int, cls_id: int, sep_id: int
-                ) -> Tuple[tf.Tensor, tf.Tensor]:
+                ) -> Tuple:
     """(candidates [B,L] bool: real tokens other than [CLS], [SEP], [MASK]; count [B] int32
     = min(#candidates, max(1, min(P, round(sum(input_mask) * mask_prob)))), TF's round
     (half to even) as officially)."""
-    input_ids = tf.cast(input_ids, tf.int32)
-    real = tf.cast(input_mask, tf.int32) > 0
-    candidates = real & tf.not_equal(input_ids, cls_id) & tf.not_equal(input_ids, sep_id) \
-        & tf.not_equal(input_ids, mask_id)
-    num_real = tf.reduce_sum(tf.cast(real, tf.float32), axis=-1)
-    count = tf.cast(tf.round(num_real * mask_prob), tf.int32)
-    count = tf.maximum(1, tf.minimum(max_predictions, count))
-    count = tf.minimum(count, tf.reduce_sum(tf.cast(candidates, tf.int32), axis=-1))
+    input_ids = ops.cast(input_ids, "int32")
+    real = ops.cast(input_mask, "int32") > 0
+    candidates = real & ops.not_equal(input_ids, cls_id) & ops.not_equal(input_ids, sep_id) \
+        & ops.not_equal(input_ids, mask_id)
+    num_real = ops.sum(ops.cast(real, "float32"), axis=-1)
+    count = ops.cast(ops.round(num_real * mask_prob), "int32")
+    count = ops.maximum(1, ops.minimum(max_predictions, count))
+    count = ops.minimum(count, ops.sum(ops.cast(candidates, "int32"), axis=-1))
     return candidates, count
 
 
-def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob: float,
+def mask_tokens(input_ids, input_mask, seed, *, mask_prob: float,
                 max_predictions: int, mask_id: int, cls_id: int, sep_id: int,
                 vocab_size: int, mask_token_prob: float = 0.85,
                 random_token_prob: float = 0.0, with_replacement: bool = False
-                ) -> Dict[str, tf.Tensor]:
+                ) -> Dict:
     """{`masked_input_ids [B,L]` (the generator's input), the slots (module docstring)}.
     `mask_token_prob` of the slots become [MASK] (ELECTRA 0.85, BERT 0.8), `random_token_prob` a
     token uniform on [0, V) (BERT 0.1); the rest keep theirs. Positions are uniform among the
@@ -92,7 +86,7 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     `with_replacement` draws each slot on its own, as the official code: a position may fill
     several slots, each counted by the MLM loss; it becomes [MASK] if any of its slots chose
     [MASK] (about 17.2 of 18.5 distinct tokens corrupted per 128-token sequence)."""
-    input_ids = tf.cast(input_ids, tf.int32)
+    input_ids = ops.cast(input_ids, "int32")
     batch, length = _shape(input_ids)
     if max_predictions < 1:
         raise ValueError(f"max_predictions={max_predictions} must be >= 1")
@@ -103,36 +97,36 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
     k = max_predictions
     if with_replacement:
         # Slot j picks the candidate of rank floor(u * #candidates): uniform, independent.
-        ranks = tf.cumsum(tf.cast(candidates, tf.int32), axis=-1)           # [B,L]
+        ranks = ops.cumsum(ops.cast(candidates, "int32"), axis=-1)           # [B,L]
         n = ranks[:, -1:]                                                    # [B,1]
         u = rng.uniform([batch, max_predictions], seeds[0])
-        target = tf.minimum(tf.cast(u * tf.cast(n, tf.float32), tf.int32), n - 1)
-        top = tf.reduce_sum(tf.cast(ranks[:, None, :] <= target[..., None], tf.int32), -1)
+        target = ops.minimum(ops.cast(u * ops.cast(n, "float32"), "int32"), n - 1)
+        top = ops.sum(ops.cast(ranks[:, None, :] <= target[..., None], "int32"), -1)
     else:
         # Uniform scores in [0,1) for candidates, -1 elsewhere: the top `count` are a
         # uniform sample without replacement of the candidates (count <= #candidates).
-        scores = tf.where(candidates, rng.uniform([batch, length], seeds[0]), -1.0)
+        scores = ops.where(candidates, rng.uniform([batch, length], seeds[0]), -1.0)
         if isinstance(length, int):
             k = min(k, length)
-        _, top = tf.math.top_k(scores, k=k, sorted=True)           # [B,k]
-    real = tf.range(k)[None, :] < count[:, None]
-    positions = tf.sort(tf.where(real, top, length), axis=-1)   # real first, ascending
+        _, top = ops.top_k(scores, k=k, sorted=True)           # [B,k]
+    real = ops.arange(k)[None, :] < count[:, None]
+    positions = ops.sort(ops.where(real, top, length), axis=-1)   # real first, ascending
     real = positions < length
-    positions = tf.where(real, positions, 0)
+    positions = ops.where(real, positions, 0)
     if k < max_predictions:
         pad = [[0, 0], [0, max_predictions - k]]
-        positions = tf.pad(positions, pad)
-        real = tf.pad(real, pad)
-    masked_ids = tf.where(real, tf.gather(input_ids, positions, batch_dims=1), 0)
+        positions = ops.pad(positions, pad)
+        real = ops.pad(real, pad)
+    masked_ids = ops.where(real, K.gather_slots(input_ids, positions), 0)
 
     uniform = rng.uniform([batch, max_predictions], seeds[1])
     changed = uniform < mask_token_prob  # the slots that write a token (kept ones do not)
-    new_values = tf.where(changed, mask_id, masked_ids)
+    new_values = ops.where(changed, mask_id, masked_ids)
     if random_token_prob > 0:
         random_ids = rng.uniform_int([batch, max_predictions], seeds[2], vocab_size)
         use_random = (uniform >= mask_token_prob) & \
             (uniform < mask_token_prob + random_token_prob)
-        new_values = tf.where(use_random, random_ids, new_values)
+        new_values = ops.where(use_random, random_ids, new_values)
         changed |= use_random
 
     return {
@@ -140,14 +134,14 @@ def mask_tokens(input_ids: tf.Tensor, input_mask: tf.Tensor, seed, *, mask_prob:
                                            real & changed),
         "masked_positions": positions,
         "masked_ids": masked_ids,
-        "masked_weights": tf.cast(real, tf.float32),
+        "masked_weights": ops.cast(real, "float32"),
     }
 
 
 SAMPLE_BLOCK = 256  # tokens per block of `categorical_sample`
 
 
-def inclusive_cumsum(x: tf.Tensor) -> tf.Tensor:
+def inclusive_cumsum(x):
     """Cumulative sum over the last (static) axis by log2(n) shifted adds: exact float32
     on every backend (a triangular matmul runs in bfloat16 passes on TPU), and XLA on CPU
     lowers `tf.cumsum` to an O(n^2) reduce-window."""
@@ -155,361 +149,359 @@ def inclusive_cumsum(x: tf.Tensor) -> tf.Tensor:
     pad = [[0, 0]] * (len(x.shape) - 1)
     k = 1
     while k < n:
-        x = x + tf.pad(x[..., :n - k], pad + [[k, 0]])
+        x = x + ops.pad(x[..., :n - k], pad + [[k, 0]])
         k *= 2
     return x
 
 
-def _pick(cdf: tf.Tensor, target: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+def _pick(cdf, target, weights):
     """Index of the first `cdf` entry above `target` [N, 1], never one of zero weight
     (float rounding at the top end falls back to the last entry of positive weight)."""
     n = cdf.shape[-1]
-    index = tf.reduce_sum(tf.cast(cdf <= target, tf.int32), axis=-1)
-    last = tf.reduce_max(tf.where(weights > 0, tf.range(n, dtype=tf.int32), 0), axis=-1)
-    return tf.minimum(index, last)
+    index = ops.sum(ops.cast(cdf <= target, "int32"), axis=-1)
+    last = ops.max(ops.where(weights > 0, ops.arange(n, dtype="int32"), 0), axis=-1)
+    return ops.minimum(index, last)
 
 
-def categorical_sample(logits: tf.Tensor, seed, temperature=1.0,
-                       disallow_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
+def categorical_sample(logits, seed, temperature=1.0,
+                       disallow_ids=None):
     """One sample per row of `logits [..., V]` (V static) from softmax(logits / temperature):
     [...] int32, no gradient. Two-level inverse CDF, exact in law: a first uniform picks a
     block of `SAMPLE_BLOCK` tokens by its mass, a second a token inside it; one exp per
     logit, a tenth of Gumbel-max's work at V = 30522 on CPU. `disallow_ids [...]` lose 1000
     from their scaled logit: probability 0 in float32."""
-    logits = tf.stop_gradient(tf.cast(logits, tf.float32)) / temperature
+    logits = ops.stop_gradient(ops.cast(logits, "float32")) / temperature
     vocab = logits.shape[-1]
     if vocab is None:
         raise ValueError("categorical_sample needs a static vocabulary size")
     if disallow_ids is not None:
-        logits -= _DISALLOW_PENALTY * tf.one_hot(tf.cast(disallow_ids, tf.int32), vocab,
-                                                 dtype=tf.float32)
+        logits -= _DISALLOW_PENALTY * ops.one_hot(ops.cast(disallow_ids, "int32"), vocab,
+                                                 dtype="float32")
     lead = _shape(logits)[:-1]
     block = min(SAMPLE_BLOCK, vocab)
     blocks = -(-vocab // block)
-    x = tf.reshape(logits, [-1, vocab])
-    p = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))  # the max token has p = 1
-    p = tf.reshape(tf.pad(p, [[0, 0], [0, blocks * block - vocab]]), [-1, blocks, block])
-    mass = tf.reduce_sum(p, axis=-1)                                      # [N, blocks]
-    u = tf.reshape(rng.uniform(lead + [2], seed), [-1, 2])
+    x = ops.reshape(logits, [-1, vocab])
+    p = ops.exp(x - ops.max(x, axis=-1, keepdims=True))  # the max token has p = 1
+    p = ops.reshape(ops.pad(p, [[0, 0], [0, blocks * block - vocab]]), [-1, blocks, block])
+    mass = ops.sum(p, axis=-1)                                      # [N, blocks]
+    u = ops.reshape(rng.uniform(lead + [2], seed), [-1, 2])
     cdf = inclusive_cumsum(mass)
     b = _pick(cdf, u[:, :1] * cdf[:, -1:], mass)                          # [N]
-    inside = tf.gather(p, b, batch_dims=1)                                # [N, block]
+    inside = K.gather_slots(p, b)                                        # [N, block]
     cdf = inclusive_cumsum(inside)
     j = _pick(cdf, u[:, 1:] * cdf[:, -1:], inside)
-    return tf.reshape(b * block + j, lead)
+    return ops.reshape(b * block + j, lead)
 
 
 def scheduled_temperature(step, total_steps: int, shape: str, start: float, end: float
-                          ) -> tf.Tensor:
+                          ):
     """The temperature at `step`, `start` at 0 to `end` at `total_steps`: "linear", "cosine"
     (half a cosine), "exponential" (Fast-ELECTRA's geometric curriculum) or "constant" (`start`)."""
     if shape == "constant":
-        return tf.constant(start, tf.float32)
-    frac = tf.clip_by_value(tf.cast(step, tf.float32) / float(max(total_steps, 1)), 0.0, 1.0)
+        return ops.convert_to_tensor(start, "float32")
+    frac = ops.clip(ops.cast(step, "float32") / float(max(total_steps, 1)), 0.0, 1.0)
     if shape == "linear":
         return start + (end - start) * frac
     if shape == "cosine":
-        return end + (start - end) * 0.5 * (1.0 + tf.cos(math.pi * frac))
+        return end + (start - end) * 0.5 * (1.0 + ops.cos(math.pi * frac))
     if shape == "exponential":
-        return start * tf.pow(end / start, frac)
+        return start * ops.power(end / start, frac)
     raise ValueError(f"temperature shape {shape!r}: expected constant, linear, cosine or "
                      "exponential")
 
 
-def uniform_logits(like: tf.Tensor, vocab_size: int) -> tf.Tensor:
+def uniform_logits(like, vocab_size: int):
     """Zero logits [*like.shape, V]: the 'uniform' generator (sample with `categorical_sample`)."""
-    return tf.broadcast_to(_runtime_zeros(like)[..., None], _shape(like) + [vocab_size])
+    return ops.broadcast_to(_runtime_zeros(like)[..., None], _shape(like) + [vocab_size])
 
 
-def unigram_logits(like: tf.Tensor, counts) -> tf.Tensor:
+def unigram_logits(like, counts):
     """log(counts [V]) logits [*like.shape, V]: the 'unigram' generator; count 0 gets -1e9."""
-    counts = tf.cast(tf.convert_to_tensor(counts), tf.float32)
-    logits = tf.where(counts > 0, tf.math.log(tf.maximum(counts, 1e-30)), -1e9)
+    counts = ops.cast(ops.convert_to_tensor(counts), "float32")
+    logits = ops.where(counts > 0, ops.log(ops.maximum(counts, 1e-30)), -1e9)
     return logits + _runtime_zeros(like)[..., None]
 
 
-def corrupt(input_ids: tf.Tensor, masked_positions: tf.Tensor, sampled_ids: tf.Tensor,
-            masked_weights: tf.Tensor, label_all_slots: bool = False
-            ) -> Tuple[tf.Tensor, tf.Tensor]:
+def corrupt(input_ids, masked_positions, sampled_ids,
+            masked_weights, label_all_slots: bool = False
+            ) -> Tuple:
     """(fake_input_ids, is_replaced) [B,L] int32: `sampled_ids [B,P]` written into the ORIGINAL
     `input_ids` at the real slots; label 1 where the token now differs (a sample equal to the
     original is real), or at every real slot with `label_all_slots` (ELECTRIC's labels)."""
-    input_ids = tf.cast(input_ids, tf.int32)
-    positions, real = tf.cast(masked_positions, tf.int32), masked_weights > 0
-    fake = _scatter_slots(input_ids, positions, tf.cast(sampled_ids, tf.int32), real)
+    input_ids = ops.cast(input_ids, "int32")
+    positions, real = ops.cast(masked_positions, "int32"), masked_weights > 0
+    fake = _scatter_slots(input_ids, positions, ops.cast(sampled_ids, "int32"), real)
     if label_all_slots:
-        ones = tf.ones_like(positions)
-        return fake, _scatter_slots(tf.zeros_like(input_ids), positions, ones, real)
-    return fake, tf.cast(tf.not_equal(fake, input_ids), tf.int32)
+        ones = ops.ones_like(positions)
+        return fake, _scatter_slots(ops.zeros_like(input_ids), positions, ones, real)
+    return fake, ops.cast(ops.not_equal(fake, input_ids), "int32")
 
 
-def electric_logits(energies: tf.Tensor, log_q: tf.Tensor, mask_prob: float) -> tf.Tensor:
+def electric_logits(energies, log_q, mask_prob: float):
     """ELECTRIC's logit [B,L] that a token is noise: with k = mask_prob / (1 - mask_prob)
     noise samples a token, P(noise) = k q / (k q + exp(-E)): E + log q + log k, log q constant."""
-    return (tf.cast(energies, tf.float32) + tf.stop_gradient(tf.cast(log_q, tf.float32))
+    return (ops.cast(energies, "float32") + ops.stop_gradient(ops.cast(log_q, "float32"))
             + float(math.log(mask_prob / (1.0 - mask_prob))))
 
 
-def pseudo_log_likelihood(energies: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+def pseudo_log_likelihood(energies, weights):
     """ELECTRIC's score [B]: -sum of the weighted energies (a pseudo-log-likelihood)."""
-    return -tf.reduce_sum(tf.cast(energies, tf.float32) * tf.cast(weights, tf.float32), -1)
+    return -ops.sum(ops.cast(energies, "float32") * ops.cast(weights, "float32"), -1)
 
 
-def focal_factor(log_p: tf.Tensor, gamma) -> tf.Tensor:
+def focal_factor(log_p, gamma):
     """(1 - p)^gamma from log p: `gamma` >= 0, or "piecewise" (3 where p > 0.2, else 5, after
     Mukhoti et al.; the choice itself carries no gradient)."""
     if isinstance(gamma, str):
         if gamma != "piecewise":
             raise ValueError(f"focal gamma {gamma!r}: expected a number or 'piecewise'")
-        p = tf.exp(log_p)
-        gamma = tf.where(tf.stop_gradient(p) > 0.2, 3.0, 5.0)
+        p = ops.exp(log_p)
+        gamma = ops.where(ops.stop_gradient(p) > 0.2, 3.0, 5.0)
     elif float(gamma) == 0.0:
-        return tf.ones_like(log_p)
+        return ops.ones_like(log_p)
     # (1 - p)^gamma as exp(gamma * log1p(-p)), finite at p -> 1 (-expm1(log p) = 1 - p).
-    return tf.exp(gamma * tf.math.log(tf.maximum(-tf.math.expm1(log_p), 1e-30)))
+    return ops.exp(gamma * ops.log(ops.maximum(-ops.expm1(log_p), 1e-30)))
 
 
-def mlm_loss_sums(logits: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
-                  gamma=0.0) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def mlm_loss_sums(logits, masked_ids, masked_weights,
+                  gamma=0.0) -> Tuple:
     """(sum of weighted losses, sum of weights, weighted per-slot loss [B,...]): float32
     softmax cross-entropy, each -log p times `focal_factor` when `gamma` != 0."""
-    weights = tf.cast(masked_weights, tf.float32)
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(masked_ids, tf.int32), logits=tf.cast(logits, tf.float32))
+    weights = ops.cast(masked_weights, "float32")
+    nll = K.softmax_xent(labels=ops.cast(masked_ids, "int32"),
+                         logits=ops.cast(logits, "float32"))
     if isinstance(gamma, str) or float(gamma) != 0.0:
         nll = focal_factor(-nll, gamma) * nll
     per_slot = nll * weights
-    return tf.reduce_sum(per_slot), tf.reduce_sum(weights), per_slot
+    return ops.sum(per_slot), ops.sum(weights), per_slot
 
 
-def disc_loss_sums(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor
-                   ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def disc_loss_sums(disc_logits, labels, input_mask
+                   ) -> Tuple:
     """(float32 sum of BCE over real tokens, [CLS] and [SEP] included, their number, BCE [B,L])."""
-    weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
-    per_token = tf.nn.sigmoid_cross_entropy_with_logits(
-        labels=tf.cast(labels, tf.float32), logits=tf.cast(disc_logits, tf.float32)) * weights
-    return tf.reduce_sum(per_token), tf.reduce_sum(weights), per_token
+    weights = ops.cast(ops.cast(input_mask, "int32") > 0, "float32")
+    per_token = K.sigmoid_xent(labels=ops.cast(labels, "float32"),
+                               logits=ops.cast(disc_logits, "float32")) * weights
+    return ops.sum(per_token), ops.sum(weights), per_token
 
 
-def gather_slots(values: tf.Tensor, masked_positions: tf.Tensor) -> tf.Tensor:
+def gather_slots(values, masked_positions):
     """values [B,L,...] at the prediction slots -> [B,P,...]."""
-    return tf.gather(values, tf.cast(masked_positions, tf.int32), axis=1, batch_dims=1)
+    return K.gather_slots(values, ops.cast(masked_positions, "int32"))
 
 
-def pick(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+def pick(values, ids):
     """values [..., V] at ids [...] -> [...]."""
-    return tf.gather(values, tf.cast(ids, tf.int32), axis=-1, batch_dims=len(ids.shape))
+    return K.pick(values, ops.cast(ids, "int32"))
 
 
-def slot_disc_loss(disc_logits: tf.Tensor, labels: tf.Tensor, masked_positions: tf.Tensor,
-                   masked_weights: tf.Tensor) -> tf.Tensor:
+def slot_disc_loss(disc_logits, labels, masked_positions,
+                   masked_weights):
     """The discriminator's BCE [B,P] at the slots (0 at padding): electra_15's loss, the
     HP heads' target and the adversarial generator's reward."""
-    logits = gather_slots(tf.cast(disc_logits, tf.float32), masked_positions)
-    slot_labels = tf.cast(gather_slots(labels, masked_positions), tf.float32)
-    return tf.nn.sigmoid_cross_entropy_with_logits(labels=slot_labels, logits=logits) * \
-        tf.cast(masked_weights, tf.float32)
+    logits = gather_slots(ops.cast(disc_logits, "float32"), masked_positions)
+    slot_labels = ops.cast(gather_slots(labels, masked_positions), "float32")
+    return K.sigmoid_xent(labels=slot_labels, logits=logits) * \
+        ops.cast(masked_weights, "float32")
 
 
-def copy_mlm_loss_sums(mlm_logits: tf.Tensor, copy_logits: tf.Tensor, input_ids: tf.Tensor,
-                       target_ids: tf.Tensor, input_mask: tf.Tensor
-                       ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def copy_mlm_loss_sums(mlm_logits, copy_logits, input_ids,
+                       target_ids, input_mask
+                       ) -> Tuple:
     """All-Tokens MLM with the copy mechanism (ELECTRA paper 3.5): (sum of -log p over real
     tokens, their number, per-token loss [B,L]), p(target) = D 1[input == target] + (1 - D)
     softmax(mlm_logits)[target], D = sigmoid(copy_logits), `input_ids` the corrupted input."""
-    weights = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
-    copy_logits = tf.cast(copy_logits, tf.float32)
-    log_vocab = -tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(target_ids, tf.int32), logits=tf.cast(mlm_logits, tf.float32))
-    same = tf.equal(tf.cast(input_ids, tf.int32), tf.cast(target_ids, tf.int32))
-    from_vocab = tf.math.log_sigmoid(-copy_logits) + log_vocab        # log (1 - D) p_V
-    from_copy = tf.math.log_sigmoid(copy_logits)                      # log D
-    log_p = tf.where(same, tf.reduce_logsumexp(tf.stack([from_copy, from_vocab]), axis=0),
+    weights = ops.cast(ops.cast(input_mask, "int32") > 0, "float32")
+    copy_logits = ops.cast(copy_logits, "float32")
+    log_vocab = -K.softmax_xent(labels=ops.cast(target_ids, "int32"),
+                                logits=ops.cast(mlm_logits, "float32"))
+    same = ops.equal(ops.cast(input_ids, "int32"), ops.cast(target_ids, "int32"))
+    from_vocab = ops.log_sigmoid(-copy_logits) + log_vocab        # log (1 - D) p_V
+    from_copy = ops.log_sigmoid(copy_logits)                      # log D
+    log_p = ops.where(same, ops.logsumexp(ops.stack([from_copy, from_vocab]), axis=0),
                      from_vocab)
     per_token = -log_p * weights
-    return tf.reduce_sum(per_token), tf.reduce_sum(weights), per_token
+    return ops.sum(per_token), ops.sum(weights), per_token
 
 
-def hp_loss_estimate(hp_logits: tf.Tensor, candidate_is_original: tf.Tensor) -> tf.Tensor:
+def hp_loss_estimate(hp_logits, candidate_is_original):
     """HP_Loss's estimate L^_D of the discriminator's loss at each candidate from its
     "replaced" logit: softplus(logit) for the original token (real), else softplus(-logit)."""
-    hp_logits = tf.cast(hp_logits, tf.float32)
-    return tf.where(candidate_is_original, tf.nn.softplus(hp_logits),
-                    tf.nn.softplus(-hp_logits))
+    hp_logits = ops.cast(hp_logits, "float32")
+    return ops.where(candidate_is_original, ops.softplus(hp_logits),
+                    ops.softplus(-hp_logits))
 
 
-def hp_loss_sampling_logits(gen_logits: tf.Tensor, hp_logits: tf.Tensor,
-                            masked_ids: tf.Tensor) -> tf.Tensor:
+def hp_loss_sampling_logits(gen_logits, hp_logits,
+                            masked_ids):
     """Logits [B,P,V] of p_S proportional to p_G * L^_D (HP paper, HP_Loss); no gradient."""
-    gen_logits = tf.stop_gradient(tf.cast(gen_logits, tf.float32))
+    gen_logits = ops.stop_gradient(ops.cast(gen_logits, "float32"))
     vocab = gen_logits.shape[-1]
-    is_original = tf.one_hot(tf.cast(masked_ids, tf.int32), vocab, on_value=True,
-                             off_value=False, dtype=tf.bool)
-    estimate = hp_loss_estimate(tf.stop_gradient(hp_logits), is_original)
-    return tf.nn.log_softmax(gen_logits) + tf.math.log(tf.maximum(estimate, 1e-30))
+    is_original = ops.one_hot(ops.cast(masked_ids, "int32"), vocab, dtype="bool")
+    estimate = hp_loss_estimate(ops.stop_gradient(hp_logits), is_original)
+    return ops.log_softmax(gen_logits) + ops.log(ops.maximum(estimate, 1e-30))
 
 
-def hp_loss_head_sums(hp_logits_at_sample: tf.Tensor, disc_logits_at_slot: tf.Tensor,
-                      masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+def hp_loss_head_sums(hp_logits_at_sample, disc_logits_at_slot,
+                      masked_weights) -> Tuple:
     """HP_Loss's head loss (sum, per slot [B,P]) of (D^(x') - D(x'))^2: the head's and the
     discriminator's probability at the sample, the latter a constant target."""
-    target = tf.stop_gradient(tf.sigmoid(tf.cast(disc_logits_at_slot, tf.float32)))
-    per_slot = tf.square(tf.sigmoid(tf.cast(hp_logits_at_sample, tf.float32)) - target) * \
-        tf.cast(masked_weights, tf.float32)
-    return tf.reduce_sum(per_slot), per_slot
+    target = ops.stop_gradient(ops.sigmoid(ops.cast(disc_logits_at_slot, "float32")))
+    per_slot = ops.square(ops.sigmoid(ops.cast(hp_logits_at_sample, "float32")) - target) * \
+        ops.cast(masked_weights, "float32")
+    return ops.sum(per_slot), per_slot
 
 
-def hp_dist_head_sums(sampling_logits: tf.Tensor, gen_logits: tf.Tensor,
-                      sampled_ids: tf.Tensor, disc_loss_at_sample: tf.Tensor,
-                      masked_weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+def hp_dist_head_sums(sampling_logits, gen_logits,
+                      sampled_ids, disc_loss_at_sample,
+                      masked_weights) -> Tuple:
     """HP_Dist's loss (sum, per slot [B,P]; HP paper Eq. 2):
     -(p_G(x') / p_S(x')) L_D(x') log p_S(x') for x' ~ p_S, minimised by p_S = p_G L_D / Z.
     The weight is a constant: only the sampling head gets a gradient."""
-    log_s = tf.nn.log_softmax(tf.cast(sampling_logits, tf.float32))
-    log_g = tf.nn.log_softmax(tf.stop_gradient(tf.cast(gen_logits, tf.float32)))
+    log_s = ops.log_softmax(ops.cast(sampling_logits, "float32"))
+    log_g = ops.log_softmax(ops.stop_gradient(ops.cast(gen_logits, "float32")))
     log_s_x = pick(log_s, sampled_ids)
-    weight = tf.stop_gradient(tf.exp(pick(log_g, sampled_ids) - log_s_x) *
-                              tf.cast(disc_loss_at_sample, tf.float32))
-    per_slot = -weight * log_s_x * tf.cast(masked_weights, tf.float32)
-    return tf.reduce_sum(per_slot), per_slot
+    weight = ops.stop_gradient(ops.exp(pick(log_g, sampled_ids) - log_s_x) *
+                              ops.cast(disc_loss_at_sample, "float32"))
+    per_slot = -weight * log_s_x * ops.cast(masked_weights, "float32")
+    return ops.sum(per_slot), per_slot
 
 
-def reinforce_sums(gen_logits: tf.Tensor, sampled_ids: tf.Tensor, reward: tf.Tensor,
-                   baseline_logits: tf.Tensor, masked_weights: tf.Tensor
-                   ) -> Tuple[tf.Tensor, tf.Tensor]:
+def reinforce_sums(gen_logits, sampled_ids, reward,
+                   baseline_logits, masked_weights
+                   ) -> Tuple:
     """(policy loss sum, baseline loss sum) of the adversarial generator (ELECTRA paper,
     Appendix F). `reward [B,P]`: the discriminator's loss at the slot (a constant). The
     baseline sigmoid(baseline_logits) learns q = exp(-reward) by cross-entropy; in reward
     units b = -log sigmoid(logits). The policy loss is -(reward - b) log p_G(x')."""
-    w = tf.cast(masked_weights, tf.float32)
-    reward = tf.stop_gradient(tf.cast(reward, tf.float32))
-    baseline_logits = tf.cast(baseline_logits, tf.float32)
-    advantage = tf.stop_gradient(reward - tf.nn.softplus(-baseline_logits))
-    log_p = pick(tf.nn.log_softmax(tf.cast(gen_logits, tf.float32)), sampled_ids)
-    policy = -tf.reduce_sum(w * advantage * log_p)
-    baseline = tf.reduce_sum(w * tf.nn.sigmoid_cross_entropy_with_logits(
-        labels=tf.exp(-reward), logits=baseline_logits))
+    w = ops.cast(masked_weights, "float32")
+    reward = ops.stop_gradient(ops.cast(reward, "float32"))
+    baseline_logits = ops.cast(baseline_logits, "float32")
+    advantage = ops.stop_gradient(reward - ops.softplus(-baseline_logits))
+    log_p = pick(ops.log_softmax(ops.cast(gen_logits, "float32")), sampled_ids)
+    policy = -ops.sum(w * advantage * log_p)
+    baseline = ops.sum(w * K.sigmoid_xent(labels=ops.exp(-reward), logits=baseline_logits))
     return policy, baseline
 
 
-def auc_histograms(disc_logits: tf.Tensor, labels: tf.Tensor, input_mask: tf.Tensor,
-                   num_buckets: int = AUC_BUCKETS) -> Tuple[tf.Tensor, tf.Tensor]:
+def auc_histograms(disc_logits, labels, input_mask,
+                   num_buckets: int = AUC_BUCKETS) -> Tuple:
     """(pos_hist, neg_hist) [num_buckets] float32 of sigmoid(disc_logits) over real tokens
     (bucket i: [i/K, (i+1)/K))."""
-    probs = tf.reshape(tf.sigmoid(tf.cast(disc_logits, tf.float32)), [-1])
-    bucket = tf.clip_by_value(tf.cast(tf.floor(probs * num_buckets), tf.int32),
+    probs = ops.reshape(ops.sigmoid(ops.cast(disc_logits, "float32")), [-1])
+    bucket = ops.clip(ops.cast(ops.floor(probs * num_buckets), "int32"),
                               0, num_buckets - 1)
-    weights = tf.reshape(tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32), [-1])
-    positive = tf.reshape(tf.cast(labels, tf.float32), [-1])
-    pos = tf.math.unsorted_segment_sum(weights * positive, bucket, num_buckets)
-    neg = tf.math.unsorted_segment_sum(weights * (1.0 - positive), bucket, num_buckets)
+    weights = ops.reshape(ops.cast(ops.cast(input_mask, "int32") > 0, "float32"), [-1])
+    positive = ops.reshape(ops.cast(labels, "float32"), [-1])
+    pos = ops.segment_sum(weights * positive, bucket, num_buckets)
+    neg = ops.segment_sum(weights * (1.0 - positive), bucket, num_buckets)
     return pos, neg
 
 
-def auc_from_histograms(pos_hist, neg_hist) -> tf.Tensor:
+def auc_from_histograms(pos_hist, neg_hist):
     """ROC AUC from score histograms: P(pos > neg) + 0.5 P(same bucket), the trapezoidal
     area at the bucket edges; 0.5 without positives or negatives."""
-    pos = tf.cast(tf.convert_to_tensor(pos_hist), tf.float32)  # float32: TPU has no float64
-    neg = tf.cast(tf.convert_to_tensor(neg_hist), tf.float32)
-    neg_below = tf.cumsum(neg, exclusive=True)
-    pairs = tf.reduce_sum(pos) * tf.reduce_sum(neg)
-    wins = tf.reduce_sum(pos * (neg_below + 0.5 * neg))
-    return tf.where(pairs > 0, wins / tf.maximum(pairs, 1.0), 0.5)
+    pos = ops.cast(ops.convert_to_tensor(pos_hist), "float32")  # float32: TPU has no float64
+    neg = ops.cast(ops.convert_to_tensor(neg_hist), "float32")
+    neg_below = ops.cumsum(neg) - neg  # exact: the histograms hold whole counts
+    pairs = ops.sum(pos) * ops.sum(neg)
+    wins = ops.sum(pos * (neg_below + 0.5 * neg))
+    return ops.where(pairs > 0, wins / ops.maximum(pairs, 1.0), 0.5)
 
 
 MAX_PROB_BUCKETS = 10  # histogram of the sampling distribution's max probability
 
 
-def _correlation_sums(x, y, groups: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+def _correlation_sums(x, y, groups: Dict) -> Dict:
     """Additive sums (n, x, y, xx, yy, xy) of each weighted group, for Pearson's r."""
-    x, y = tf.cast(x, tf.float32), tf.cast(y, tf.float32)
+    x, y = ops.cast(x, "float32"), ops.cast(y, "float32")
     out = {}
     for name, w in groups.items():
-        w = tf.cast(w, tf.float32)
+        w = ops.cast(w, "float32")
         for key, value in (("n", w), ("x", w * x), ("y", w * y), ("xx", w * x * x),
                            ("yy", w * y * y), ("xy", w * x * y)):
-            out[f"hp_corr_{name}_{key}"] = tf.reduce_sum(value)
+            out[f"hp_corr_{name}_{key}"] = ops.sum(value)
     return out
 
 
-def metric_sums(*, input_mask: tf.Tensor, masked_ids: tf.Tensor, masked_weights: tf.Tensor,
-                sampled_ids: Optional[tf.Tensor] = None,
-                mlm_logits: Optional[tf.Tensor] = None,
-                disc_logits: Optional[tf.Tensor] = None,
-                disc_labels: Optional[tf.Tensor] = None,
-                masked_positions: Optional[tf.Tensor] = None,
-                sampling_logits: Optional[tf.Tensor] = None,
-                main_loss: Optional[tf.Tensor] = None,
-                main_correct: Optional[tf.Tensor] = None,
-                main_weights: Optional[tf.Tensor] = None,
-                hp_estimate: Optional[tf.Tensor] = None,
-                hp_actual: Optional[tf.Tensor] = None,
-                num_auc_buckets: int = AUC_BUCKETS) -> Dict[str, tf.Tensor]:
+def metric_sums(*, input_mask, masked_ids, masked_weights,
+                sampled_ids=None,
+                mlm_logits=None,
+                disc_logits=None,
+                disc_labels=None,
+                masked_positions=None,
+                sampling_logits=None,
+                main_loss=None,
+                main_correct=None,
+                main_weights=None,
+                hp_estimate=None,
+                hp_actual=None,
+                num_auc_buckets: int = AUC_BUCKETS) -> Dict:
     """Additive float32 sums of one batch, each group when its inputs are given: the generator's
     `mlm_logits`; the discriminator's (replaced where its logit > 0; with `masked_positions` its
     accuracy at the slots, HP paper Table 5); the proposal `sampling_logits [B,P,V]` (histogram of
     the top probability); the per-item `main_*` of MLM-type objectives; the HP heads' estimated and
     actual losses [B,P] at the samples (Pearson sums; needs `sampled_ids`)."""
-    w = tf.cast(masked_weights, tf.float32)
-    masked_ids = tf.cast(masked_ids, tf.int32)
-    sums = {"mlm_weight": tf.reduce_sum(w)}
+    w = ops.cast(masked_weights, "float32")
+    masked_ids = ops.cast(masked_ids, "int32")
+    sums = {"mlm_weight": ops.sum(w)}
     if sampled_ids is not None:
-        is_original = tf.cast(tf.equal(tf.cast(sampled_ids, tf.int32), masked_ids), tf.float32)
-        sums["sampled_correct"] = tf.reduce_sum(w * is_original)
+        is_original = ops.cast(ops.equal(ops.cast(sampled_ids, "int32"), masked_ids), "float32")
+        sums["sampled_correct"] = ops.sum(w * is_original)
     if mlm_logits is not None:
         loss_sum, _, _ = mlm_loss_sums(mlm_logits, masked_ids, w)
-        preds = tf.argmax(mlm_logits, axis=-1, output_type=tf.int32)
-        sums["mlm_correct"] = tf.reduce_sum(w * tf.cast(tf.equal(preds, masked_ids),
-                                                        tf.float32))
+        preds = K.argmax(mlm_logits)
+        sums["mlm_correct"] = ops.sum(w * ops.cast(ops.equal(preds, masked_ids),
+                                                        "float32"))
         sums["mlm_loss_sum"] = loss_sum
     if disc_logits is not None:
         loss_sum, count, _ = disc_loss_sums(disc_logits, disc_labels, input_mask)
-        m = tf.cast(tf.cast(input_mask, tf.int32) > 0, tf.float32)
-        label = tf.cast(tf.cast(disc_labels, tf.float32) > 0.5, tf.float32)
-        pred = tf.cast(tf.cast(disc_logits, tf.float32) > 0, tf.float32)
-        right = tf.cast(tf.equal(pred, label), tf.float32)
+        m = ops.cast(ops.cast(input_mask, "int32") > 0, "float32")
+        label = ops.cast(ops.cast(disc_labels, "float32") > 0.5, "float32")
+        pred = ops.cast(ops.cast(disc_logits, "float32") > 0, "float32")
+        right = ops.cast(ops.equal(pred, label), "float32")
         pos_hist, neg_hist = auc_histograms(disc_logits, label, input_mask, num_auc_buckets)
         sums.update({
             "disc_weight": count,
             "disc_loss_sum": loss_sum,
-            "disc_correct": tf.reduce_sum(m * right),
-            "disc_true_pos": tf.reduce_sum(m * pred * label),
-            "disc_pred_pos": tf.reduce_sum(m * pred),
-            "disc_label_pos": tf.reduce_sum(m * label),
+            "disc_correct": ops.sum(m * right),
+            "disc_true_pos": ops.sum(m * pred * label),
+            "disc_pred_pos": ops.sum(m * pred),
+            "disc_label_pos": ops.sum(m * label),
             "auc_pos_hist": pos_hist,
             "auc_neg_hist": neg_hist,
         })
         if masked_positions is not None:
-            sums["disc_masked_correct"] = tf.reduce_sum(w * gather_slots(right,
+            sums["disc_masked_correct"] = ops.sum(w * gather_slots(right,
                                                                          masked_positions))
     if sampling_logits is not None:
-        top = tf.reduce_max(tf.nn.softmax(tf.cast(sampling_logits, tf.float32)), axis=-1)
-        bucket = tf.clip_by_value(tf.cast(tf.floor(top * MAX_PROB_BUCKETS), tf.int32),
+        top = ops.max(ops.softmax(ops.cast(sampling_logits, "float32")), axis=-1)
+        bucket = ops.clip(ops.cast(ops.floor(top * MAX_PROB_BUCKETS), "int32"),
                                   0, MAX_PROB_BUCKETS - 1)
-        sums["sampling_max_prob_hist"] = tf.math.unsorted_segment_sum(
-            tf.reshape(w, [-1]), tf.reshape(bucket, [-1]), MAX_PROB_BUCKETS)
+        sums["sampling_max_prob_hist"] = ops.segment_sum(
+            ops.reshape(w, [-1]), ops.reshape(bucket, [-1]), MAX_PROB_BUCKETS)
     if main_loss is not None:
-        sums.update({"main_loss_sum": tf.reduce_sum(tf.cast(main_loss, tf.float32)),
-                     "main_correct": tf.reduce_sum(tf.cast(main_correct, tf.float32)),
-                     "main_weight": tf.reduce_sum(tf.cast(main_weights, tf.float32))})
+        sums.update({"main_loss_sum": ops.sum(ops.cast(main_loss, "float32")),
+                     "main_correct": ops.sum(ops.cast(main_correct, "float32")),
+                     "main_weight": ops.sum(ops.cast(main_weights, "float32"))})
     if hp_estimate is not None:
         sums.update(_correlation_sums(hp_estimate, hp_actual, {
             "all": w, "original": w * is_original, "replaced": w * (1.0 - is_original)}))
     return sums
 
 
-def _pearson(sums, group: str) -> tf.Tensor:
+def _pearson(sums, group: str):
     """Pearson's r of a `_correlation_sums` group (0 when a variance is 0)."""
-    n, x, y, xx, yy, xy = (tf.cast(sums[f"hp_corr_{group}_{k}"], tf.float32)
+    n, x, y, xx, yy, xy = (ops.cast(sums[f"hp_corr_{group}_{k}"], "float32")
                            for k in ("n", "x", "y", "xx", "yy", "xy"))
-    var = tf.maximum(n * xx - x * x, 0.0) * tf.maximum(n * yy - y * y, 0.0)
-    return tf.where(var > 0, (n * xy - x * y) / tf.sqrt(tf.maximum(var, 1e-30)), 0.0)
+    var = ops.maximum(n * xx - x * x, 0.0) * ops.maximum(n * yy - y * y, 0.0)
+    return ops.where(var > 0, (n * xy - x * y) / ops.sqrt(ops.maximum(var, 1e-30)), 0.0)
 
 
-def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+def metrics_from_sums(sums: Dict) -> Dict:
     """The reported float32 metrics of the groups in (accumulated) `metric_sums`."""
     def ratio(num, den):
-        return tf.cast(sums[num], tf.float32) / tf.maximum(tf.cast(sums[den], tf.float32), _EPS)
+        return ops.cast(sums[num], "float32") / ops.maximum(ops.cast(sums[den], "float32"), _EPS)
 
     out = {}
     if "mlm_correct" in sums:
@@ -532,8 +524,8 @@ def metrics_from_sums(sums: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         out["main_lm_loss"] = ratio("main_loss_sum", "main_weight")
         out["main_lm_accuracy"] = ratio("main_correct", "main_weight")
     if "sampling_max_prob_hist" in sums:
-        hist = tf.cast(sums["sampling_max_prob_hist"], tf.float32)
-        hist = hist / tf.maximum(tf.reduce_sum(hist), _EPS)
+        hist = ops.cast(sums["sampling_max_prob_hist"], "float32")
+        hist = hist / ops.maximum(ops.sum(hist), _EPS)
         for i in range(MAX_PROB_BUCKETS):
             out[f"sampling_max_prob/{i / MAX_PROB_BUCKETS:.1f}-"
                 f"{(i + 1) / MAX_PROB_BUCKETS:.1f}"] = hist[i]

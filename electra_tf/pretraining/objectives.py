@@ -8,8 +8,9 @@ import abc
 from typing import Dict, List, Optional, Tuple, Type
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from electra_tf import kernels as K
 from electra_tf.pretraining import losses as obj
 from electra_tf import rng
 from electra_tf.configs import PretrainingConfig
@@ -51,7 +52,7 @@ class Objective(abc.ABC):
         self.unigram_counts = unigram_counts
         self.focal_gamma = self.oc.focal_gamma()
         # The run's step counter (the trainer sets it) for a temperature schedule.
-        self.global_step: Optional[tf.Variable] = None
+        self.global_step = None  # a scalar variable
 
     def phases(self) -> List[int]:
         """The first global step of each phase (one phase by default)."""
@@ -60,18 +61,18 @@ class Objective(abc.ABC):
     def on_phase_start(self, model, phase: int):
         """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
 
-    def denominators(self, batch) -> Dict[str, tf.Tensor]:
+    def denominators(self, batch) -> Dict:
         """mlm: real prediction slots; disc: real tokens."""
         _, count = obj.num_to_mask(batch["input_ids"], batch["input_mask"], **self._mask_args())
-        return {"mlm": tf.cast(tf.reduce_sum(count), tf.float32),
-                "disc": tf.reduce_sum(tf.cast(batch["input_mask"], tf.float32))}
+        return {"mlm": ops.cast(ops.sum(count), "float32"),
+                "disc": ops.sum(ops.cast(batch["input_mask"], "float32"))}
 
     def loss_terms(self, model, batch, seed, denominators, training: bool, phase: int = 0
-                   ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
+                   ) -> Tuple[Dict, Dict]:
         """-> ({"generator", "baseline", "sampling", "discriminator" or "mlm": weighted
         scalar loss}, additive metric sums)."""
         seeds = rng.split(seed, 4)  # masking, sampling, generator and disc dropout
-        den = {k: tf.maximum(v, _EPS) for k, v in denominators.items()}
+        den = {k: ops.maximum(v, _EPS) for k, v in denominators.items()}
         return self.terms(model, batch, self.mask(batch, seeds[0]), seeds, den, training, phase)
 
     @abc.abstractmethod
@@ -81,7 +82,7 @@ class Objective(abc.ABC):
     def loss(self, model, batch, seed, denominators, training: bool, phase: int = 0):
         """-> (scalar float32 loss, dict of additive float32 metric sums)."""
         terms, sums = self.loss_terms(model, batch, seed, denominators, training, phase)
-        return tf.add_n(list(terms.values())), sums
+        return K.add_n(list(terms.values())), sums
 
     # --- shared pieces ---------------------------------------------------------------
     def _mask_args(self):
@@ -119,7 +120,7 @@ class Objective(abc.ABC):
         slots = obj.gather_slots(hidden, masked["masked_positions"])
         logits = model.generator_predictions(slots)
         if fixed:
-            return tf.stop_gradient(logits), tf.stop_gradient(slots)
+            return ops.stop_gradient(logits), ops.stop_gradient(slots)
         return logits, slots
 
     def temperature(self):
@@ -209,7 +210,7 @@ class Electra15(ReplacedTokenDetection):
     """ELECTRA 15% (ELECTRA paper 3.5): the discriminator's BCE only over the prediction slots."""
 
     def discriminator_term(self, disc_logits, labels, slot_loss, batch, den):
-        return tf.reduce_sum(slot_loss) / den["mlm"]
+        return ops.sum(slot_loss) / den["mlm"]
 
 
 @register("hp_loss")
@@ -226,7 +227,7 @@ class HpLoss(ReplacedTokenDetection):
         head_sum, _ = obj.hp_loss_head_sums(
             hp_at_sample, obj.gather_slots(disc_logits, positions), w)
         terms["sampling"] = self.oc.sampling_weight() * head_sum / den_mlm
-        return obj.hp_loss_estimate(hp_at_sample, tf.equal(sampled, ids))
+        return obj.hp_loss_estimate(hp_at_sample, ops.equal(sampled, ids))
 
 
 @register("hp_dist")
@@ -242,8 +243,8 @@ class HpDist(ReplacedTokenDetection):
         head_sum, _ = obj.hp_dist_head_sums(hp_logits, gen_logits, sampled, slot_loss, w)
         terms["sampling"] = self.oc.sampling_weight() * head_sum / den_mlm
         # The head's loss estimate up to the slot's normaliser: p_S / p_G.
-        return tf.exp(obj.pick(tf.nn.log_softmax(hp_logits), sampled) -
-                      obj.pick(tf.nn.log_softmax(gen_logits), sampled))
+        return ops.exp(obj.pick(ops.log_softmax(hp_logits), sampled) -
+                      obj.pick(ops.log_softmax(gen_logits), sampled))
 
 
 @register("adversarial")
@@ -281,7 +282,7 @@ class TwoStage(ReplacedTokenDetection):
             return terms, obj.metric_sums(
                 input_mask=batch["input_mask"], masked_ids=masked["masked_ids"],
                 masked_weights=masked["masked_weights"], mlm_logits=gen_logits)
-        return self.detection_terms(model, batch, masked, tf.stop_gradient(gen_logits),
+        return self.detection_terms(model, batch, masked, ops.stop_gradient(gen_logits),
                                     gen_slots, seeds, den, training)
 
 
@@ -297,7 +298,7 @@ class Electric(Objective):
         out = super().denominators(batch)
         candidates, _ = obj.num_to_mask(batch["input_ids"], batch["input_mask"],
                                         **self._mask_args())
-        out["cloze"] = tf.reduce_sum(tf.cast(candidates, tf.float32))
+        out["cloze"] = ops.sum(ops.cast(candidates, "float32"))
         return out
 
     def terms(self, model, batch, masked, seeds, den, training, phase):
@@ -316,7 +317,7 @@ class Electric(Objective):
         fake_ids, labels = obj.corrupt(input_ids, positions, sampled, w, label_all_slots=True)
         energies = model.discriminator(fake_ids, batch["input_mask"], batch["segment_ids"],
                                        training=training, seed=seeds[3])
-        log_q = obj.pick(tf.nn.log_softmax(cloze_logits), fake_ids)
+        log_q = obj.pick(ops.log_softmax(cloze_logits), fake_ids)
         disc_logits = obj.electric_logits(energies, log_q, self.oc.mask_prob)
         disc_sum, _, _ = obj.disc_loss_sums(disc_logits, labels, batch["input_mask"])
         terms["discriminator"] = self.oc.disc_weight * disc_sum / den["disc"]
@@ -348,7 +349,7 @@ class MaskedLM(Objective):
         ids, w = masked["masked_ids"], masked["masked_weights"]
         logits = model.mlm_predictions(obj.gather_slots(hidden, masked["masked_positions"]))
         loss_sum, _, per_item = obj.mlm_loss_sums(logits, ids, w)
-        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), ids)
+        correct = ops.equal(K.argmax(logits), ids)
         return loss_sum, per_item, w, correct, den["mlm"]
 
     def terms(self, model, batch, masked, seeds, den, training, phase):
@@ -365,7 +366,7 @@ class MaskedLM(Objective):
             masked_weights=masked["masked_weights"], sampled_ids=sampled,
             mlm_logits=gen_logits if (sampled is not None and self.has_generator) else None,
             sampling_logits=None if training else gen_logits, main_loss=per_item,
-            main_correct=item_weights * tf.cast(correct, tf.float32),
+            main_correct=item_weights * ops.cast(correct, "float32"),
             main_weights=item_weights)
         return terms, sums
 
@@ -393,21 +394,21 @@ class AllTokensMlm(MaskedLM):
         copy_logits = model.discriminator_predictions(hidden)        # [B,L]
         loss_sum, _, per_item = obj.copy_mlm_loss_sums(
             logits, copy_logits, inputs, batch["input_ids"], batch["input_mask"])
-        item_weights = tf.cast(tf.cast(batch["input_mask"], tf.int32) > 0, tf.float32)
-        correct = tf.equal(copy_prediction(logits, copy_logits, inputs),
-                           tf.cast(batch["input_ids"], tf.int32))
+        item_weights = ops.cast(ops.cast(batch["input_mask"], "int32") > 0, "float32")
+        correct = ops.equal(copy_prediction(logits, copy_logits, inputs),
+                           ops.cast(batch["input_ids"], "int32"))
         return loss_sum, per_item, item_weights, correct, den["disc"]
 
 
 def copy_prediction(mlm_logits, copy_logits, input_ids):
     """The copy-mechanism model's most likely token [B,L]: the input token when its
     mixture probability D + (1 - D) p(input) beats (1 - D) max p, else the argmax."""
-    probs = tf.nn.softmax(tf.cast(mlm_logits, tf.float32))
-    d = tf.sigmoid(tf.cast(copy_logits, tf.float32))
-    input_ids = tf.cast(input_ids, tf.int32)
+    probs = ops.softmax(ops.cast(mlm_logits, "float32"))
+    d = ops.sigmoid(ops.cast(copy_logits, "float32"))
+    input_ids = ops.cast(input_ids, "int32")
     copy_p = d + (1.0 - d) * obj.pick(probs, input_ids)
-    best = tf.argmax(probs, axis=-1, output_type=tf.int32)
-    return tf.where(copy_p >= (1.0 - d) * tf.reduce_max(probs, axis=-1), input_ids, best)
+    best = K.argmax(probs)
+    return ops.where(copy_p >= (1.0 - d) * ops.max(probs, axis=-1), input_ids, best)
 
 
 def copy_encoder_weights(source, target):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from electra_tf import compat, rng
 from electra_tf.training import distribute
-from electra_tf.model.modeling import use_matvec_means
+from electra_tf.kernels import use_matvec_means
 from electra_tf.training.optimization import all_reduce_gradients, clip_scale, update_loss_scale
 
 # Keys of the step's metric sums that every replica reports identically (not shares).

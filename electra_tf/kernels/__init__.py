@@ -1,0 +1,50 @@
+"""Backend specialisations: the few primitives whose best form differs per Keras backend.
+
+The networks, heads and objectives (`model/modeling.py`, `pretraining/losses.py`,
+`pretraining/objectives.py`, `finetune/model.py`) are written once in `keras.ops`; what they
+call from here is a primitive with one implementation per backend, chosen when this package
+is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
+
+| primitive | TensorFlow (`kernels/tensorflow.py`) | JAX (`kernels/jax.py`) |
+|---|---|---|
+| `gelu` | exact GELU; its gradient one XLA kernel while a tape records | `jax.nn.gelu(approximate=False)` |
+| `mean_last` | LayerNorm means, as float32 matvecs on CPU (`use_matvec_means`) | `jnp.mean` |
+| `rows_only` | inference outside XLA on [B * L, H] rows (Grappler's fused MatMul) | never |
+| `matmul_nt`, `take_rows`, `gather_slots`, `pick`, `argmax`, `add_n` | `tf.matmul(transpose_b)`, `tf.gather` (batch_dims), `tf.add_n` | `jnp` forms (vmap, take_along_axis) |
+| `softmax_xent`, `sigmoid_xent` | TF's fused cross-entropy ops | `log_softmax` / the same stable formula |
+| `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
+| `drawn_int`, `bits` (for `electra_tf.rng`) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
+
+A new backend adds one module with these names; nothing else in the model changes. TensorFlow
+is imported only by the TensorFlow module, so under `KERAS_BACKEND=jax` the model, heads and
+objectives import on a machine without TensorFlow."""
+
+import keras
+
+BACKEND = keras.backend.backend()
+
+if BACKEND == "tensorflow":
+    from electra_tf.kernels import tensorflow as _impl
+elif BACKEND == "jax":
+    from electra_tf.kernels import jax as _impl
+else:
+    raise ImportError(f"electra-tf runs on the Keras backends tensorflow and jax, not "
+                      f"KERAS_BACKEND={BACKEND!r}")
+
+gelu = _impl.gelu
+mean_last = _impl.mean_last
+use_matvec_means = _impl.use_matvec_means
+rows_only = _impl.rows_only
+matmul_nt = _impl.matmul_nt
+take_rows = _impl.take_rows
+gather_slots = _impl.gather_slots
+pick = _impl.pick
+argmax = _impl.argmax
+add_n = _impl.add_n
+softmax_xent = _impl.softmax_xent
+sigmoid_xent = _impl.sigmoid_xent
+cross_replica_sum = _impl.cross_replica_sum
+drawn_int = _impl.drawn_int
+bits = _impl.bits
+# A faster dropout draw than the row-exact `rng.uniform`, where the backend has one.
+dropout_uniform = getattr(_impl, "dropout_uniform", None)

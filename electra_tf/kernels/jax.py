@@ -1,0 +1,102 @@
+"""The JAX backend's primitives (see `electra_tf.kernels`). No TensorFlow: a GPU machine with
+only JAX, or a JAX TPU VM, imports the model through this module."""
+
+import jax
+import jax.numpy as jnp
+
+
+def gelu(x):
+    """Exact (erf) GELU."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+def use_matvec_means(enabled: bool) -> bool:
+    """A TensorFlow-on-CPU specialisation (`kernels/tensorflow.py`); JAX keeps reductions."""
+    return False
+
+
+def mean_last(x):
+    """Mean over the last axis, keepdims, in x's dtype (LayerNorm passes float32)."""
+    return jnp.mean(x, axis=-1, keepdims=True)
+
+
+def rows_only() -> bool:
+    """Encoders keep [B, L, H] under JAX (every call is compiled)."""
+    return False
+
+
+def matmul_nt(a, b):
+    """a @ b^T over the last two axes."""
+    return jnp.matmul(a, jnp.swapaxes(b, -1, -2))
+
+
+def take_rows(table, ids):
+    """table [N, ...] at int ids [...] -> [..., ...]."""
+    return jnp.take(table, ids, axis=0)
+
+
+def gather_slots(values, positions):
+    """values [B, L, ...] at positions [B, P] -> [B, P, ...]."""
+    return jax.vmap(lambda v, p: v[p])(values, jnp.asarray(positions, jnp.int32))
+
+
+def pick(values, ids):
+    """values [..., V] at ids [...] -> [...]."""
+    ids = jnp.asarray(ids, jnp.int32)
+    return jnp.take_along_axis(values, ids[..., None], axis=-1)[..., 0]
+
+
+def argmax(x):
+    """int32 argmax over the last axis."""
+    return jnp.argmax(x, axis=-1).astype(jnp.int32)
+
+
+def softmax_xent(labels, logits):
+    """-log softmax(logits)[labels], float32."""
+    return -pick(jax.nn.log_softmax(logits, axis=-1), labels)
+
+
+def sigmoid_xent(labels, logits):
+    """Binary cross-entropy of float `labels` against `logits`: max(x, 0) - x z +
+    log(1 + exp(-|x|)), the stable form."""
+    return jnp.maximum(logits, 0.0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+
+
+def cross_replica_sum(x):
+    """Identity (no gradient): a JAX step is one `jit` over the global batch, whose sums are
+    already global, whatever the sharding."""
+    return jax.lax.stop_gradient(jnp.asarray(x))
+
+
+def add_n(xs):
+    """The sum of a list of arrays, left to right."""
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total
+
+
+# --------------------------------------------------------------------------- draws
+
+
+def _key(seed2):
+    """A threefry key from a [2] int32 seed."""
+    data = jax.lax.bitcast_convert_type(jnp.asarray(seed2, jnp.int32), jnp.uint32)
+    return jax.random.wrap_key_data(data, impl="threefry2x32")
+
+
+def drawn_int(seed2):
+    """An int32 scalar drawn from a [2] int32 seed: the key of a fold."""
+    word = jax.random.bits(_key(seed2), (), jnp.uint32)
+    return jax.lax.bitcast_convert_type(word, jnp.int32)
+
+
+def bits(shape, seed):
+    """uint32 random bits of the static `shape` [rows, ...] for a [3] int32 seed (keys,
+    first_row): row b is drawn from the key folded with first_row + b, so a device holding
+    rows [r, r + n) of a batch draws what the whole batch's rows r.. would."""
+    shape = tuple(int(d) for d in shape)
+    key = _key(seed[:2])
+    rows = jnp.asarray(seed[2], jnp.int32) + jnp.arange(shape[0], dtype=jnp.int32)
+    row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
+    return jax.vmap(lambda k: jax.random.bits(k, shape[1:], jnp.uint32))(row_keys)
