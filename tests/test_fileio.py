@@ -54,6 +54,8 @@ ALLOWED = {
     ("electra_tf/compat.py", "libtpu_path", "os.path.exists"): "site-packages",
     # The bundled presets in configs/ beside the package.
     ("electra_tf/configs/loader.py", "preset_names", "os.listdir"): "configs/ of this checkout",
+    ("electra_tf/configs/loader.py", "_read_preset_without_tensorflow", "open"):
+        "a preset of this checkout, where TensorFlow is not installed (JAX only)",
     # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.
     ("tfrecord_builder/cli.py", "_import_tensorflow_quietly", "os.open"): "/dev/null",
     ("experiments/compute_matched.py", "machine", "open"): "/proc/cpuinfo",

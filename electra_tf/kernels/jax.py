@@ -79,6 +79,13 @@ def add_n(xs):
 # --------------------------------------------------------------------------- draws
 
 
+def unseeded_uniform(shape):
+    """float32 uniform on [0, 1) from Keras' global seed generator (dropout without a seed;
+    not inside `jax.jit`, where every draw needs a seed)."""
+    import keras
+    return keras.random.uniform(tuple(shape), dtype="float32")
+
+
 def _key(seed2):
     """A threefry key from a [2] int32 seed."""
     data = jax.lax.bitcast_convert_type(jnp.asarray(seed2, jnp.int32), jnp.uint32)

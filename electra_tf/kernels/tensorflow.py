@@ -183,6 +183,11 @@ def bits(shape, seed) -> tf.Tensor:
     return tf.reshape(out[:, :per_row], shape)
 
 
+def unseeded_uniform(shape) -> tf.Tensor:
+    """float32 uniform on [0, 1) from TF's global random state (dropout without a seed)."""
+    return tf.random.uniform(shape, dtype=tf.float32)
+
+
 def dropout_uniform(shape, keys, row) -> tf.Tensor:
     """Dropout's float32 uniform draw: TF's Philox draw keyed by the seed's keys and the
     block's first row, 3x faster than the row-exact `electra_tf.rng.uniform`, so masks

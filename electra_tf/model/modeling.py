@@ -51,11 +51,11 @@ _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 
 def dropout(x, rate: float, training: bool, seed=None):
     """Inverted dropout, the mask drawn in float32 and applied in x's dtype. With a `seed`
     ([3] int32, `electra_tf.rng`) the mask is a pure function of it (a step is reproducible,
-    a resumed run redraws the same masks); without one, Keras' global seed generator."""
+    a resumed run redraws the same masks); without one, the backend's global random state."""
     if not training or rate <= 0.0:
         return x
     if seed is None:
-        u = keras.random.uniform(ops.shape(x), dtype="float32")
+        u = K.unseeded_uniform(_dynamic_shape(x))
     else:
         u = rng.dropout_uniform(_dynamic_shape(x), seed)
     keep = u >= rate
