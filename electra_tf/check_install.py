@@ -34,7 +34,8 @@ def describe_packages() -> list:
     (name, version), = found["tensorflow"]  # require_supported_versions made sure of one
     lines = [f"TensorFlow {version} ({name}); tensorflow-text {found['tensorflow_text']}; "
              f"Keras {found['keras']}; supported TensorFlow: "
-             f"{', '.join(compat.SUPPORTED_TENSORFLOW)}"]
+             f"{', '.join(compat.SUPPORTED_TENSORFLOW)}; JAX (the model's other Keras "
+             f"backend): {found['jax'] or 'not installed'}"]
     owners = compat.tensorflow_package_owners()
     if owners != [name]:
         raise InstallProblem(

@@ -177,6 +177,8 @@ def test_check_install_reports_this_install():
     (name, version), = compat.installed_versions()["tensorflow"]
     assert lines[0].startswith(f"TensorFlow {tf.__version__} ({name}); tensorflow-text "
                                f"{importlib.metadata.version('tensorflow-text')}")
+    jax = compat.installed_versions()["jax"]
+    assert lines[0].endswith(f"JAX (the model's other Keras backend): {jax or 'not installed'}")
     assert lines[1].startswith(f"`tensorflow` package files: {name} only")
     if name == "tensorflow-tpu":
         libtpu = importlib.metadata.version("libtpu")
