@@ -134,8 +134,8 @@ def _tapped(shape, draw):
     if i >= len(_TAP["replay"]):
         raise ValueError(f"draw {i} asked for, {len(_TAP['replay'])} given")
     value = np.asarray(_TAP["replay"][i], np.float32)
-    want = tuple(int(d) for d in ops.convert_to_numpy(shape)) if not isinstance(
-        shape, (list, tuple)) else tuple(int(d) for d in shape)
+    dims = shape if isinstance(shape, (list, tuple)) else ops.convert_to_numpy(shape)
+    want = tuple(int(d) for d in dims)
     if value.shape != want:
         raise ValueError(f"given draw {i} has shape {value.shape}, the code asks {want}")
     _TAP["next"] = i + 1

@@ -10,6 +10,7 @@ is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
 | `gelu` | exact GELU; its gradient one XLA kernel while a tape records | `jax.nn.gelu(approximate=False)` |
 | `mean_last` | LayerNorm means, as float32 matvecs on CPU (`use_matvec_means`) | `jnp.mean` |
 | `rows_only` | inference outside XLA on [B * L, H] rows (Grappler's fused MatMul) | never |
+| `dynamic_shape` | `tf.shape` (a tensor) | the static shape |
 | `matmul_nt`, `take_rows`, `gather_slots`, `pick`, `argmax`, `add_n` | `tf.matmul(transpose_b)`, `tf.gather` (batch_dims), `tf.add_n` | `jnp` forms (vmap, take_along_axis) |
 | `softmax_xent`, `sigmoid_xent` | TF's fused cross-entropy ops | `log_softmax` / the same stable formula |
 | `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
@@ -38,6 +39,7 @@ mean_last = _impl.mean_last
 use_matvec_means = _impl.use_matvec_means
 rows_only = _impl.rows_only
 matmul_nt = _impl.matmul_nt
+dynamic_shape = _impl.dynamic_shape
 take_rows = _impl.take_rows
 gather_slots = _impl.gather_slots
 pick = _impl.pick

@@ -25,6 +25,11 @@ def rows_only() -> bool:
     return False
 
 
+def dynamic_shape(x):
+    """x's shape: static ints under jit."""
+    return tuple(x.shape)
+
+
 def matmul_nt(a, b):
     """a @ b^T over the last two axes."""
     return jnp.matmul(a, jnp.swapaxes(b, -1, -2))

@@ -75,6 +75,11 @@ def rows_only() -> bool:
 # --------------------------------------------------------------------------- gathers, products
 
 
+def dynamic_shape(x):
+    """x's shape at run time, a 1-D int32 tensor (a draw's shape)."""
+    return tf.shape(x)
+
+
 def matmul_nt(a, b):
     """a @ b^T over the last two axes."""
     return tf.matmul(a, b, transpose_b=True)

@@ -55,16 +55,11 @@ def dropout(x, rate: float, training: bool, seed=None):
     if not training or rate <= 0.0:
         return x
     if seed is None:
-        u = K.unseeded_uniform(_dynamic_shape(x))
+        u = K.unseeded_uniform(K.dynamic_shape(x))
     else:
-        u = rng.dropout_uniform(_dynamic_shape(x), seed)
+        u = rng.dropout_uniform(K.dynamic_shape(x), seed)
     keep = u >= rate
     return x * ops.cast(keep, x.dtype) * ops.cast(1.0 / (1.0 - rate), x.dtype)
-
-
-def _dynamic_shape(x):
-    """x's shape as the backend states it at run time (TensorFlow: a 1-D tensor; JAX: ints)."""
-    return ops.shape(x) if K.BACKEND == "jax" else ops.convert_to_tensor(ops.shape(x))
 
 
 def truncated_normal(stddev: float):
