@@ -15,6 +15,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+# --backend (or KERAS_BACKEND) before anything imports Keras.
+from electra_tf import backend  # noqa: E402
+
+try:
+    backend.select()
+except backend.BackendError as e:
+    sys.exit(f"{os.path.basename(__file__)}: error: {e}")
+
 # No TensorFlow import in these two:
 from electra_tf import configs  # noqa: E402
 from electra_tf.training.options import (PretrainingOptions, RunOptions,  # noqa: E402

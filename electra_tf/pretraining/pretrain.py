@@ -70,6 +70,9 @@ def _dataset(strategy, icfg: dataset.InputConfig, log: shards.ShardLog):
     multi-device iterator, whose release waited 30-37 s for tf.data's autotuning thread
     after the last step of 2 of 3 six-step runs. Not proven gone: one 600-step run of this
     path still waited 20 s there (the old path 0.04 s in the same hour)."""
+    if hasattr(strategy, "process_count"):  # JAX: this process's rows of each batch
+        n, i = strategy.process_count, strategy.process_index
+        return dataset.make_dataset(icfg, tf.distribute.InputContext(n, i, n), log)
     if strategy.num_replicas_in_sync == 1 and distribute.is_cpu_only(strategy):
         return dataset.make_dataset(icfg, tf.distribute.InputContext(1, 0, 1), log)
     return strategy.distribute_datasets_from_function(
@@ -105,7 +108,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
     # One writer per run directory, from before its first write (lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
         tc = cfg.train
-        trainer = Pretrainer(cfg, strategy, special, counts, jit_compile=options.jit_compile)
+        trainer = make_trainer(cfg, strategy, special, counts, options.jit_compile)
         manager = loop.open_checkpoints(trainer, options.model_dir,
                                         distribute.worker_dir(options.model_dir, strategy),
                                         max_to_keep=tc.keep_checkpoint_max, clean=chief)
@@ -115,6 +118,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
             fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
         if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
             source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
+            trainer.model_changed()
             logging.info("Fixed generator (forward only) from %s", source)
 
         result: Dict[str, float] = {}
@@ -135,6 +139,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
                 metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
             if chief:
                 run_lease.check()
+                trainer.sync_model()
                 export_discriminator(trainer.model, options.model_dir)
         if options.do_eval and eval_files:
             result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief,
@@ -142,6 +147,20 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
         if not chief:
             fileio.rmtree(manager.directory)
         return result
+
+
+def make_trainer(cfg: PretrainingConfig, strategy, special_ids, counts,
+                 jit_compile: Optional[bool] = None):
+    """The backend's trainer: `Pretrainer` (tf.distribute) or, on JAX's devices
+    (`distribute.jax_devices`), `JaxPretrainer` (always XLA: --jit_compile=false is an
+    error there)."""
+    if not hasattr(strategy, "process_count"):
+        return Pretrainer(cfg, strategy, special_ids, counts, jit_compile=jit_compile)
+    if jit_compile is False:
+        raise RunError("--jit_compile=false: the JAX backend always compiles the step with "
+                       "XLA; drop the flag")
+    from electra_tf.pretraining.jax_trainer import JaxPretrainer
+    return JaxPretrainer(cfg, strategy, special_ids, counts)
 
 
 def load_fixed_generator(model, path: str) -> str:

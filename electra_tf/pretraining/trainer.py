@@ -14,20 +14,12 @@ from electra_tf.training.optimization import make_optimizer
 from electra_tf.training.trainer import Trainer
 
 
-class Pretrainer(Trainer):
-    """Pre-training: the objective's ELECTRA model, optimizer and loss (global denominators)."""
+class PretrainingJob:
+    """Pre-training's part of either runtime's trainer (`Pretrainer`, TensorFlow;
+    `jax_trainer.JaxPretrainer`): the objective's model, phases, log fields and loss.
+    Set `cfg` and `objective` before the runtime's constructor builds the model."""
 
-    def __init__(self, cfg: PretrainingConfig, strategy: tf.distribute.Strategy,
-                 special_ids=None, unigram_counts=None, jit_compile: Optional[bool] = None):
-        self.cfg = cfg
-        self.objective = build_objective(cfg, special_ids, unigram_counts)
-        tc = cfg.train
-        super().__init__(
-            strategy, self._build_model_of_config,
-            lambda: make_optimizer(cfg.optimizer, tc.num_train_steps), seed=tc.seed,
-            seed_stream=0x5EED, clip_norm=cfg.optimizer.clip_norm,
-            grad_accum_steps=tc.grad_accum_steps, jit_compile=jit_compile)
-        self.objective.global_step = self.global_step  # a temperature schedule reads it
+    cfg: PretrainingConfig
 
     def _build_model_of_config(self):
         model = ElectraPretrainingModel(self.cfg.model, heads=self.objective.heads)
@@ -54,6 +46,22 @@ class Pretrainer(Trainer):
         """The loss denominators of the whole global batch (summed over replicas)."""
         return {k: obj.cross_replica_sum(v)
                 for k, v in self.objective.denominators(batch).items()}
+
+
+class Pretrainer(PretrainingJob, Trainer):
+    """Pre-training: the objective's ELECTRA model, optimizer and loss (global denominators)."""
+
+    def __init__(self, cfg: PretrainingConfig, strategy: tf.distribute.Strategy,
+                 special_ids=None, unigram_counts=None, jit_compile: Optional[bool] = None):
+        self.cfg = cfg
+        self.objective = build_objective(cfg, special_ids, unigram_counts)
+        tc = cfg.train
+        super().__init__(
+            strategy, self._build_model_of_config,
+            lambda: make_optimizer(cfg.optimizer, tc.num_train_steps), seed=tc.seed,
+            seed_stream=0x5EED, clip_norm=cfg.optimizer.clip_norm,
+            grad_accum_steps=tc.grad_accum_steps, jit_compile=jit_compile)
+        self.objective.global_step = self.global_step  # a temperature schedule reads it
 
     def loss(self, batch, seed, context, training, phase=0):
         return self.objective.loss(self.model, batch, seed, context, training, phase)

@@ -248,10 +248,14 @@ def _tpu_strategy(target: TpuTarget) -> tf.distribute.TPUStrategy:
 
 
 def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optional[str] = None,
-                  gcp_project: Optional[str] = None) -> tf.distribute.Strategy:
-    """Builds the strategy; call once, before creating any variable."""
+                  gcp_project: Optional[str] = None, backend: str = "tensorflow"
+                  ) -> tf.distribute.Strategy:
+    """Builds the strategy; call once, before creating any variable. On the JAX backend,
+    the devices JAX sees (`jax_devices`) in the strategy's place."""
     if name not in STRATEGIES:
         raise StrategyError(f"--strategy={name}: expected one of {', '.join(STRATEGIES)}")
+    if backend == "jax":
+        return jax_devices(name)
     host = probe_tpu_host() if name in ("auto", "tpu") else TpuHost()
     target = resolve_tpu_target(name, tpu, tpu_zone, gcp_project, os.environ, host)
     if target.kind != NO_TPU:
@@ -287,8 +291,40 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     return strategy
 
 
+def jax_devices(name: str):
+    """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
+    cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
+    (`jax.distributed.initialize()` first: Cloud TPU pod slices and SLURM describe the
+    cluster themselves, elsewhere JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+    JAX_PROCESS_ID). -> `jax_trainer.JaxDevices`."""
+    from electra_tf.backend import require_jax
+    jax = require_jax()
+    from electra_tf.training.jax_trainer import JaxDevices
+    if name == "multi_worker":
+        try:
+            jax.distributed.initialize()
+        except (RuntimeError, ValueError) as e:
+            raise StrategyError(f"--strategy=multi_worker: jax.distributed.initialize() "
+                                f"failed: {str(e).splitlines()[0]}") from None
+        name = "auto"
+    devices = None
+    if name in ("cpu", "gpu", "tpu"):
+        try:
+            devices = jax.devices(name)
+        except RuntimeError:
+            devices = []
+        if not devices:
+            raise StrategyError(f"--strategy={name}: JAX sees no {name.upper()} device "
+                                f"(it has: {', '.join(sorted({d.platform for d in jax.devices()}))})")
+    found = JaxDevices(devices)
+    logging.info("JAX devices: %s", found.describe())
+    return found
+
+
 def task(strategy: tf.distribute.Strategy):
     """(task_type, task_id) of this process in a multi-worker cluster, else (None, None)."""
+    if hasattr(strategy, "process_count"):  # JAX's processes (jax_trainer.JaxDevices)
+        return strategy.task()
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None, None
@@ -300,6 +336,8 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     without one; always true outside multi-worker training (on TPU one program drives every
     host)."""
     task_type, task_id = task(strategy)
+    if hasattr(strategy, "process_count"):  # JAX: process 0 writes
+        return task_id in (None, 0)
     return task_type in (None, "chief") or (
         task_type == "worker" and task_id == 0
         and not strategy.cluster_resolver.cluster_spec().as_dict().get("chief"))
@@ -318,7 +356,9 @@ def resolve_precision(precision: str, strategy: tf.distribute.Strategy) -> str:
     """precision=auto -> bfloat16 on TPU, float32 elsewhere; others as they are."""
     if precision != "auto":
         return precision
-    return "bfloat16" if isinstance(strategy, tf.distribute.TPUStrategy) else "float32"
+    on_tpu = (isinstance(strategy, tf.distribute.TPUStrategy)
+              or getattr(strategy, "platform", None) == "TPU")  # JAX's TPU devices
+    return "bfloat16" if on_tpu else "float32"
 
 
 def set_precision(precision: str):

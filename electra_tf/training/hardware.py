@@ -111,6 +111,8 @@ def device_name(strategy) -> Optional[str]:
     """The accelerator's name as the table knows it (GPU: the CUDA device name; TPU: its
     accelerator type); None on CPU or when it cannot be found."""
     kind = device_type(strategy)
+    if kind == "GPU" and getattr(strategy, "device_kind", None):  # JAX's devices
+        return strategy.device_kind
     if kind == "GPU":
         gpus = tf.config.list_physical_devices("GPU")
         return tf.config.experimental.get_device_details(gpus[0]).get("device_name") \

@@ -11,6 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import configs, fileio
+from electra_tf.backend import BackendError, current as backend
 from electra_tf.data import files, manifest
 from electra_tf.text import VocabError
 from electra_tf.training import distribute, hardware
@@ -27,7 +28,8 @@ class RunError(ValueError):
 
 # What a CLI reports as one line (exit code 1) rather than a traceback; a job adds its own.
 USER_ERRORS = (configs.ConfigError, RunError, files.InputDataError, VocabError,
-               manifest.ManifestError, distribute.StrategyError, CheckpointError, LeaseError)
+               manifest.ManifestError, distribute.StrategyError, CheckpointError, LeaseError,
+               BackendError)
 
 
 # With on_nan=skip, this many non-finite steps in a row stop the run (float16 loss
@@ -63,7 +65,7 @@ def setup(options, cfg):
     """-> (the strategy `options` name, `cfg` with its precision resolved for it and set as
     the Keras dtype policy, whether this process is the chief: it writes the outputs)."""
     strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
-                                        options.gcp_project)
+                                        options.gcp_project, backend=backend())
     precision = distribute.resolve_precision(cfg.train.precision, strategy)
     distribute.set_precision(precision)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
@@ -202,8 +204,8 @@ class ProfileWindow:
         if not self.enabled or self.active or not self.steps[0] <= step < self.steps[1]:
             return
         try:
-            tf.profiler.experimental.start(self.logdir)
-        except tf.errors.AlreadyExistsError:  # another trace is under way in this process
+            _profiler_start(self.logdir)
+        except (tf.errors.AlreadyExistsError, RuntimeError):  # a trace is under way here
             logging.warning("--profile_steps: a profiler is already running; no trace")
             self.enabled = False
             return
@@ -218,7 +220,7 @@ class ProfileWindow:
 
     def stop(self):
         if self.active:
-            tf.profiler.experimental.stop()
+            _profiler_stop()
             self.active, self.enabled = False, False
 
     def __enter__(self):
@@ -226,6 +228,23 @@ class ProfileWindow:
 
     def __exit__(self, *exc):  # training ended before END, or failed: keep what ran
         self.stop()
+
+
+def _profiler_start(logdir: str):
+    """The backend's profiler into <logdir>/plugins/profile (jax.profiler on JAX)."""
+    if backend() == "jax":
+        import jax
+        jax.profiler.start_trace(logdir)
+    else:
+        tf.profiler.experimental.start(logdir)
+
+
+def _profiler_stop():
+    if backend() == "jax":
+        import jax
+        jax.profiler.stop_trace()
+    else:
+        tf.profiler.experimental.stop()
 
 
 class InputWatch:
@@ -289,6 +308,7 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     def save(at: int) -> str:
         if lease is not None:
             lease.check()
+        trainer.before_save()
         return save_checkpoint(manager, at)
     with (PreemptionWatch(trainer.strategy, what=what) as preemption,
           ProfileWindow(profile_steps, profile_dir, chief) as profile):

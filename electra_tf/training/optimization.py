@@ -11,38 +11,8 @@ import tensorflow as tf
 
 from electra_tf import compat
 
-DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
-
-
-# --------------------------------------------------------------------------- schedule
-
-class WarmupPolynomialDecay:
-    """The official ELECTRA learning rate, `step -> float32 lr`: TF1's polynomial_decay
-    (lr - end) * (1 - min(step, total) / total) ** power + end, times
-    min(1, step / warmup_steps) (warmup multiplies the decayed value, as officially)."""
-
-    def __init__(self, learning_rate: float, total_steps: int, warmup_steps: int = 0,
-                 end_learning_rate: float = 0.0, power: float = 1.0):
-        self.learning_rate = float(learning_rate)
-        self.total_steps = int(total_steps)
-        self.warmup_steps = int(warmup_steps)
-        self.end_learning_rate = float(end_learning_rate)
-        self.power = float(power)
-
-    def __call__(self, step) -> tf.Tensor:
-        step = tf.cast(step, tf.float32)
-        total = float(max(1, self.total_steps))
-        progress = tf.minimum(step, total) / total
-        lr = (self.learning_rate - self.end_learning_rate) * tf.pow(
-            1.0 - progress, self.power) + self.end_learning_rate
-        if self.warmup_steps > 0:
-            lr = lr * tf.minimum(1.0, step / float(self.warmup_steps))
-        return lr
-
-    def get_config(self) -> Dict[str, Any]:
-        return dict(learning_rate=self.learning_rate, total_steps=self.total_steps,
-                    warmup_steps=self.warmup_steps, end_learning_rate=self.end_learning_rate,
-                    power=self.power)
+from electra_tf.training.schedule import (  # noqa: F401 (re-exported)
+    DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, WarmupPolynomialDecay)
 
 
 # --------------------------------------------------------------------------- variables

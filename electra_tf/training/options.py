@@ -14,8 +14,14 @@ STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.trainin
 class RunOptions:
     """What both jobs' runs share, with the flags both CLIs define (`schema.define_flags`)."""
     model_dir: str
+    backend: Optional[str] = knob(None, one_of("tensorflow", "jax"), flag=(
+        "Runtime: tensorflow (tf.distribute; the default) or jax (one jax.jit step over "
+        "every device JAX sees: Cloud TPU VMs of every generation, GPUs). Sets KERAS_BACKEND "
+        "(which alone works too); the data pipeline and checkpoint files use TensorFlow for "
+        "CPU on either, and checkpoints are the same format: either resumes the other."))
     strategy: str = knob("auto", one_of(*STRATEGIES), flag=(
-        "tf.distribute strategy. auto: a TPU if this machine is a Cloud TPU VM or "
+        "tf.distribute strategy (under --backend=jax: which of JAX's devices; multi_worker "
+        "calls jax.distributed.initialize()). auto: a TPU if this machine is a Cloud TPU VM or "
         "--tpu/TPU_NAME names one, else multi_worker when TF_CONFIG lists several workers, "
         "else every visible GPU, else the CPU."))
     tpu: Optional[str] = knob(None, flag=(

@@ -53,10 +53,14 @@ class PreemptionWatch:
         self.notices: List[str] = []
         # Multi-worker: the number of workers with a notice, summed over the cluster.
         self._count_workers = None
-        if distribute.task(strategy)[0] is not None:
-            self._count_workers = tf.function(lambda flag: strategy.reduce(
+        if hasattr(strategy, "sum_over_processes"):  # JAX's processes
+            if distribute.task(strategy)[0] is not None:
+                self._count_workers = strategy.sum_over_processes
+        elif distribute.task(strategy)[0] is not None:
+            reduce = tf.function(lambda flag: strategy.reduce(
                 tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)),
                 axis=None))
+            self._count_workers = lambda flag: int(reduce(tf.constant(flag)))
         self._previous_handlers = {}  # signal -> the handler to put back on exit
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -124,7 +128,7 @@ class PreemptionWatch:
         `save()` (-> the checkpoint path) and raise Preempted."""
         reason = self.notices[0] if self.notices else None
         if self._count_workers is not None:  # a collective: every worker gets here
-            noticed = int(self._count_workers(tf.constant(int(reason is not None))))
+            noticed = self._count_workers(int(reason is not None))
             if noticed and reason is None:
                 reason = "a preemption notice to another worker"
         if reason:

@@ -144,6 +144,16 @@ class Trainer(abc.ABC):
         if not data_position:
             self.data_batches.assign(self.global_step)
 
+    def before_save(self):
+        """Nothing: the variables a checkpoint saves are the state (the JAX runtime copies
+        its device state into them here)."""
+
+    def sync_model(self):
+        """Nothing: the model's variables are the state (see `jax_trainer.JaxTrainer`)."""
+
+    def model_changed(self):
+        """Nothing: the compiled step reads the model's variables (see `before_save`)."""
+
     def reinitialize(self, seed: int):
         """Puts the trainer where a new one built with `seed` would start (weights, zero
         slots and counters, loss scale, random streams), keeping its compiled functions:

@@ -1,0 +1,59 @@
+"""Which runtime a run executes on: `--backend` (tensorflow or jax) on both CLIs, which sets
+`KERAS_BACKEND` before Keras is imported; `KERAS_BACKEND` alone works too (the flag wins
+and says so when they differ). TensorFlow is the default. Nothing here imports Keras."""
+
+import os
+import sys
+from typing import List, Optional
+
+BACKENDS = ("tensorflow", "jax")
+DEFAULT = "tensorflow"
+
+
+class BackendError(ValueError):
+    """A backend that cannot be used, as one line."""
+
+
+def from_argv(argv: List[str]) -> Optional[str]:
+    """The value of --backend in `argv` (`--backend=X` or `--backend X`), or None."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+        if arg == "--backend" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def select(argv: Optional[List[str]] = None) -> str:
+    """Sets KERAS_BACKEND from --backend in `argv` (default sys.argv) before Keras loads;
+    -> the backend the run will use. Call before importing anything that imports Keras."""
+    flag = from_argv(sys.argv if argv is None else argv)
+    env = os.environ.get("KERAS_BACKEND")
+    chosen = flag or env or DEFAULT
+    if chosen not in BACKENDS:
+        source = "--backend" if flag else "KERAS_BACKEND"
+        raise BackendError(f"{source}={chosen}: expected one of {', '.join(BACKENDS)}")
+    loaded = sys.modules.get("keras")
+    if loaded is not None and flag:
+        current = loaded.backend.backend()
+        if current != chosen:
+            raise BackendError(f"--backend={chosen}: Keras is already loaded with the "
+                               f"{current} backend in this process")
+    os.environ["KERAS_BACKEND"] = chosen
+    return chosen
+
+
+def current() -> str:
+    """The backend Keras runs on (imports Keras)."""
+    import keras
+    return keras.backend.backend()
+
+
+def require_jax():
+    """-> the jax module, or a one-line BackendError saying how to install it."""
+    try:
+        import jax
+    except ImportError:
+        raise BackendError("--backend=jax: JAX is not installed: pip install -e \".[jax]\" "
+                           "(CPU), or the GPU/TPU lines of the README's Platforms table")
+    return jax

@@ -1,0 +1,41 @@
+"""The learning-rate schedule and the weight-decay exclusions, shared by the TensorFlow
+runtime's optimizer (`optimization.py`) and the JAX runtime's update (`jax_step.py`); no
+TensorFlow at import."""
+
+from typing import Any, Callable, Dict
+
+DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
+
+
+class WarmupPolynomialDecay:
+    """The official ELECTRA learning rate, `step -> float32 lr`: TF1's polynomial_decay
+    (lr - end) * (1 - min(step, total) / total) ** power + end, times
+    min(1, step / warmup_steps) (warmup multiplies the decayed value, as officially)."""
+
+    def __init__(self, learning_rate: float, total_steps: int, warmup_steps: int = 0,
+                 end_learning_rate: float = 0.0, power: float = 1.0):
+        self.learning_rate = float(learning_rate)
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.end_learning_rate = float(end_learning_rate)
+        self.power = float(power)
+
+    def __call__(self, step):
+        import tensorflow as tf  # the TensorFlow runtime's; JAX calls `compute`
+        return self.compute(tf.cast(step, tf.float32), tf.minimum, tf.pow)
+
+    def compute(self, step, minimum: Callable, power: Callable):
+        """The rate at a float32 `step` with a backend's `minimum` and `pow` (the JAX
+        runtime's step passes jax.numpy's)."""
+        total = float(max(1, self.total_steps))
+        progress = minimum(step, total) / total
+        lr = (self.learning_rate - self.end_learning_rate) * power(
+            1.0 - progress, self.power) + self.end_learning_rate
+        if self.warmup_steps > 0:
+            lr = lr * minimum(1.0, step / float(self.warmup_steps))
+        return lr
+
+    def get_config(self) -> Dict[str, Any]:
+        return dict(learning_rate=self.learning_rate, total_steps=self.total_steps,
+                    warmup_steps=self.warmup_steps, end_learning_rate=self.end_learning_rate,
+                    power=self.power)
