@@ -258,12 +258,15 @@ class JaxTrainer(abc.ABC):
     def _mirror(self) -> Dict[str, tf.Variable]:
         if self._mirror_vars is None:
             paths = object_paths(self.model, "model")
-            mirror = {paths[id(v)]: tf.Variable(np.zeros(v.shape, v.dtype), trainable=False)
+            # Named as the TensorFlow runtime's variables are: readers of a checkpoint
+            # that build no model go by these names (conversion/source.py).
+            mirror = {paths[id(v)]: tf.Variable(np.zeros(v.shape, v.dtype), trainable=False,
+                                                name=v.path)
                       for v in self.variables + self.frozen}
             for v in self.variables:
                 for slot in ("adam_m", "adam_v"):
                     mirror[f"optimizer/{slot}/{v.path}/{slot}"] = tf.Variable(
-                        np.zeros(v.shape, v.dtype), trainable=False)
+                        np.zeros(v.shape, v.dtype), trainable=False, name=f"{v.path}/{slot}")
             self._mirror_vars = mirror
         return self._mirror_vars
 

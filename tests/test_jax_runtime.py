@@ -1,0 +1,241 @@
+"""The JAX runtime (`--backend=jax`): its compiled step against the TensorFlow runtime's, on
+one device and on two, its checkpoints in the TensorFlow runtime's object graph, and whole
+runs: resume across runtimes, SIGTERM, exact resume, the exports read by the TensorFlow
+side.
+
+The step comparisons run TensorFlow's step here (eagerly, its draws recorded) and the JAX
+step in a process with TensorFlow unimportable (`jax_step_parity.py`) from the same weights
+(`backend_parity.set_weights`) and the same draws: every updated variable and Adam slot
+within 1e-4 of TensorFlow's (relative to the largest value, absolute below 1)."""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf import compat, rng
+from electra_tf.pretraining.trainer import Pretrainer
+
+import backend_parity as cases
+import forked_cli
+from conftest import REPO, sigterm_after
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEP_TOL = 1e-4
+jax_installed = pytest.mark.skipif(not compat.module_exists("jax"),
+                                   reason="the jax extra is not installed")
+JAX_ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+
+# name -> (objective case, config overrides, lr multipliers by path)
+STEP_CASES = {
+    "electra_adamw_layerwise": ("electra", {}, {
+        "electra/encoder/layer_0/output/dense/kernel": 0.5,
+        "electra/embeddings/word_embeddings": 0.25}),
+    "electra_lamb_accumulated": ("electra", {"optimizer.optimizer": "lamb",
+                                             "train.grad_accum_steps": 2}, {}),
+    "electric": ("electric", {}, {}),
+    "hp_loss_focal_clipped": ("hp_loss_focal", {"optimizer.clip_norm": 0.01}, {}),
+}
+
+
+def _overrides(extra):
+    return {k: str(v) for k, v in extra.items()}
+
+
+def _tf_step(name):
+    """One TensorFlow-runtime step of a case, eagerly, with its draws recorded."""
+    case_name, extra, multipliers = STEP_CASES[name]
+    objective, base, _ = cases.OBJECTIVE_CASES[case_name]
+    cfg = __import__("electra_tf.configs", fromlist=["load_config"]).load_config(
+        "tiny", {**cases.SMALL, "objective.objective": objective, **base, **_overrides(extra)})
+    counts = np.arange(cases.V, dtype=np.float64) % 17
+    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), None, counts, jit_compile=False)
+    cases.set_weights(trainer.model)
+    by_path = {v.path: v for v in trainer.model.trainable_variables}
+    trainer.lr_multipliers = [(by_path[p], m) for p, m in multipliers.items()] or None
+    batch = {k: tf.constant(v) for k, v in cases.batch_arrays().items()}
+    with rng.recorded_draws() as draws:
+        sums = trainer._replica_step_fn(batch)
+    slots = trainer.optimizer.slot_variables()
+    expected = {
+        "params": {v.path: v.numpy() for v in trainer.model.trainable_variables},
+        "m": {v.path: slots[f"{v.path}/adam_m"].numpy()
+              for v in trainer.model.trainable_variables},
+        "v": {v.path: slots[f"{v.path}/adam_v"].numpy()
+              for v in trainer.model.trainable_variables},
+        "step": int(trainer.global_step.numpy()),
+        "sums": {k: np.asarray(v) for k, v in sums.items()}}
+    case = {"kind": "step", "name": case_name, "overrides": _overrides(extra),
+            "multipliers": multipliers, "batch": cases.batch_arrays(), "draws": draws,
+            "base_seed": [1, 2]}
+    return case, expected
+
+
+def _max_error(ours, theirs):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape
+    return float(np.max(np.abs(ours - theirs)) / max(1.0, float(np.max(np.abs(ours)))))
+
+
+@pytest.fixture(scope="module")
+def jax_steps(tmp_path_factory):
+    """TensorFlow's steps here, then one JAX process for them and the device cases."""
+    built = {name: _tf_step(name) for name in STEP_CASES}
+    device_case = {"kind": "devices", "name": "electra", "overrides": {},
+                   "batches": [cases.batch_arrays(seed) for seed in (0, 1)],
+                   "base_seed": [3, 0x5EED]}
+    tmp = tmp_path_factory.mktemp("jax_steps")
+    cases_path, out_path = tmp / "cases.pkl", tmp / "out.pkl"
+    with open(cases_path, "wb") as f:
+        pickle.dump([case for case, _ in built.values()] + [device_case], f)
+    env = {**os.environ, **JAX_ENV,
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2 "
+                        "--xla_backend_optimization_level=0"}
+    subprocess.run([sys.executable, os.path.join(HERE, "jax_step_parity.py"), str(cases_path),
+                    str(out_path)], check=True, timeout=900, env=env, cwd=REPO)
+    with open(out_path, "rb") as f:
+        results = pickle.load(f)
+    return built, dict(zip(built, results)), results[-1]
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.every_leg
+@pytest.mark.parametrize("name", list(STEP_CASES))
+def test_one_step_on_jax_equals_one_step_on_tensorflow(jax_steps, name):
+    """AdamW with layer-wise multipliers, LAMB over 2 micro-batches, ELECTRIC, a clipped
+    focal HP step: the loss and metric sums, every updated variable and both Adam slots."""
+    built, results, _ = jax_steps
+    expected, got = built[name][1], results[name]
+    assert got["step"] == expected["step"] == 1
+    assert set(got["params"]) == set(expected["params"])
+    for key in ("params", "m", "v"):
+        for path, value in expected[key].items():
+            error = _max_error(value, got[key][path])
+            assert error <= STEP_TOL, (name, key, path, error)
+    # the update moved every variable (a skipped or zero step would pass the above)
+    moved = [p for p, v in expected["params"].items() if np.any(expected["m"][p] != 0)]
+    assert len(moved) >= len(expected["params"]) - 1, name
+    sums = got["sums"][0]
+    for key, value in expected["sums"].items():
+        if "hist" in key:
+            continue
+        assert abs(float(sums[key]) - float(value)) <= STEP_TOL * max(1.0, abs(float(value))), \
+            (name, key, float(sums[key]), float(value))
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.every_leg
+def test_two_host_devices_give_the_one_device_steps(jax_steps):
+    """XLA_FLAGS=--xla_force_host_platform_device_count=2: the batch split over 2 devices
+    (the gradient all-reduce inserted by XLA), two steps, against the same on one device
+    with the generator's own (row-exact) draws."""
+    one, two = jax_steps[2]["one"], jax_steps[2]["all"]
+    assert (one["devices"], two["devices"]) == (1, 2)
+    assert one["step"] == two["step"] == 2
+    for key in ("params", "m", "v"):
+        for path in one[key]:
+            assert _max_error(one[key][path], two[key][path]) <= 1e-5, (key, path)
+    for s1, s2 in zip(one["sums"], two["sums"]):
+        assert float(s1["loss_sum"]) == pytest.approx(float(s2["loss_sum"]), rel=1e-5)
+        assert float(s1["disc_correct"]) == float(s2["disc_correct"])
+
+
+@pytest.mark.slow
+def test_checkpoint_paths_of_the_jax_runtime_are_tensorflows(tmp_path):
+    """`jax_trainer.object_paths` walks a model as TensorFlow's checkpoint does: the same
+    key for every variable, for the objectives whose models differ in shape (GDES deltas,
+    ELECTRIC's heads, two-tower generators, HP heads, untied embeddings)."""
+    pytest.importorskip("jax")
+    from electra_tf.training.jax_trainer import object_paths
+    counts = np.arange(cases.V, dtype=np.float64) % 17
+    for name in ("electra_gdes", "electric", "hp_dist", "two_stage_0",
+                 "electra_untied_official_masking"):
+        trainer = Pretrainer(cases.objective_config(name), tf.distribute.get_strategy(),
+                             None, counts)
+        path = trainer.checkpoint().write(str(tmp_path / name))
+        suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
+        keys = {n[:-len(suffix)] for n, _ in tf.train.list_variables(path)
+                if n.startswith("model/")}
+        paths = object_paths(trainer.model, "model")
+        assert {paths[id(v)] for v in trainer.model.weights} == keys, name
+        assert len(keys) == len(trainer.model.weights)
+
+
+# ------------------------------------------------------------------------------ whole runs
+
+
+def _run_args(model_dir, data, steps, *extra):
+    return [f"--model_dir={model_dir}", f"--train_data={data}", f"--num_train_steps={steps}",
+            "--train_batch_size=8", "--steps_per_loop=1", "--save_checkpoints_steps=3",
+            "--params_override=log_every_steps=1,warmup_steps=2", *extra]
+
+
+def _cli(args, env=None, timeout=300):
+    return forked_cli.run(["run_pretraining.py", *args], cwd=REPO, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def _weights(model_dir):
+    reader = tf.train.load_checkpoint(str(model_dir))
+    return {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(str(model_dir))
+            if n.startswith(("model/", "optimizer/")) or n.startswith("global_step")}
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.e2e
+@pytest.mark.every_leg
+def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path,
+                                                                      sample_build):
+    """On JAX: 6 steps straight; the same run stopped by SIGTERM (it saves and exits 75)
+    and rerun ends with the straight run's weights and slots bit for bit (data position
+    and draws restored); TensorFlow resumes the JAX run's checkpoint and goes on; JAX
+    resumes a TensorFlow run's; the JAX run's discriminator export converts to Hugging
+    Face."""
+    data = sample_build[0]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    done = _cli(_run_args(straight, data, 6, "--backend=jax"), JAX_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "JAX devices: JAX " in done.stderr and " step 6/6 " in done.stderr
+    assert "Train step: XLA-compiled" in done.stderr
+
+    proc = forked_cli.start(["run_pretraining.py",
+                             *_run_args(stopped, data, 6, "--backend=jax")], cwd=REPO,
+                            env={**os.environ, **JAX_ENV}, stderr=forked_cli.PIPE)
+    _, rest = sigterm_after(proc, " step 2/6 ")
+    from electra_tf.training import preemption
+    assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, rest[-3000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last
+    at = int(last.split("SIGTERM at step ")[1].split(":")[0])
+    assert 2 <= at < 6, last
+    again = _cli(_run_args(stopped, data, 6, "--backend=jax"), JAX_ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"(step {at})" in again.stderr
+    a, b = _weights(straight), _weights(stopped)
+    assert a.keys() == b.keys() and len(a) > 100
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+    # TensorFlow resumes the JAX run (its object graph, counters and slots) and goes on.
+    tf_on = _cli(_run_args(straight, data, 8, "--nojit_compile"))
+    assert tf_on.returncode == 0, tf_on.stderr[-3000:]
+    assert "(step 6)" in tf_on.stderr and " step 8/8 " in tf_on.stderr
+    # JAX resumes the checkpoint TensorFlow wrote.
+    jax_on = _cli(_run_args(straight, data, 9, "--backend=jax"), JAX_ENV)
+    assert jax_on.returncode == 0, jax_on.stderr[-3000:]
+    assert "(step 8)" in jax_on.stderr and " step 9/9 " in jax_on.stderr
+    assert tf.train.latest_checkpoint(str(straight)).endswith("ckpt-9")
+
+    # The JAX run's discriminator, as every TensorFlow-side reader takes it.
+    hf = forked_cli.run(["-m", "electra_tf.conversion.convert", "export-hf",
+                         str(stopped), str(tmp_path / "hf")], cwd=REPO, timeout=300)
+    assert hf.returncode == 0, hf.stderr[-3000:]
+    for part in ("discriminator", "generator"):
+        assert os.path.exists(tmp_path / "hf" / part / "model.safetensors"), part
