@@ -45,11 +45,12 @@ STEP_LINE = re.compile(r"\] step (\d+)/(\d+) \|")
 TRUNCATED = 1000  # bytes a truncated checkpoint data file keeps
 
 
-def _run(cmd, *args, timeout=300):
+def _run(cmd, *args, timeout=300, env=None):
     """`cmd args` run to the end (a process forked from one that has TensorFlow imported:
     tests/forked_cli.py)."""
     assert cmd[0] == sys.executable
-    return forked_cli.run([*cmd[1:], *args], timeout=timeout)
+    return forked_cli.run([*cmd[1:], *args], timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def _tail(done):
@@ -93,9 +94,23 @@ def _copy_run(base, tmp_path, name="run"):
     return shutil.copytree(base["dir"], str(tmp_path / name))
 
 
-def _pretrain(model_dir, data, steps, *extra, timeout=300):
+def _pretrain(model_dir, data, steps, *extra, timeout=300, env=None):
     return _run(PRETRAIN, f"--model_dir={model_dir}", f"--train_data={data}",
-                f"--num_train_steps={steps}", *TRAIN_FLAGS, *extra, timeout=timeout)
+                f"--num_train_steps={steps}", *TRAIN_FLAGS, *extra, timeout=timeout, env=env)
+
+
+# The runtimes a command-line error is checked under: the JAX backend's (--backend=jax)
+# errors are the same lines.
+BACKENDS = [pytest.param("tensorflow", id="tf"),
+            pytest.param("jax", id="jax", marks=[pytest.mark.every_leg, pytest.mark.skipif(
+                importlib.util.find_spec("jax") is None, reason="jax not installed")])]
+
+
+def _backend_args(backend):
+    """-> (extra flags, environment) of a command on `backend`."""
+    if backend == "jax":
+        return ["--backend=jax"], {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    return [], None
 
 
 def _steps(stderr):
@@ -639,12 +654,14 @@ PRETRAIN_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flags, message", PRETRAIN_ERRORS)
 @pytest.mark.subprocess
 def test_pretraining_bad_flags_are_one_line_errors(tmp_path, base, data, afile, flags,
-                                                   message):
+                                                   message, backend):
     d = _copy_run(base, tmp_path)
-    done = _pretrain(d, data, 8, *(f.format(afile=afile) for f in flags))
+    extra, env = _backend_args(backend)
+    done = _pretrain(d, data, 8, *(f.format(afile=afile) for f in flags), *extra, env=env)
     last = _last_line(done, 1, "run_pretraining: error: ")
     expected = "run_pretraining: error: " + message.format(afile=afile)
     if message.endswith(", "):  # the unknown key's message goes on to list every key

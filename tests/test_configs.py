@@ -213,7 +213,7 @@ def test_the_cli_flags_come_from_the_knobs():
                          "num_train_epochs", "train_batch_size", "eval_batch_size",
                          "max_seq_length", "warmup_proportion", "num_trials", "seed",
                          "precision", "save_checkpoints_steps", "on_nan"},
-        RunOptions: {"strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile",
+        RunOptions: {"backend", "strategy", "tpu", "tpu_zone", "gcp_project", "jit_compile",
                      "profile_steps", "peak_flops"}}
     defined = {}
     for cls, names in expected.items():

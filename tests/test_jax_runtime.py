@@ -239,3 +239,40 @@ def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path,
     assert hf.returncode == 0, hf.stderr[-3000:]
     for part in ("discriminator", "generator"):
         assert os.path.exists(tmp_path / "hf" / part / "model.safetensors"), part
+
+
+# ------------------------------------------------------------------------------ the switch
+
+
+def test_backend_flag_is_read_before_keras_loads(monkeypatch):
+    """--backend=X or --backend X sets KERAS_BACKEND; the flag wins over the variable; an
+    unknown name, or a flag asking for another backend than the one Keras loaded with, is a
+    one-line error."""
+    from electra_tf import backend
+    assert backend.from_argv(["run.py", "--backend=jax", "--x=1"]) == "jax"
+    assert backend.from_argv(["run.py", "--backend", "tensorflow"]) == "tensorflow"
+    assert backend.from_argv(["run.py", "--model_dir=d"]) is None
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert backend.select(["run.py"]) == "tensorflow"
+    assert backend.select(["run.py", "--backend=tensorflow"]) == "tensorflow"
+    with pytest.raises(backend.BackendError, match=r"^--backend=torch: expected one of "
+                                                   r"tensorflow, jax$"):
+        backend.select(["run.py", "--backend=torch"])
+    monkeypatch.setenv("KERAS_BACKEND", "numpy")
+    with pytest.raises(backend.BackendError, match="^KERAS_BACKEND=numpy: expected one of"):
+        backend.select(["run.py"])
+    # this process loaded Keras on TensorFlow
+    with pytest.raises(backend.BackendError, match="already loaded with the tensorflow"):
+        backend.select(["run.py", "--backend=jax"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.every_leg
+def test_an_unknown_backend_is_a_one_line_error(tmp_path):
+    for script in ("run_pretraining.py", "run_finetuning.py"):
+        done = forked_cli.run([script, "--backend=torch", f"--model_dir={tmp_path}"],
+                              cwd=REPO, timeout=120)
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"{script}: error: --backend=torch: expected one of tensorflow, jax")
+        assert "Traceback" not in done.stderr

@@ -152,13 +152,13 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
 def make_trainer(cfg: PretrainingConfig, strategy, special_ids, counts,
                  jit_compile: Optional[bool] = None):
     """The backend's trainer: `Pretrainer` (tf.distribute) or, on JAX's devices
-    (`distribute.jax_devices`), `JaxPretrainer` (always XLA: --jit_compile=false is an
-    error there)."""
+    (`distribute.jax_devices`), `JaxPretrainer` (always XLA: --jit_compile=false is
+    ignored there, so that a TensorFlow command line runs unchanged)."""
     if not hasattr(strategy, "process_count"):
         return Pretrainer(cfg, strategy, special_ids, counts, jit_compile=jit_compile)
     if jit_compile is False:
-        raise RunError("--jit_compile=false: the JAX backend always compiles the step with "
-                       "XLA; drop the flag")
+        logging.warning("--jit_compile=false: ignored on the JAX backend, whose step is "
+                        "always one XLA program")
     from electra_tf.pretraining.jax_trainer import JaxPretrainer
     return JaxPretrainer(cfg, strategy, special_ids, counts)
 
