@@ -7,9 +7,10 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from keras import ops
 import tensorflow_text as tf_text
 
-from electra_tf import fileio
+from electra_tf import fileio, kernels as K
 from electra_tf.configs import ConfigError
 from electra_tf.finetune import DataError
 from electra_tf.finetune.base_task import Task, TaskData
@@ -172,16 +173,15 @@ class SquadTask(Task):
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):
+        """Per-feature losses (keras.ops: either runtime)."""
         def ce(logits, positions):
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=tf.cast(positions, tf.int32), logits=logits)
+            return K.softmax_xent(ops.cast(positions, "int32"), logits)
 
         losses = (ce(outputs["start_logits"], batch["start_positions"])
                   + ce(outputs["end_logits"], batch["end_positions"])) / 2.0
         if self.v2:
-            losses += self.answerable_weight * tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=tf.cast(batch["is_impossible"], tf.float32),
-                logits=outputs["null_logit"])
+            losses += self.answerable_weight * K.sigmoid_xent(
+                ops.cast(batch["is_impossible"], "float32"), outputs["null_logit"])
         return losses
 
     def fetches(self, outputs):

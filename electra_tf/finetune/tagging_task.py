@@ -8,8 +8,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from keras import ops
 
-from electra_tf import fileio
+from electra_tf import fileio, kernels as K
 from electra_tf.finetune import DataError, metrics
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.tagging import (SCHEMES, LabelMap, Sentence, TaggingFeatures,
@@ -144,14 +145,12 @@ class TaggingTask(Task):
     def loss(self, outputs, batch):
         """Per sentence, the mean cross-entropy over its labelled words (first sub-tokens): each
         sentence counts once, ln(num_labels) at init; 0 for a row without labelled words."""
-        weights = tf.cast(batch["label_weights"], tf.float32)
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.cast(batch["label_ids"], tf.int32), logits=outputs["logits"])
-        return tf.reduce_sum(ce * weights, axis=1) / tf.maximum(
-            tf.reduce_sum(weights, axis=1), 1.0)
+        weights = ops.cast(batch["label_weights"], "float32")
+        ce = K.softmax_xent(ops.cast(batch["label_ids"], "int32"), outputs["logits"])
+        return ops.sum(ce * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
 
     def fetches(self, outputs):
-        return {"predictions": tf.argmax(outputs["logits"], axis=-1, output_type=tf.int32)}
+        return {"predictions": K.argmax(outputs["logits"])}
 
     def metrics(self, data, fetched):
         """conlleval entity precision/recall/F1 (percent) over every word (truncated ones

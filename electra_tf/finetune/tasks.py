@@ -9,8 +9,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from keras import ops
 
-from electra_tf import fileio
+from electra_tf import fileio, kernels as K
 from electra_tf.finetune import DataError, metrics, read_text
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.qa_task import SquadTask
@@ -226,11 +227,11 @@ class TsvTask(Task):
 
     # --- model -------------------------------------------------------------------
     def loss(self, outputs, batch):
+        """Per-example losses (keras.ops: either runtime)."""
         logits = outputs["logits"]
         if self.labels is None:
-            return tf.square(logits[:, 0] - tf.cast(batch["label"], tf.float32))
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.cast(batch["label"], tf.int32), logits=logits)
+            return ops.square(logits[:, 0] - ops.cast(batch["label"], "float32"))
+        return K.softmax_xent(ops.cast(batch["label"], "int32"), logits)
 
     def metrics(self, data, fetched):
         n = data.num_examples

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from keras import ops
 
 from electra_tf import fileio
 from electra_tf.training import distribute, lease
@@ -38,19 +39,13 @@ def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarr
     return out
 
 
-class Finetuner(Trainer):
-    """A trial's model (pre-trained encoder, new head), optimizer with layer-wise learning
-    rates and loss; `reinitialize(seed)` starts the next trial on the same compiled step."""
+class FinetuningJob:
+    """Fine-tuning's part of either runtime's trainer (`Finetuner`, TensorFlow;
+    `jax_trainer.JaxFinetuner`): the model (pre-trained encoder, new head), the optimizer
+    config with its warm-up share, layer-wise rates, the weighted loss (keras.ops)."""
 
-    # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
-    # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
-    # with a cheaper first step (README, Benchmarks); pre-training's step, many small
-    # fused ops, is the other way round.
-    xla_on_cpu = False
-
-    def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
-                 strategy: tf.distribute.Strategy, num_train_steps: int,
-                 init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):
+    def _setup_job(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
+                   num_train_steps: int, init_checkpoint: Optional[str]):
         self.task, self.cfg = task, cfg
         self.num_train_steps = num_train_steps
 
@@ -63,34 +58,71 @@ class Finetuner(Trainer):
 
         optimizer = dataclasses.replace(  # warmup: a share of this run's steps
             cfg.optimizer, warmup_steps=int(round(cfg.warmup_proportion * num_train_steps)))
-        super().__init__(strategy, build_model,
-                         lambda: make_optimizer(optimizer, num_train_steps), seed=seed,
-                         seed_stream=0xF17E, clip_norm=optimizer.clip_norm,
-                         jit_compile=jit_compile)
-        multipliers = layerwise_lr_multipliers(self.model, cfg.layerwise_lr_decay,
-                                               cfg.official_lr_bug)
-        self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
+        return build_model, optimizer
 
-    def loss(self, batch, seed, context, training, phase=0):
+    def layerwise_multipliers(self) -> Dict[str, float]:
+        return layerwise_lr_multipliers(self.model, self.cfg.layerwise_lr_decay,
+                                        self.cfg.official_lr_bug)
+
+    def loss(self, batch, seed, context, training, phase=0, step=None):
         outputs = self.model(batch, training=training, seed=seed)
         per_example = self.task.loss(outputs, batch)
         batch_size = float(self.cfg.train.train_batch_size)
-        return tf.reduce_sum(per_example * batch["weight"]) / batch_size, {}
+        return ops.sum(per_example * batch["weight"]) / batch_size, {}
 
-    def eval_step(self, batch, phase=0):
-        outputs = self.model(batch, training=False)
+    def fetches(self, batch, outputs):
+        """What evaluation brings back per example (and its loss where labels exist)."""
         fetched = dict(self.task.fetches(outputs))
         if "label" in batch or "start_positions" in batch or "label_ids" in batch:
             fetched["_loss"] = self.task.loss(outputs, batch)
         return fetched
 
-    def train_dataset(self, data: TaskData, seed: int, skip_batches: int = 0):
+    def evaluate(self, data: TaskData) -> Dict[str, float]:
+        fetched = self.predict(data)
+        result = self.task.metrics(data, fetched)
+        if "_loss" in fetched:
+            weight = data.arrays["weight"][:data.num_examples]
+            result["loss"] = float(np.sum(fetched["_loss"] * weight) / max(weight.sum(), 1.0))
+        return result
+
+    def train_batches(self, data: TaskData, seed: int, skip_batches: int = 0
+                      ) -> tf.data.Dataset:
         """Shuffled (a fresh order each epoch, a function of the seed), repeated global
         batches; a resumed trial skips the batches it has consumed."""
         ds = tf.data.Dataset.from_tensor_slices(data.arrays)
         ds = ds.shuffle(data.num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.batch(self.cfg.train.train_batch_size, drop_remainder=True).skip(skip_batches)
-        return self._distributed(ds.prefetch(2))
+        return ds.prefetch(2)
+
+
+class Finetuner(FinetuningJob, Trainer):
+    """A trial's model (pre-trained encoder, new head), optimizer with layer-wise learning
+    rates and loss; `reinitialize(seed)` starts the next trial on the same compiled step."""
+
+    # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
+    # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
+    # with a cheaper first step (README, Benchmarks); pre-training's step, many small
+    # fused ops, is the other way round.
+    xla_on_cpu = False
+
+    def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
+                 strategy: tf.distribute.Strategy, num_train_steps: int,
+                 init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):
+        build_model, optimizer = self._setup_job(task, model_config, cfg, num_train_steps,
+                                                 init_checkpoint)
+        super().__init__(strategy, build_model,
+                         lambda: make_optimizer(optimizer, num_train_steps), seed=seed,
+                         seed_stream=0xF17E, clip_norm=optimizer.clip_norm,
+                         jit_compile=jit_compile)
+        multipliers = self.layerwise_multipliers()
+        self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
+
+    def eval_step(self, batch, phase=0):
+        outputs = self.model(batch, training=False)
+        return self.fetches(batch, outputs)
+
+    def train_dataset(self, data: TaskData, seed: int, skip_batches: int = 0):
+        return self._distributed(self.train_batches(data, seed, skip_batches))
 
     def _distributed(self, ds: tf.data.Dataset):
         """`ds` spread over the replicas, without tf.data's autotuner: the splits are in
@@ -120,16 +152,24 @@ class Finetuner(Trainer):
                 parts.setdefault(k, []).append(self.strategy.gather(v, axis=0).numpy())
         return {k: np.concatenate(v)[:data.num_examples] for k, v in parts.items()}
 
-    def evaluate(self, data: TaskData) -> Dict[str, float]:
-        fetched = self.predict(data)
-        result = self.task.metrics(data, fetched)
-        if "_loss" in fetched:
-            weight = data.arrays["weight"][:data.num_examples]
-            result["loss"] = float(np.sum(fetched["_loss"] * weight) / max(weight.sum(), 1.0))
-        return result
-
 
 # --------------------------------------------------------------------------- the run
+
+
+def _on_jax(strategy) -> bool:
+    return hasattr(strategy, "process_count")  # distribute.jax_devices' JaxDevices
+
+
+def make_finetuner(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, strategy,
+                   steps: int, init_checkpoint: Optional[str], seed: int,
+                   jit_compile: Optional[bool] = None):
+    """The backend's trainer: `Finetuner` (tf.distribute) or `JaxFinetuner` (JAX's
+    devices, always XLA: --jit_compile is not read there)."""
+    if not _on_jax(strategy):
+        return Finetuner(task, model_config, cfg, strategy, steps, init_checkpoint, seed,
+                         jit_compile)
+    from electra_tf.finetune.jax_trainer import JaxFinetuner
+    return JaxFinetuner(task, model_config, cfg, strategy, steps, init_checkpoint, seed)
 
 def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
     return max(1, int(math.ceil(num_examples * cfg.num_train_epochs / cfg.train.train_batch_size)))
@@ -233,8 +273,8 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                 continue
             seed = cfg.train.seed + trial
             if finetuner is None:
-                finetuner = Finetuner(task, model_config, cfg, strategy, steps,
-                                      options.init_checkpoint, seed, options.jit_compile)
+                finetuner = make_finetuner(task, model_config, cfg, strategy, steps,
+                                           options.init_checkpoint, seed, options.jit_compile)
             else:  # the next seed on the same compiled step: compiles once per run
                 finetuner.reinitialize(seed)
             train_trial(finetuner, train, trial_dir, seed,
@@ -261,16 +301,26 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                      ", ".join(f"{s:.4f}" for s in scores))
         if tests or (options.export_dir and chief):
             if finetuner is None:  # every trial was done by an earlier run
-                finetuner = Finetuner(task, model_config, cfg, strategy, steps, None,
-                                      cfg.train.seed + best, options.jit_compile)
+                finetuner = make_finetuner(task, model_config, cfg, strategy, steps, None,
+                                           cfg.train.seed + best, options.jit_compile)
             # Each worker restores its own copy: predicting runs on all of them.
             ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
                                              strategy)
-            finetuner.restore(newest_complete(ckpt_dir))
+            best_checkpoint = newest_complete(ckpt_dir)
+            finetuner.restore(best_checkpoint)
             if tests:
                 results["predictions"] = write_predictions(
                     task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
-            if options.export_dir and chief:
+            if options.export_dir and chief and _on_jax(strategy):
+                from electra_tf.finetune.export_child import export_in_tensorflow
+                logging.info("The SavedModel export needs TensorFlow's Keras: exporting %s "
+                             "in a TensorFlow process", best_checkpoint)
+                results["export"] = export_in_tensorflow(
+                    task, model_config, best_checkpoint,
+                    dict(vocab_file=options.vocab_file, do_lower_case=options.do_lower_case,
+                         spm_model=options.spm_model), cfg.train.max_seq_length,
+                    options.export_dir)
+            elif options.export_dir and chief:
                 results["export"] = export_lib.export(task, finetuner.model, encoder,
                                                       cfg.train.max_seq_length, options.export_dir)
                 logging.info("Exported %s", results["export"])

@@ -253,6 +253,24 @@ class JaxTrainer(abc.ABC):
         frozen = [jnp.asarray(keras.ops.convert_to_numpy(v.value)) for v in self.frozen]
         self.state = self.steps.place_state(dict(self.state, params=params, frozen=frozen))
 
+    def reinitialize(self, seed: int):
+        """Puts the trainer where a new one built with `seed` would start (weights, zero
+        slots and counters, loss scale, draws), keeping its compiled steps: fine-tuning's
+        trials compile once."""
+        keras.utils.set_random_seed(seed)
+        fresh = self._build_model()
+        new, old = fresh.trainable_variables, self.variables
+        if [w.path for w in new] != [w.path for w in old]:
+            raise ValueError("build_model made a different model on reinitialize")
+        for target, value in zip(self.variables + self.frozen,
+                                 new + fresh.non_trainable_variables):
+            target.assign(keras.ops.convert_to_numpy(value.value))
+        self.state = self.steps.place_state(jax_step.initial_state(
+            self.variables, self.frozen, self.float16, [seed, self.seed_stream]))
+        for counter in (self.global_step, self.good_steps, self.data_batches):
+            counter.assign(0)
+        self.loss_scale.assign(2.0 ** 15 if self.float16 else 1.0)
+
     # ------------------------------------------------------------------ checkpoints
 
     def _mirror(self) -> Dict[str, tf.Variable]:

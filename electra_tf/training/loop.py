@@ -297,8 +297,11 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
-    logging.info("Train step: %s (--jit_compile to choose)",
-                 "XLA-compiled" if trainer.jit_compile else "graph execution, no XLA")
+    if backend() == "jax":
+        logging.info("Train step: XLA-compiled (one jax.jit program)")
+    else:
+        logging.info("Train step: %s (--jit_compile to choose)",
+                     "XLA-compiled" if trainer.jit_compile else "graph execution, no XLA")
     progress = Progress(step, total, s.batch_size)
     last_saved = step  # a loop of only skipped (non-finite) steps does not save again
     out_metrics: Dict[str, float] = {}
