@@ -187,23 +187,32 @@ def _weights(model_dir):
             if n.startswith(("model/", "optimizer/")) or n.startswith("global_step")}
 
 
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory, sample_build):
+    """A 6-step pre-training run on JAX (ckpt-3, ckpt-6, the discriminator export)."""
+    run_dir = tmp_path_factory.mktemp("jax_run") / "run"
+    done = _cli(_run_args(run_dir, sample_build[0], 6, "--backend=jax"), JAX_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, done.stderr
+
+
 @jax_installed
 @pytest.mark.subprocess
 @pytest.mark.e2e
 @pytest.mark.every_leg
-def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path,
-                                                                      sample_build):
+def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path, sample_build,
+                                                                      jax_run):
     """On JAX: 6 steps straight; the same run stopped by SIGTERM (it saves and exits 75)
     and rerun ends with the straight run's weights and slots bit for bit (data position
     and draws restored); TensorFlow resumes the JAX run's checkpoint and goes on; JAX
     resumes a TensorFlow run's; the JAX run's discriminator export converts to Hugging
     Face."""
+    import shutil
     data = sample_build[0]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    done = _cli(_run_args(straight, data, 6, "--backend=jax"), JAX_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "JAX devices: JAX " in done.stderr and " step 6/6 " in done.stderr
-    assert "Train step: XLA-compiled" in done.stderr
+    shutil.copytree(jax_run[0], straight)
+    assert "JAX devices: JAX " in jax_run[1] and " step 6/6 " in jax_run[1]
+    assert "Train step: XLA-compiled (one jax.jit program)" in jax_run[1]
 
     proc = forked_cli.start(["run_pretraining.py",
                              *_run_args(stopped, data, 6, "--backend=jax")], cwd=REPO,
@@ -276,3 +285,49 @@ def test_an_unknown_backend_is_a_one_line_error(tmp_path):
         assert done.stderr.strip().splitlines()[-1] == (
             f"{script}: error: --backend=torch: expected one of tensorflow, jax")
         assert "Traceback" not in done.stderr
+
+
+def _finetune_args(data, init, model_dir, *extra):
+    return ["--task=mine", f"--data_dir={data}", "--text_columns=sentence",
+            "--label_column=label", f"--init_checkpoint={init}", f"--model_dir={model_dir}",
+            "--max_seq_length=16", "--train_batch_size=8", "--eval_batch_size=8",
+            "--num_train_epochs=2", *extra]
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.e2e
+@pytest.mark.every_leg
+def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
+    """A JAX pre-training run fine-tunes on TensorFlow; on JAX, two trials on one compiled
+    step write the same results.json, and the median trial's SavedModel (exported by a
+    TensorFlow process) scores the dev rows as the JAX run reported."""
+    data = tmp_path / "data"
+    (data / "mine").mkdir(parents=True)
+    dev = [(f"a bad film {i}" if i % 2 == 0 else f"a good film {i}", "neg" if i % 2 == 0
+            else "pos") for i in range(8)]
+    for split, rows in (("train", [(f"a good film {i}" if i % 2 else f"a bad film {i}",
+                                    "pos" if i % 2 else "neg") for i in range(24)]),
+                        ("dev", dev)):
+        (data / "mine" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows))
+    on_tf = forked_cli.run(["run_finetuning.py", *_finetune_args(
+        data, jax_run[0], tmp_path / "ft_tf", "--num_trials=1")], cwd=REPO, timeout=300)
+    assert on_tf.returncode == 0, on_tf.stderr[-3000:]
+    assert (tmp_path / "ft_tf" / "results.json").exists()
+
+    on_jax = forked_cli.run(["run_finetuning.py", *_finetune_args(
+        data, jax_run[0], tmp_path / "ft_jax", "--num_trials=2", "--backend=jax",
+        f"--export_dir={tmp_path / 'export'}")], cwd=REPO, timeout=300,
+        env={**os.environ, **JAX_ENV})
+    assert on_jax.returncode == 0, on_jax.stderr[-3000:]
+    assert "exporting" in on_jax.stderr and "in a TensorFlow process" in on_jax.stderr
+    import json
+    results = json.loads((tmp_path / "ft_jax" / "results.json").read_text())
+    assert len(results["trials"]) == 2 and results["labels"] == ["neg", "pos"]
+    assert [t["seed"] for t in results["trials"]] == [1, 2]
+    best = results["trials"][results["median_trial"]]
+    served = tf.saved_model.load(results["export"]["task"]).signatures["serving_default"]
+    labels = served(sentence=tf.constant([t for t, _ in dev]))["label"].numpy()
+    accuracy = np.mean([p.decode() == l for p, (_, l) in zip(labels, dev)])
+    assert accuracy == pytest.approx(best["accuracy"]), (accuracy, best)
