@@ -134,6 +134,99 @@ def read_vocab_data(info: VocabInfo) -> bytes:
     return data
 
 
+# --------------------------------------------------------------------------- a run's vocabulary
+
+# What a pre-training run directory carries of its tokenizer (written when the run starts,
+# from its data's manifest): the vocabulary file (vocab.txt, or spm.model for SentencePiece)
+# and VOCAB_JSON, the manifest's record of it (kind, size, sha256, casing, special ids, the
+# build's name for the file).
+VOCAB_JSON = "vocab.json"
+RUN_VOCAB_FILES = {"wordpiece": "vocab.txt", "sentencepiece": "spm.model"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunVocab:
+    """A vocabulary found with a checkpoint: its file, kind and casing."""
+    path: str
+    kind: str  # "wordpiece" or "sentencepiece"
+    do_lower_case: bool
+
+    def flags(self) -> Dict:
+        """The TextEncoder / fine-tuning arguments it stands for."""
+        return ({"vocab_file": None, "spm_model": self.path} if self.kind == "sentencepiece"
+                else {"vocab_file": self.path, "spm_model": None}) | {
+                    "do_lower_case": self.do_lower_case}
+
+
+def _manifest_vocab_bytes(record: dict, data_dir: str, search: Sequence[str]) -> Optional[bytes]:
+    """The bytes of the manifest's vocabulary: the copy in the build directory, else a
+    file of that name in `search` directories, when its sha256 is the manifest's."""
+    name = record.get("vocab_file")
+    if not name:
+        return None
+    for folder in (data_dir, *search):
+        path = fileio.join(folder, name)
+        if fileio.isfile(path):
+            data = read_vocab_bytes(path, KIND_FLAGS.get(record.get("kind"), "--vocab_file"))
+            if hashlib.sha256(data).hexdigest() == record.get("vocab_sha256"):
+                return data
+    return None
+
+
+def record_run_vocab(model_dir: str, manifest: Optional[dict], data_dir: str,
+                     search: Sequence[str] = ()) -> Optional[str]:
+    """Writes the training data's vocabulary and VOCAB_JSON into `model_dir` (the chief, at
+    the run's start; an existing pair is kept if it is the same vocabulary, replaced with
+    a warning if not). -> None, or why nothing was written (no manifest, the file not
+    found beside the data or in `search`)."""
+    if not manifest or "tokenizer" not in manifest:
+        return "the training data has no manifest.json naming its vocabulary"
+    built = manifest["tokenizer"]
+    data = _manifest_vocab_bytes(built, data_dir, search)
+    if data is None:
+        return (f"{built.get('vocab_file')} (sha256 {str(built.get('vocab_sha256'))[:12]}"
+                f"...) is neither in {data_dir} nor in {', '.join(search) or 'no other place'}")
+    # Under the conventional name (TF1 and Hugging Face directories hold a vocab.txt).
+    record = dict(built, vocab_file=RUN_VOCAB_FILES.get(built.get("kind"), "vocab.txt"),
+                  built_from=built.get("vocab_file"))
+    json_path = fileio.join(model_dir, VOCAB_JSON)
+    if fileio.exists(json_path) and fileio.read_json(json_path) == record:
+        return None
+    fileio.write_atomic(fileio.join(model_dir, record["vocab_file"]), data)
+    fileio.write_json_atomic(json_path, record)  # last: it vouches for the file
+    return None
+
+
+def find_run_vocab(path: str, levels: int = 3) -> Optional[RunVocab]:
+    """The vocabulary recorded with the checkpoint at `path` (a run directory, a
+    `ckpt-N` or `discriminator/model.ckpt` in one; up to `levels` - 1 directories above):
+    VOCAB_JSON and its file, or a keras-hub preset's or Hugging Face directory's
+    vocabulary. None when there is none."""
+    here = path if fileio.isdir(path) else os.path.dirname(path)
+    for _ in range(levels):
+        record = fileio.join(here, VOCAB_JSON)
+        if fileio.isfile(record):
+            info = fileio.read_json(record)
+            vocab = fileio.join(here, info.get("vocab_file", ""))
+            if fileio.isfile(vocab):
+                return RunVocab(vocab, info.get("kind", "wordpiece"),
+                                bool(info.get("do_lower_case", True)))
+        hub_vocab = fileio.join(here, "assets", "tokenizer", "vocabulary.txt")
+        hub_tokenizer = fileio.join(here, "tokenizer.json")
+        if fileio.isfile(hub_vocab) and fileio.isfile(hub_tokenizer):  # keras-hub preset
+            config = fileio.read_json(hub_tokenizer).get("config", {})
+            return RunVocab(hub_vocab, "wordpiece", bool(config.get("lowercase", False)))
+        hf_config = fileio.join(here, "tokenizer_config.json")
+        if fileio.isfile(fileio.join(here, "vocab.txt")) and fileio.isfile(hf_config):
+            lower = fileio.read_json(hf_config).get("do_lower_case", True)
+            return RunVocab(fileio.join(here, "vocab.txt"), "wordpiece", bool(lower))
+        parent = os.path.dirname(here.rstrip("/")) or "."
+        if parent == here or (fileio.is_remote(here) and not fileio.is_remote(parent)):
+            break
+        here = parent
+    return None
+
+
 # Category C except tab/newline/CR, and U+FFFD (what invalid UTF-8 decodes to): the
 # characters BERT's normaliser deletes. Unicode data is TensorFlow's (RE2, ICU), not
 # Python's: RE2's \pC has no Cn, so unassigned code points stay (reference BERT drops

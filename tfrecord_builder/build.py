@@ -517,6 +517,12 @@ def publish(cfg: BuildConfig, shards_dir: str, vocab_counts: Sequence[int],
                       fileio.join(cfg.output_dir, shard["name"]))
     fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
                         "\n".join(map(str, np.asarray(vocab_counts).tolist())) + "\n")
+    # The vocabulary beside the shards, under the manifest's name for it: a run on this
+    # build records it in its run directory (pretraining/pretrain.py: record_vocab).
+    vocab_path = cfg.spm_model or cfg.vocab_file
+    if vocab_path:
+        fileio.copy(vocab_path, fileio.join(cfg.output_dir,
+                                            manifest["tokenizer"]["vocab_file"]))
     manifest_lib.write_manifest(cfg.output_dir, manifest)
     return manifest
 

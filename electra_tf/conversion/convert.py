@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("source")
     s.add_argument("out_dir")
     s.add_argument("--num_heads", type=int)
+    _vocab_arguments(s)
     s = sub.add_parser("import-hf", help="Hugging Face directories -> TF1 checkpoint.")
     s.add_argument("discriminator_dir")
     s.add_argument("prefix")
@@ -43,14 +44,36 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("source")
     s.add_argument("out")
     s.add_argument("--part", choices=("discriminator", "generator"), default="discriminator")
-    s.add_argument("--vocab_file", help="WordPiece vocab.txt (default: SOURCE's vocab.txt).")
-    s.add_argument("--cased", action="store_true", help="Do not lower-case (cased vocab).")
+    _vocab_arguments(s)
     s.add_argument("--num_heads", type=int)
     s = sub.add_parser("import-keras-hub", help="A keras-hub ELECTRA preset -> OUT/model.ckpt "
                        "(TF1 names) and OUT/vocab.txt.")
     s.add_argument("preset")
     s.add_argument("out")
     return p
+
+
+def _vocab_arguments(s):
+    s.add_argument("--vocab_file", help="WordPiece vocab.txt (default: the one SOURCE's run "
+                   "recorded, its vocab.json beside the checkpoint, else SOURCE's vocab.txt).")
+    s.add_argument("--cased", action="store_const", const=True, default=None,
+                   help="Do not lower-case (default: the casing SOURCE's run recorded, else "
+                   "lower-case).")
+
+
+def _vocabulary(args, text, fileio):
+    """(vocab.txt path or None, lower-case?) for SOURCE: --vocab_file, else the run's
+    recorded vocabulary (`text.find_run_vocab`), else a vocab.txt in or beside SOURCE."""
+    found = text.find_run_vocab(args.source)
+    lower = not args.cased if args.cased is not None else (
+        found.do_lower_case if found and not args.vocab_file else True)
+    if args.vocab_file:
+        return args.vocab_file, lower
+    if found and found.kind == "wordpiece":
+        return found.path, lower
+    beside = fileio.join(args.source if fileio.isdir(args.source)
+                         else os.path.dirname(args.source), "vocab.txt")
+    return (beside if fileio.isfile(beside) else None), lower
 
 
 # Where each command writes, probed before anything is read: (argument, is it a prefix).
@@ -62,10 +85,11 @@ _OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)  # before TensorFlow is imported: --help is instant
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from electra_tf import fileio
+    from electra_tf import fileio, text
     from electra_tf.configs import ConfigError
     from electra_tf.conversion import keras_hub
-    from electra_tf.conversion.formats import ConvertError, export_hf, import_hf, is_hf_dir
+    from electra_tf.conversion.formats import (ConvertError, export_hf, import_hf, is_hf_dir,
+                                               write_hf_tokenizer)
     from electra_tf.conversion.source import inspect_tf1, resolve
     from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir
     from electra_tf.training import checkpoints
@@ -92,10 +116,18 @@ def main(argv=None) -> int:
         elif args.command == "export-hf":
             src = resolve(args.source, num_heads=args.num_heads)
             arrays = src.arrays(slots=False)
-            print(export_hf(arrays, src.config, os.path.join(args.out_dir, "discriminator")))
-            if src.has_generator:
-                print(export_hf(arrays, src.config, os.path.join(args.out_dir, "generator"),
-                                "generator"))
+            vocab, lower = _vocabulary(args, text, fileio)
+            parts = ["discriminator"] + (["generator"] if src.has_generator else [])
+            for part in parts:
+                out = os.path.join(args.out_dir, part)
+                export_hf(arrays, src.config, out, part)
+                if vocab:  # AutoTokenizer.from_pretrained(out) tokenises as we trained
+                    write_hf_tokenizer(out, vocab, lower, src.config)
+                print(out)
+            if not vocab:
+                print(f"warning: no vocabulary found for {args.source} (no vocab.json or "
+                      "vocab.txt with it): no tokenizer files written; give --vocab_file",
+                      file=sys.stderr)
         elif args.command == "import-hf":
             config, arrays, unmapped = import_hf(args.discriminator_dir, args.generator_dir)
             print(json.dumps(dataclasses.asdict(config), indent=2))
@@ -111,11 +143,12 @@ def main(argv=None) -> int:
             src = resolve(args.source, num_heads=args.num_heads)
             if args.part == "generator" and not src.has_generator:
                 raise ConvertError(f"{args.source} holds no generator")
-            # SOURCE's vocab.txt: in it (a directory) or beside it (a checkpoint prefix)
-            vocab = args.vocab_file or fileio.join(args.source if fileio.isdir(args.source)
-                                                   else os.path.dirname(args.source), "vocab.txt")
+            vocab, lower = _vocabulary(args, text, fileio)
+            if vocab is None:
+                raise ConvertError(f"no vocabulary found for {args.source} (no vocab.json or "
+                                   "vocab.txt with it): give --vocab_file")
             print(keras_hub.export_keras_hub(src.arrays(slots=False), src.config, vocab, args.out,
-                                             args.part, not args.cased))
+                                             args.part, lower))
         elif args.command == "import-keras-hub":
             config, arrays, lower = keras_hub.import_keras_hub(args.preset)
             print(json.dumps(dataclasses.asdict(config), indent=2))

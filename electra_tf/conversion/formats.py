@@ -263,6 +263,24 @@ def export_hf(arrays: Dict[str, np.ndarray], config: ModelConfig, out_dir: str,
     return out_dir
 
 
+HF_SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
+
+
+def write_hf_tokenizer(out_dir: str, vocab_file: str, do_lower_case: bool,
+                       config: ModelConfig) -> str:
+    """`out_dir`/vocab.txt, tokenizer_config.json and special_tokens_map.json: what
+    `AutoTokenizer.from_pretrained(out_dir)` reads to build the ELECTRA (BERT WordPiece)
+    tokenizer of `vocab_file`, with the casing the model was trained with."""
+    fileio.copy(vocab_file, fileio.join(out_dir, "vocab.txt"))
+    fileio.write_json_atomic(fileio.join(out_dir, "special_tokens_map.json"), HF_SPECIAL_TOKENS)
+    fileio.write_json_atomic(fileio.join(out_dir, "tokenizer_config.json"), dict(
+        HF_SPECIAL_TOKENS, tokenizer_class="ElectraTokenizer", do_lower_case=do_lower_case,
+        strip_accents=None, tokenize_chinese_chars=True,
+        model_max_length=config.max_position_embeddings))
+    return out_dir
+
+
 def is_hf_dir(path: str) -> bool:
     """A Hugging Face `transformers` model directory: a config.json naming a model_type."""
     cfg = fileio.join(path, "config.json")

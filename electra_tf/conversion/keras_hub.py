@@ -114,6 +114,17 @@ def export_keras_hub(arrays: Dict[str, np.ndarray], config: ModelConfig, vocab_f
     return _write_new_dir(out, write)
 
 
+def is_preset_dir(path: str) -> bool:
+    """A keras-hub preset directory: metadata.json beside a config.json naming a
+    registered keras-hub class (an ELECTRA one or not: `import_keras_hub` says which)."""
+    try:
+        if not (fileio.isdir(path) and fileio.isfile(fileio.join(path, "metadata.json"))):
+            return False
+        return "registered_name" in fileio.read_json(fileio.join(path, "config.json"))
+    except (OSError, ValueError, TypeError, AttributeError, tf.errors.OpError):
+        return False
+
+
 def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], bool]:
     """A keras-hub ELECTRA preset -> (ModelConfig, {TF1 name: array} of the encoder `electra/...`,
     the tokenizer's lowercase); the pooler is dropped, every file checked before reading."""

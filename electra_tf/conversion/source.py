@@ -22,7 +22,8 @@ _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 @dataclasses.dataclass
 class Source:
     """What a path holds. `kind`: "model_dir", "gdes" (tables folded as its exports write
-    them), "tf1" (name-based) or "hf"; `path`: the prefix read (for "hf" the directory);
+    them), "tf1" (name-based), "hf" or "keras_hub" (a preset); `path`: the prefix read
+    (for "hf" and "keras_hub" the directory);
     `config`: the arrays' model (given, else from `config_file`, else inferred; released);
     `shapes`: {TF1 name: shape} of every tensor (weights, slots, global_step)."""
     kind: str
@@ -134,6 +135,15 @@ def resolve(path: str, config: Optional[ModelConfig] = None, what: str = "",
         return Source("hf", path, (config or hf_config).released(), None if config else
                       fileio.join(path, "config.json"), {n: a.shape for n, a in arrays.items()},
                       arrays.__getitem__, ignored)
+    from electra_tf.conversion import keras_hub
+    if keras_hub.is_preset_dir(path):  # ours (export-keras-hub) or a published one
+        try:
+            hub_config, arrays, _ = keras_hub.import_keras_hub(path)
+        except ConvertError as e:
+            raise ConvertError(f"{what}: {e}" if what else str(e)) from None
+        return Source("keras_hub", path, (config or hub_config).released(), None if config
+                      else fileio.join(path, "config.json"),
+                      {n: a.shape for n, a in arrays.items()}, arrays.__getitem__, [])
     prefix, reader = _open(path, what)
     shapes = reader.get_variable_to_shape_map()
     kind, read = "tf1", reader.get_tensor

@@ -8,7 +8,7 @@ from typing import Optional
 
 from absl import logging
 
-from electra_tf import configs, fileio
+from electra_tf import configs, fileio, text
 from electra_tf.conversion import source
 from electra_tf.conversion.formats import ConvertError
 from electra_tf.training import loop
@@ -94,12 +94,22 @@ def main(flags, repo: str) -> dict:
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
     cfg = configs.config_from_flags(flags, configs.FinetuneConfig,
                                     os.path.join(repo, DEMO_CONFIG) if demo else None)
-    vocab = flags.vocab_file
-    if vocab is None and flags.spm_model is None:
-        vocab = os.path.join(repo, "data", "vocab", "bert_uncased_vocab.txt")
+    tokenizer = dict(vocab_file=flags.vocab_file, spm_model=flags.spm_model,
+                     do_lower_case=flags.do_lower_case)
+    if flags.vocab_file is None and flags.spm_model is None:
+        # The vocabulary and casing the checkpoint was trained with, when it records them
+        # (our runs, keras-hub presets, Hugging Face directories), else BERT's uncased one.
+        found = text.find_run_vocab(init) if init else None
+        if found:
+            tokenizer = found.flags()
+            logging.info("Vocabulary of %s: %s (%s, %s)", init, found.path, found.kind,
+                         "lower-cased" if found.do_lower_case else "cased")
+        else:
+            tokenizer["vocab_file"] = os.path.join(repo, "data", "vocab",
+                                                   "bert_uncased_vocab.txt")
     options = options_from_flags(flags, FinetuneOptions, data_dir=data_dir,
                                  model_dir=model_dir, init_checkpoint=init,
-                                 export_dir=export_dir, vocab_file=vocab)
+                                 export_dir=export_dir, **tokenizer)
     try:
         results = run(task, model_config, cfg, options)
     except ModelMismatchError as e:

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from electra_tf import fileio
+from electra_tf import REPO_DATA, fileio, text
 from electra_tf.data import dataset, files as data_files, shards
 from electra_tf.pretraining import flops
 from electra_tf.training import distribute, hardware
@@ -116,6 +116,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
         # complete stops the run unchanged); a rename, so never a torn config.json.
         if chief:
             fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
+            record_vocab(options.model_dir, manifest, files)
         if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
             source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
             trainer.model_changed()
@@ -147,6 +148,17 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
         if not chief:
             fileio.rmtree(manager.directory)
         return result
+
+
+def record_vocab(model_dir: str, manifest: Optional[dict], files: Sequence[str]):
+    """The data's vocabulary and casing into the run directory (`text.record_run_vocab`:
+    what fine-tuning, `convert` and the exports read by default), from the build directory
+    or, for builds made before builds carried it, the bundled vocabularies."""
+    why = text.record_run_vocab(model_dir, manifest, os.path.dirname(files[0]),
+                                search=[os.path.join(REPO_DATA, "vocab")])
+    if why:
+        logging.warning("The run directory records no vocabulary (%s): give --vocab_file "
+                        "(and --do_lower_case) to fine-tuning and conversion", why)
 
 
 def make_trainer(cfg: PretrainingConfig, strategy, special_ids, counts,
