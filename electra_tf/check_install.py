@@ -13,6 +13,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from electra_tf import backend  # noqa: E402
+
+try:  # --backend before Keras loads
+    backend.select()
+except backend.BackendError as e:
+    sys.exit(f"check_install: {e}")
+
 from electra_tf import compat  # noqa: E402  (checks the versions, sets TPU_LOAD_LIBRARY)
 from electra_tf.training.options import STRATEGIES  # noqa: E402
 
@@ -22,6 +29,9 @@ flags.DEFINE_string("tpu", None, "As for run_pretraining.py: local, a TPU's name
                     "grpc://HOST:PORT; default: this machine's chips, if any.")
 flags.DEFINE_string("tpu_zone", None, "As for run_pretraining.py.")
 flags.DEFINE_string("gcp_project", None, "As for run_pretraining.py.")
+flags.DEFINE_enum("backend", None, list(backend.BACKENDS), "As for run_pretraining.py: jax "
+                  "lists JAX's devices and runs one compiled train step of a tiny ELECTRA "
+                  "on them.")
 
 
 class InstallProblem(Exception):
@@ -96,13 +106,47 @@ def run_a_step(strategy_name: str, tpu, tpu_zone, gcp_project) -> list:
             f"matmul on every replica: {128 ** 3} (correct)"]
 
 
+def run_a_jax_step(strategy_name: str) -> list:
+    """JAX's devices (as --backend=jax would use them) and one compiled pre-training step
+    of a 1-layer ELECTRA on a batch split over all of them: finite, and applied."""
+    import numpy as np
+    from electra_tf.configs import load_config
+    from electra_tf.pretraining.jax_trainer import JaxPretrainer
+    from electra_tf.training import distribute
+    try:
+        devices = distribute.jax_devices(strategy_name)
+    except distribute.StrategyError as e:
+        raise InstallProblem(str(e)) from None
+    n = devices.num_replicas_in_sync
+    cfg = load_config("tiny", {"model.num_hidden_layers": "1", "model.vocab_size": "512",
+                               "train.train_batch_size": str(2 * n),
+                               "train.max_seq_length": "16", "train.num_train_steps": "10"})
+    trainer = JaxPretrainer(cfg, devices)
+    rows = np.random.default_rng(0).integers(110, 512, (2 * n, 16)).astype(np.int32)
+    rows[:, 0], rows[:, -1] = 101, 102
+    batch = {"input_ids": rows, "input_mask": np.ones_like(rows),
+             "segment_ids": np.zeros_like(rows)}
+    sums = trainer.make_train_loop()(iter([batch]), 1)
+    loss = float(sums["loss_sum"])
+    if not np.isfinite(loss) or int(trainer.global_step.numpy()) != 1:
+        raise InstallProblem(f"the JAX train step gave loss {loss} at step "
+                             f"{int(trainer.global_step.numpy())} on {devices.describe()}")
+    return [devices.describe(),
+            f"one compiled train step of a 1-layer ELECTRA, batch {2 * n} split over "
+            f"{n} device(s): loss {loss:.4f}, applied (global step 1)"]
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     try:
         for line in describe_packages():
             print(line, flush=True)
-        for line in run_a_step(FLAGS.strategy, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project):
+        if backend.current() == "jax":
+            lines = run_a_jax_step(FLAGS.strategy)
+        else:
+            lines = run_a_step(FLAGS.strategy, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
+        for line in lines:
             print(line, flush=True)
     except InstallProblem as e:
         sys.exit(f"check_install: {e}")

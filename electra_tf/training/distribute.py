@@ -299,6 +299,11 @@ def jax_devices(name: str):
     JAX_PROCESS_ID). -> `jax_trainer.JaxDevices`."""
     from electra_tf.backend import require_jax
     jax = require_jax()
+    try:  # TensorFlow feeds the input on the host: it must not claim an accelerator
+        tf.config.set_visible_devices([], "GPU")
+        tf.config.set_visible_devices([], "TPU")
+    except (RuntimeError, ValueError):  # its devices were initialised already
+        pass
     from electra_tf.training.jax_trainer import JaxDevices
     if name == "multi_worker":
         try:
