@@ -34,7 +34,12 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=int, default=32, help="global batch")
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--precisions", default="float32,bfloat16")
-    p.add_argument("--jit", default="on", help="on, off or on,off")
+    p.add_argument("--jit", default="on", help="on, off or on,off (TensorFlow; JAX: on)")
+    p.add_argument("--backends", default="tensorflow",
+                   help="tensorflow, jax or both (the runtimes, --backend of the CLIs)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat every setting this many times, alternating them (a noisy "
+                   "machine's drift falls on each alike)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repetition")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
     p.add_argument("--peak_flops", type=float, default=None,
@@ -57,15 +62,8 @@ def _batch(batch_size: int, length: int, vocab_size: int, seed: int = 0):
             "segment_ids": tf.zeros([batch_size, length], tf.int32)}
 
 
-def measure_one(args, precision: str, jit: bool) -> dict:
-    """Runs in a child process: builds the trainer, warms up, times the best repetition."""
-    import tensorflow as tf
-
-    from electra_tf.pretraining import flops
-    from electra_tf.training import distribute, hardware
+def _config(args, precision):
     from electra_tf.configs import load_config
-    from electra_tf.pretraining.trainer import Pretrainer
-
     overrides = {"train.train_batch_size": str(args.batch_size),
                  "train.max_seq_length": str(args.max_seq_length),
                  "train.precision": precision}
@@ -73,7 +71,63 @@ def measure_one(args, precision: str, jit: bool) -> dict:
         for item in args.params_override.split(","):
             k, v = item.split("=", 1)
             overrides[k.strip()] = v.strip()
-    cfg = load_config(args.config, overrides)
+    return load_config(args.config, overrides)
+
+
+def _row(args, cfg, precision, jit, best, compile_s, traces, peak, source, backend):
+    from electra_tf.pretraining import flops
+    train_flops = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
+    achieved = train_flops / best
+    return {"config": args.config, "batch_size": args.batch_size, "backend": backend,
+            "max_seq_length": args.max_seq_length, "precision": precision, "xla": jit,
+            "step_ms": best * 1e3, "seqs_per_s": args.batch_size / best,
+            "train_flops_per_step": train_flops, "achieved_flops": achieved,
+            "peak_flops": peak, "peak_source": source, "mfu": achieved / peak,
+            "compile_s": compile_s, "traces": traces}
+
+
+def measure_one_jax(args, precision: str) -> dict:
+    """The JAX runtime's step (`JaxPretrainer`'s host loop: each batch sent from the host,
+    as in training) in a child process with KERAS_BACKEND=jax."""
+    import numpy as np
+    from electra_tf.training import distribute, hardware
+    from electra_tf.pretraining.jax_trainer import JaxPretrainer
+    cfg = _config(args, precision)
+    distribute.set_precision(precision)
+    devices = distribute.jax_devices("auto")
+    trainer = JaxPretrainer(cfg, devices)
+    batch = {k: np.asarray(v) for k, v in _batch(args.batch_size, args.max_seq_length,
+                                                  cfg.model.vocab_size).items()}
+
+    def forever():
+        while True:
+            yield batch
+
+    it, loop = forever(), trainer.make_train_loop()
+    t0 = time.perf_counter()
+    float(loop(it, 1)["loss_sum"])  # trace + compile + 1 step
+    compile_s = time.perf_counter() - t0
+    float(loop(it, args.steps)["loss_sum"])  # warm
+    best = float("inf")
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        float(loop(it, args.steps)["loss_sum"])  # waits for the last step
+        best = min(best, (time.perf_counter() - t0) / args.steps)
+    if args.peak_flops:
+        peak, source = args.peak_flops, "--peak_flops"
+    else:
+        peak, source = hardware.peak_flops(devices, precision)
+    return _row(args, cfg, precision, True, best, compile_s, trainer.trace_count, peak,
+                source, "jax")
+
+
+def measure_one(args, precision: str, jit: bool) -> dict:
+    """Runs in a child process: builds the trainer, warms up, times the best repetition."""
+    import tensorflow as tf
+
+    from electra_tf.training import distribute, hardware
+    from electra_tf.pretraining.trainer import Pretrainer
+    cfg = _config(args, precision)
     distribute.set_precision(precision)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_physical_devices(
         "GPU") else "/gpu:0")
@@ -92,49 +146,49 @@ def measure_one(args, precision: str, jit: bool) -> dict:
         t0 = time.perf_counter()
         float(loop(it, tf.constant(args.steps))["loss_sum"])  # the float() waits
         best = min(best, (time.perf_counter() - t0) / args.steps)
-    train_flops = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
     if args.peak_flops:
         peak, source = args.peak_flops, "--peak_flops"
     else:
         peak, source = hardware.peak_flops(strategy, precision)
-    achieved = train_flops / best
-    return {"config": args.config, "batch_size": args.batch_size,
-            "max_seq_length": args.max_seq_length, "precision": precision, "xla": jit,
-            "step_ms": best * 1e3, "seqs_per_s": args.batch_size / best,
-            "train_flops_per_step": train_flops, "achieved_flops": achieved,
-            "peak_flops": peak, "peak_source": source, "mfu": achieved / peak,
-            "compile_s": compile_s, "traces": trainer.trace_count}
+    return _row(args, cfg, precision, jit, best, compile_s, trainer.trace_count, peak,
+                source, "tensorflow")
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.one:
-        precision, jit = args.one.split(":")
-        print("RESULT " + json.dumps(measure_one(args, precision, jit == "on")))
+        precision, jit, backend = (args.one.split(":") + ["tensorflow"])[:3]
+        row = (measure_one_jax(args, precision) if backend == "jax"
+               else measure_one(args, precision, jit == "on"))
+        print("RESULT " + json.dumps(row))
         return
     rows = []
     print(f"{args.config}: batch {args.batch_size} x length {args.max_seq_length}, best of "
-          f"{args.repeats} x {args.steps} steps")
-    print(f"{'precision':<10} {'XLA':<4} {'step ms':>9} {'seq/s':>8} {'TFLOP/s':>8} "
-          f"{'peak':>8} {'MFU':>6} {'compile s':>9}  peak from")
-    for precision in args.precisions.split(","):
-        for jit in args.jit.split(","):
+          f"{args.repeats} x {args.steps} steps, {args.rounds} round(s) alternating the "
+          "settings, each in a fresh process")
+    print(f"{'backend':<10} {'precision':<10} {'XLA':<4} {'step ms':>9} {'seq/s':>8} "
+          f"{'TFLOP/s':>8} {'peak':>8} {'MFU':>6} {'compile s':>9}  peak from")
+    settings = [(b, p, j) for b in args.backends.split(",") for p in args.precisions.split(",")
+                for j in (["on"] if b == "jax" else args.jit.split(","))]
+    for _ in range(args.rounds):
+        for backend, precision, jit in settings:
             child = [a for a in (argv if argv is not None else sys.argv[1:])]
             script = os.path.abspath(__file__)  # local: this script
+            env = dict(os.environ, KERAS_BACKEND=backend)
             done = subprocess.run([sys.executable, script, *child,
-                                   f"--one={precision}:{jit}"], capture_output=True,
-                                  text=True, cwd=REPO)
+                                   f"--one={precision}:{jit}:{backend}"], capture_output=True,
+                                  text=True, cwd=REPO, env=env)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
             if done.returncode or not lines:
-                print(f"{precision:<10} {jit:<4} failed: "
+                print(f"{backend:<10} {precision:<10} {jit:<4} failed: "
                       f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
                 continue
             r = json.loads(lines[-1][len("RESULT "):])
             rows.append(r)
-            print(f"{precision:<10} {jit:<4} {r['step_ms']:9.1f} {r['seqs_per_s']:8.1f} "
-                  f"{r['achieved_flops'] / 1e12:8.3f} {r['peak_flops'] / 1e12:8.3f} "
-                  f"{100 * r['mfu']:5.1f}% {r['compile_s']:9.1f}  {r['peak_source']}",
-                  flush=True)
+            print(f"{backend:<10} {precision:<10} {jit:<4} {r['step_ms']:9.1f} "
+                  f"{r['seqs_per_s']:8.1f} {r['achieved_flops'] / 1e12:8.3f} "
+                  f"{r['peak_flops'] / 1e12:8.3f} {100 * r['mfu']:5.1f}% "
+                  f"{r['compile_s']:9.1f}  {r['peak_source']}", flush=True)
     if args.json:  # any filesystem TensorFlow knows (local, gs://...)
         from electra_tf import fileio
         fileio.write_atomic(args.json, json.dumps(rows, indent=1))
