@@ -48,6 +48,9 @@ def pytest_configure(config):
     # run OTHER_LEGS: the in-process tiers, and the processes and whole jobs marked
     # every_leg.
     config.addinivalue_line(
+        "markers", "jax: runs the model or the runtime on JAX (its own processes, "
+        "KERAS_BACKEND=jax): CI's JAX leg runs these, in the README's JAX install")
+    config.addinivalue_line(
         "markers", "every_leg: a subprocess or e2e test that CI's other legs (the TPU build, "
         "the JAX backend) run too: an import or version check, a command line or a whole "
         "job whose outcome the build can change")
@@ -55,8 +58,10 @@ def pytest_configure(config):
 
 # The -m expression of the fast unit tier (docs/testing.md: at most 5 minutes on two cores).
 UNIT_TIER = "not (subprocess or e2e or slow)"
-# The -m expression of CI's legs after the first (.ci/run).
-OTHER_LEGS = "every_leg or not (subprocess or e2e)"
+# The -m expression of CI's TPU-build leg (.ci/run): the JAX tests are the JAX leg's.
+OTHER_LEGS = "(every_leg or not (subprocess or e2e)) and not jax"
+# The -m expression of CI's JAX leg (.ci/run).
+JAX_LEG = "jax"
 
 
 # A unit-tier test (no subprocess, e2e or slow marker) that takes longer than this is named

@@ -108,6 +108,7 @@ def _compare(expected, got, name):
 
 @jax_installed
 @pytest.mark.subprocess
+@pytest.mark.jax
 def test_every_objective_and_head_equal_on_tensorflow_and_jax(tmp_path):
     names = list(cases.OBJECTIVE_CASES) + list(cases.HEAD_CASES)
     built = [_tf_case(name) for name in names]
@@ -185,6 +186,7 @@ print(type(logits).__module__, tuple(logits.shape), len(tf1_variables(model)),
 
 @jax_installed
 @pytest.mark.subprocess
+@pytest.mark.jax
 def test_model_runs_on_jax_with_tensorflow_unimportable():
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", JAX_ONLY], check=True, timeout=300, env=env,

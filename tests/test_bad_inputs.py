@@ -102,7 +102,7 @@ def _pretrain(model_dir, data, steps, *extra, timeout=300, env=None):
 # The runtimes a command-line error is checked under: the JAX backend's (--backend=jax)
 # errors are the same lines.
 BACKENDS = [pytest.param("tensorflow", id="tf"),
-            pytest.param("jax", id="jax", marks=[pytest.mark.every_leg, pytest.mark.skipif(
+            pytest.param("jax", id="jax", marks=[pytest.mark.jax, pytest.mark.skipif(
                 importlib.util.find_spec("jax") is None, reason="jax not installed")])]
 
 

@@ -104,7 +104,7 @@ def jax_steps(tmp_path_factory):
 
 @jax_installed
 @pytest.mark.subprocess
-@pytest.mark.every_leg
+@pytest.mark.jax
 @pytest.mark.parametrize("name", list(STEP_CASES))
 def test_one_step_on_jax_equals_one_step_on_tensorflow(jax_steps, name):
     """AdamW with layer-wise multipliers, LAMB over 2 micro-batches, ELECTRIC, a clipped
@@ -130,7 +130,7 @@ def test_one_step_on_jax_equals_one_step_on_tensorflow(jax_steps, name):
 
 @jax_installed
 @pytest.mark.subprocess
-@pytest.mark.every_leg
+@pytest.mark.jax
 def test_two_host_devices_give_the_one_device_steps(jax_steps):
     """XLA_FLAGS=--xla_force_host_platform_device_count=2: the batch split over 2 devices
     (the gradient all-reduce inserted by XLA), two steps, against the same on one device
@@ -147,6 +147,7 @@ def test_two_host_devices_give_the_one_device_steps(jax_steps):
 
 
 @pytest.mark.slow
+@pytest.mark.jax
 def test_checkpoint_paths_of_the_jax_runtime_are_tensorflows(tmp_path):
     """`jax_trainer.object_paths` walks a model as TensorFlow's checkpoint does: the same
     key for every variable, for the objectives whose models differ in shape (GDES deltas,
@@ -199,7 +200,7 @@ def jax_run(tmp_path_factory, sample_build):
 @jax_installed
 @pytest.mark.subprocess
 @pytest.mark.e2e
-@pytest.mark.every_leg
+@pytest.mark.jax
 def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path, sample_build,
                                                                       jax_run):
     """On JAX: 6 steps straight; the same run stopped by SIGTERM (it saves and exits 75)
@@ -297,7 +298,7 @@ def _finetune_args(data, init, model_dir, *extra):
 @jax_installed
 @pytest.mark.subprocess
 @pytest.mark.e2e
-@pytest.mark.every_leg
+@pytest.mark.jax
 def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
     """A JAX pre-training run fine-tunes on TensorFlow; on JAX, two trials on one compiled
     step write the same results.json, and the median trial's SavedModel (exported by a
