@@ -71,6 +71,15 @@ def run_case(case):
         builder = step_builder(cfg, model, objective, multipliers=case.get("multipliers"))
         with rng.given_draws(case["draws"]):  # traced inside: the draws become constants
             return run_steps(builder, model, [case["batch"]], case["base_seed"], phase)
+    if case["kind"] == "nonfinite":  # a NaN weight: the step is skipped, nothing moves
+        poisoned = model.trainable_variables[0]
+        value = np.array(poisoned.numpy())
+        value.flat[0] = np.nan
+        poisoned.assign(value)
+        builder = step_builder(cfg, model, objective)
+        out = run_steps(builder, model, case["batches"], case["base_seed"], phase)
+        out["before"] = {v.path: np.asarray(v.numpy()) for v in model.trainable_variables}
+        return out
     out = {}
     for name, devices in (("one", jax.devices()[:1]), ("all", jax.devices())):
         builder = step_builder(cfg, model, objective, devices)

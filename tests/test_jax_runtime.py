@@ -88,10 +88,11 @@ def jax_steps(tmp_path_factory):
     device_case = {"kind": "devices", "name": "electra", "overrides": {},
                    "batches": [cases.batch_arrays(seed) for seed in (0, 1)],
                    "base_seed": [3, 0x5EED]}
+    nonfinite_case = dict(device_case, kind="nonfinite", batches=device_case["batches"][:1])
     tmp = tmp_path_factory.mktemp("jax_steps")
     cases_path, out_path = tmp / "cases.pkl", tmp / "out.pkl"
     with open(cases_path, "wb") as f:
-        pickle.dump([case for case, _ in built.values()] + [device_case], f)
+        pickle.dump([case for case, _ in built.values()] + [device_case, nonfinite_case], f)
     env = {**os.environ, **JAX_ENV,
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2 "
                         "--xla_backend_optimization_level=0"}
@@ -99,7 +100,7 @@ def jax_steps(tmp_path_factory):
                     str(out_path)], check=True, timeout=900, env=env, cwd=REPO)
     with open(out_path, "rb") as f:
         results = pickle.load(f)
-    return built, dict(zip(built, results)), results[-1]
+    return built, dict(zip(built, results)), results[-2], results[-1]
 
 
 @jax_installed
@@ -109,7 +110,7 @@ def jax_steps(tmp_path_factory):
 def test_one_step_on_jax_equals_one_step_on_tensorflow(jax_steps, name):
     """AdamW with layer-wise multipliers, LAMB over 2 micro-batches, ELECTRIC, a clipped
     focal HP step: the loss and metric sums, every updated variable and both Adam slots."""
-    built, results, _ = jax_steps
+    built, results = jax_steps[:2]
     expected, got = built[name][1], results[name]
     assert got["step"] == expected["step"] == 1
     assert set(got["params"]) == set(expected["params"])
@@ -144,6 +145,21 @@ def test_two_host_devices_give_the_one_device_steps(jax_steps):
     for s1, s2 in zip(one["sums"], two["sums"]):
         assert float(s1["loss_sum"]) == pytest.approx(float(s2["loss_sum"]), rel=1e-5)
         assert float(s1["disc_correct"]) == float(s2["disc_correct"])
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.jax
+def test_a_non_finite_step_is_skipped_and_counted_on_jax(jax_steps):
+    """A NaN weight makes the loss and gradients non-finite: the step is reported skipped,
+    the global step stays 0, and no weight or slot moves."""
+    got = jax_steps[3]
+    assert got["step"] == 0
+    assert float(got["sums"][0]["skipped"]) == 1.0
+    assert float(got["sums"][0]["grad_norm_sum"]) == 0.0
+    for path, before in got["before"].items():
+        np.testing.assert_array_equal(got["params"][path], before, err_msg=path)
+        assert not np.any(got["m"][path]) and not np.any(got["v"][path]), path
 
 
 @pytest.mark.slow
@@ -190,10 +206,14 @@ def _weights(model_dir):
 
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory, sample_build):
-    """A 6-step pre-training run on JAX (ckpt-3, ckpt-6, the discriminator export)."""
+    """A 6-step pre-training run on JAX (ckpt-3, ckpt-6, the discriminator export), steps
+    3..4 traced by jax.profiler (TensorBoard's Profile tab reads the .xplane.pb)."""
+    import glob
     run_dir = tmp_path_factory.mktemp("jax_run") / "run"
-    done = _cli(_run_args(run_dir, sample_build[0], 6, "--backend=jax"), JAX_ENV)
+    done = _cli(_run_args(run_dir, sample_build[0], 6, "--backend=jax",
+                          "--profile_steps=2,4"), JAX_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert glob.glob(str(run_dir / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
     return run_dir, done.stderr
 
 
