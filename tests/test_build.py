@@ -1,4 +1,5 @@
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -58,7 +59,12 @@ def test_sample_manifest(sample_build):
     counts = np.loadtxt(os.path.join(out, m["token_counts_file"]), dtype=np.int64)
     assert counts.shape == (30522,) and counts.sum() == 549_029
     assert sorted(os.listdir(out)) == sorted(
-        [s["name"] for s in m["shards"]] + ["manifest.json", "token_counts.txt"])
+        [s["name"] for s in m["shards"]] + ["manifest.json", "token_counts.txt",
+                                            m["tokenizer"]["vocab_file"]])
+    # the vocabulary beside the shards (a run records it in its directory), as the manifest
+    # describes it
+    with open(os.path.join(out, m["tokenizer"]["vocab_file"]), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == m["tokenizer"]["vocab_sha256"]
 
 
 def test_every_example_well_formed_and_round_trip(sample_build):
@@ -399,7 +405,8 @@ def _assert_same_build(remote_out, m, local_out, ref, remote_inputs):
     with open(os.path.join(local_out, "token_counts.txt"), "rb") as f:
         assert _ram_get(f"{remote_out}/token_counts.txt") == f.read()
     assert _ram_files(remote_out) == sorted(
-        [s["name"] for s in ref["shards"]] + ["manifest.json", "token_counts.txt"])
+        [s["name"] for s in ref["shards"]] + ["manifest.json", "token_counts.txt",
+                                              ref["tokenizer"]["vocab_file"]])
 
 
 def test_remote_input_and_output_dir_equal_local_build(remote_case, tmp_path, monkeypatch):

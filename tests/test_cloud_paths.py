@@ -165,7 +165,7 @@ def _finetune_flags(**kw):
                  do_lower_case=True, strategy="auto", tpu=None, tpu_zone=None,
                  gcp_project=None, precision=None, jit_compile=None, on_nan=None,
                  profile_steps=None, peak_flops=None,
-                 untrained_baseline=None)
+                 untrained_baseline=None, backend=None)
     unknown = set(kw) - set(flags)
     assert not unknown, unknown
     flags.update(kw)

@@ -60,7 +60,7 @@ def flags(**kw):
                   spm_model=None, do_lower_case=True, strategy="cpu", tpu=None,
                   tpu_zone=None, gcp_project=None, precision=None, jit_compile=None,
                   on_nan=None, profile_steps=None, peak_flops=None,
-                  untrained_baseline=None)
+                  untrained_baseline=None, backend=None)
     assert not set(kw) - set(values), set(kw) - set(values)
     values.update(kw)
     return types.SimpleNamespace(**values)
