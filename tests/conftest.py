@@ -27,6 +27,15 @@ if "--tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "
         os.environ.get("TF_XLA_FLAGS"),
         "--tf_xla_persistent_cache_directory=" + os.environ[XLA_CACHE_VARIABLE])))
 
+# The same for JAX's processes (KERAS_BACKEND=jax): its persistent compilation cache in a
+# directory of the run, every program cached (JAX skips those that compile in under a
+# second by default). The tiny step of the JAX command-line tests: 19 s to the first step
+# without it, 4 s from the cache.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ[XLA_CACHE_VARIABLE],
+                                                           "jax")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 # Before any test imports TensorFlow: the version check, and under the TPU build on a host
 # without TPU chips TPU_LOAD_LIBRARY=0, which every subprocess a test starts inherits.
 import electra_tf  # noqa: E402,F401

@@ -53,7 +53,7 @@ STARTUP_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONDONTWR
                      "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES", "KERAS_BACKEND",
                      "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS")
 # ... and by TensorFlow's Cloud Storage filesystem, which is set up when TensorFlow loads.
-STARTUP_PREFIXES = ("GCS_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "http_proxy",
+STARTUP_PREFIXES = ("GCS_", "JAX_", "GOOGLE_", "CURL_", "https_proxy", "HTTPS_PROXY", "http_proxy",
                     "HTTP_PROXY", "NO_GCE_CHECK", "STORAGE_EMULATOR")
 # The server's own default for a variable it reads at start-up (see _serve).
 SERVER_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
