@@ -212,16 +212,17 @@ def read_examples(directory, manifest):
     return [rows[i] for i in range(len(rows))]
 
 
-def sigterm_after(proc, needle: str, timeout: float = 120):
-    """Reads `proc`'s stderr until a line containing `needle` (training under way), sends
-    SIGTERM and waits; returns (the lines read before, the rest of stderr). Kills the
-    process if it outlives `timeout`."""
+def sigterm_after(proc, needle, timeout: float = 120):
+    """Reads `proc`'s stderr until a line containing `needle` (training under way; or a
+    line for which `needle(line)` is true), sends SIGTERM and waits; returns (the lines
+    read before, the rest of stderr). Kills the process if it outlives `timeout`."""
     import signal
+    found = needle if callable(needle) else (lambda line: needle in line)
     seen = []
     try:
         for line in proc.stderr:
             seen.append(line)
-            if needle in line:
+            if found(line):
                 break
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=timeout)[1]

@@ -187,9 +187,13 @@ def test_checkpoint_paths_of_the_jax_runtime_are_tensorflows(tmp_path):
 # ------------------------------------------------------------------------------ whole runs
 
 
+# Long enough that a second process starts and is refused while the first still trains.
+LONG = 100
+
+
 def _run_args(model_dir, data, steps, *extra):
     return [f"--model_dir={model_dir}", f"--train_data={data}", f"--num_train_steps={steps}",
-            "--train_batch_size=8", "--steps_per_loop=1", "--save_checkpoints_steps=3",
+            "--train_batch_size=8", "--steps_per_loop=1", "--save_checkpoints_steps=25",
             "--params_override=log_every_steps=1,warmup_steps=2", *extra]
 
 
@@ -206,11 +210,12 @@ def _weights(model_dir):
 
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory, sample_build):
-    """A 6-step pre-training run on JAX (ckpt-3, ckpt-6, the discriminator export), steps
-    3..4 traced by jax.profiler (TensorBoard's Profile tab reads the .xplane.pb)."""
+    """A pre-training run on JAX of LONG steps (checkpoints every 25, the discriminator
+    export), steps 3..4 traced by jax.profiler (TensorBoard's Profile tab reads the
+    .xplane.pb)."""
     import glob
     run_dir = tmp_path_factory.mktemp("jax_run") / "run"
-    done = _cli(_run_args(run_dir, sample_build[0], 6, "--backend=jax",
+    done = _cli(_run_args(run_dir, sample_build[0], LONG, "--backend=jax",
                           "--profile_steps=2,4"), JAX_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert glob.glob(str(run_dir / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
@@ -223,29 +228,39 @@ def jax_run(tmp_path_factory, sample_build):
 @pytest.mark.jax
 def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path, sample_build,
                                                                       jax_run):
-    """On JAX: 6 steps straight; the same run stopped by SIGTERM (it saves and exits 75)
-    and rerun ends with the straight run's weights and slots bit for bit (data position
-    and draws restored); TensorFlow resumes the JAX run's checkpoint and goes on; JAX
+    """On JAX: LONG steps straight; the same run stopped by SIGTERM (it saves and exits 75;
+    meanwhile a second run on its directory is refused by the lease) and rerun ends with
+    the straight run's weights and slots bit for bit (data position and draws restored); TensorFlow resumes the JAX run's checkpoint and goes on; JAX
     resumes a TensorFlow run's; the JAX run's discriminator export converts to Hugging
     Face."""
     import shutil
     data = sample_build[0]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     shutil.copytree(jax_run[0], straight)
-    assert "JAX devices: JAX " in jax_run[1] and " step 6/6 " in jax_run[1]
+    assert "JAX devices: JAX " in jax_run[1] and f" step {LONG}/{LONG} " in jax_run[1]
     assert "Train step: XLA-compiled (one jax.jit program)" in jax_run[1]
 
     proc = forked_cli.start(["run_pretraining.py",
-                             *_run_args(stopped, data, 6, "--backend=jax")], cwd=REPO,
+                             *_run_args(stopped, data, LONG, "--backend=jax")], cwd=REPO,
                             env={**os.environ, **JAX_ENV}, stderr=forked_cli.PIPE)
-    _, rest = sigterm_after(proc, " step 2/6 ")
+    second = []
+
+    def second_writer(line):  # while the first trains: the lease refuses a second run
+        if f" step 1/{LONG} " in line and not second:
+            second.append(_cli(_run_args(stopped, data, LONG, "--backend=jax"), JAX_ENV))
+        return bool(second) and " step " in line
+
+    _, rest = sigterm_after(proc, second_writer)
+    assert second and second[0].returncode == 1, second
+    assert f"{stopped} is in use by another run: pid {proc.pid}" in \
+        second[0].stderr.strip().splitlines()[-1]
     from electra_tf.training import preemption
     assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, rest[-3000:]
     last = rest.strip().splitlines()[-1]
     assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last
     at = int(last.split("SIGTERM at step ")[1].split(":")[0])
-    assert 2 <= at < 6, last
-    again = _cli(_run_args(stopped, data, 6, "--backend=jax"), JAX_ENV)
+    assert 1 <= at < LONG, last
+    again = _cli(_run_args(stopped, data, LONG, "--backend=jax"), JAX_ENV)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"(step {at})" in again.stderr
     a, b = _weights(straight), _weights(stopped)
@@ -254,14 +269,15 @@ def test_jax_runs_resume_exactly_and_either_runtime_resumes_the_other(tmp_path, 
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
     # TensorFlow resumes the JAX run (its object graph, counters and slots) and goes on.
-    tf_on = _cli(_run_args(straight, data, 8, "--nojit_compile"))
+    tf_on = _cli(_run_args(straight, data, LONG + 2, "--nojit_compile"))
     assert tf_on.returncode == 0, tf_on.stderr[-3000:]
-    assert "(step 6)" in tf_on.stderr and " step 8/8 " in tf_on.stderr
+    assert f"(step {LONG})" in tf_on.stderr and f" step {LONG + 2}/{LONG + 2} " in tf_on.stderr
     # JAX resumes the checkpoint TensorFlow wrote.
-    jax_on = _cli(_run_args(straight, data, 9, "--backend=jax"), JAX_ENV)
+    jax_on = _cli(_run_args(straight, data, LONG + 3, "--backend=jax"), JAX_ENV)
     assert jax_on.returncode == 0, jax_on.stderr[-3000:]
-    assert "(step 8)" in jax_on.stderr and " step 9/9 " in jax_on.stderr
-    assert tf.train.latest_checkpoint(str(straight)).endswith("ckpt-9")
+    assert f"(step {LONG + 2})" in jax_on.stderr and f" step {LONG + 3}/{LONG + 3} " in \
+        jax_on.stderr
+    assert tf.train.latest_checkpoint(str(straight)).endswith(f"ckpt-{LONG + 3}")
 
     # The JAX run's discriminator, as every TensorFlow-side reader takes it.
     hf = forked_cli.run(["-m", "electra_tf.conversion.convert", "export-hf",
