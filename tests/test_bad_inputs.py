@@ -712,10 +712,11 @@ FINETUNE_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("change, message", FINETUNE_ERRORS)
 @pytest.mark.subprocess
 def test_finetuning_bad_flags_are_one_line_errors(tmp_path, base, truncated_run, tsv, afile,
-                                                  change, message):
+                                                  change, message, backend):
     as_regex = "config" in change  # the first mismatching variable is not pinned down
     quote = re.escape if as_regex else str
     fill = lambda s: s.format(afile=quote(afile), run=quote(base["dir"]),
@@ -732,7 +733,8 @@ def test_finetuning_bad_flags_are_one_line_errors(tmp_path, base, truncated_run,
     args = [f"--{k}={v}" for k, v in values.items() if v is not None]
     torn_before = _checkpoint_files(truncated_run)
 
-    done = _run(FINETUNE, *args)
+    extra, env = _backend_args(backend)
+    done = _run(FINETUNE, *args, *extra, env=env)
     last = _last_line(done, 1, "run_finetuning: error: ")
     expected = "run_finetuning: error: " + fill(message)
     if as_regex:
