@@ -159,13 +159,16 @@ class RunVocab:
 
 
 def _manifest_vocab_bytes(record: dict, data_dir: str, search: Sequence[str]) -> Optional[bytes]:
-    """The bytes of the manifest's vocabulary: the copy in the build directory, else a
-    file of that name in `search` directories, when its sha256 is the manifest's."""
+    """The bytes of the manifest's vocabulary: the builder's copy in the build directory
+    (vocab.txt or spm.model), else a file of the manifest's name for it in the build
+    directory or a `search` directory, when its sha256 is the manifest's."""
     name = record.get("vocab_file")
     if not name:
         return None
-    for folder in (data_dir, *search):
-        path = fileio.join(folder, name)
+    copy = RUN_VOCAB_FILES.get(record.get("kind"), "vocab.txt")
+    places = [(data_dir, copy)] + [(folder, name) for folder in (data_dir, *search)]
+    for folder, file_name in places:
+        path = fileio.join(folder, file_name)
         if fileio.isfile(path):
             data = read_vocab_bytes(path, KIND_FLAGS.get(record.get("kind"), "--vocab_file"))
             if hashlib.sha256(data).hexdigest() == record.get("vocab_sha256"):

@@ -102,7 +102,7 @@ def test_beam_build_equals_local_build(corpus_dir, local_build, tmp_path):
             open(out / "token_counts.txt") as b:
         assert a.read() == b.read()
     assert sorted(os.listdir(out)) == sorted(
-        ["manifest.json", "token_counts.txt"] + [shard_name(i, 3) for i in range(3)])
+        ["manifest.json", "token_counts.txt", "vocab.txt"] + [shard_name(i, 3) for i in range(3)])
 
     # A rerun finds the finished build; another build needs --overwrite.
     assert build_with_beam(_config(out, [corpus_dir]), "DirectRunner", []) == manifest
@@ -158,7 +158,7 @@ def test_beam_build_with_urls(corpus_dir, local_build, tmp_path, monkeypatch):
         with open(os.path.join(local_dir, "token_counts.txt"), "rb") as g:
             assert f.read() == g.read()
     assert _ram_objects(out) == sorted(
-        ["manifest.json", "token_counts.txt"] + [shard_name(i, 2) for i in range(2)])
+        ["manifest.json", "token_counts.txt", "vocab.txt"] + [shard_name(i, 2) for i in range(2)])
     # A rerun finds the finished build in the bucket.
     assert build_with_beam(_config(out, [remote_in], num_shards=2), "DirectRunner", []) == manifest
     assert not os.path.exists(tmp_path / "ram:")  # nothing local named after the URL
@@ -178,7 +178,8 @@ def test_beam_build_of_more_shards_than_examples(tmp_path):
     _, counts = _read_build(str(out), manifest)
     assert [s["examples"] for s in manifest["shards"]] == counts
     assert sorted(counts) == [0, 0, 1, 1]
-    assert sorted(os.listdir(out)) == sorted(["manifest.json", "token_counts.txt"] + names)
+    assert sorted(os.listdir(out)) == sorted(["manifest.json", "token_counts.txt", "vocab.txt"]
+                                             + names)
 
 
 def test_failed_beam_build_publishes_nothing(corpus_dir, tmp_path):

@@ -59,11 +59,10 @@ def test_sample_manifest(sample_build):
     counts = np.loadtxt(os.path.join(out, m["token_counts_file"]), dtype=np.int64)
     assert counts.shape == (30522,) and counts.sum() == 549_029
     assert sorted(os.listdir(out)) == sorted(
-        [s["name"] for s in m["shards"]] + ["manifest.json", "token_counts.txt",
-                                            m["tokenizer"]["vocab_file"]])
+        [s["name"] for s in m["shards"]] + ["manifest.json", "token_counts.txt", "vocab.txt"])
     # the vocabulary beside the shards (a run records it in its directory), as the manifest
     # describes it
-    with open(os.path.join(out, m["tokenizer"]["vocab_file"]), "rb") as f:
+    with open(os.path.join(out, "vocab.txt"), "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == m["tokenizer"]["vocab_sha256"]
 
 
@@ -406,7 +405,7 @@ def _assert_same_build(remote_out, m, local_out, ref, remote_inputs):
         assert _ram_get(f"{remote_out}/token_counts.txt") == f.read()
     assert _ram_files(remote_out) == sorted(
         [s["name"] for s in ref["shards"]] + ["manifest.json", "token_counts.txt",
-                                              ref["tokenizer"]["vocab_file"]])
+                                              "vocab.txt"])
 
 
 def test_remote_input_and_output_dir_equal_local_build(remote_case, tmp_path, monkeypatch):

@@ -25,7 +25,8 @@ def test_directory_with_manifest_resolves_to_its_shards(data_dir, manifest):
     expected = sorted(os.path.join(data_dir, s["name"]) for s in manifest["shards"])
     assert len(expected) == NUM_SHARDS
     assert resolve_files(data_dir) == expected
-    # A glob over the directory skips manifest.json and token_counts.txt.
+    # A glob over the directory skips manifest.json, token_counts.txt and vocab.txt.
+    assert os.path.exists(os.path.join(data_dir, "vocab.txt"))
     assert resolve_files(os.path.join(data_dir, "*")) == expected
     # Comma-separated parts are merged without duplicates.
     assert resolve_files(f"{expected[0]}, {data_dir}/*-0000[01]-*") == expected[:2]

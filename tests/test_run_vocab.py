@@ -33,6 +33,7 @@ def test_a_run_records_the_builds_vocabulary_and_finds_it_from_any_checkpoint(tm
     run.mkdir()
     (build / "my_vocab.txt").write_bytes(open(VOCAB, "rb").read())
     manifest = _manifest(build / "my_vocab.txt", lower=False)
+    (build / "my_vocab.txt").rename(build / "vocab.txt")  # the builder's copy of it
     assert text.record_run_vocab(str(run), manifest, str(build)) is None
     record = json.loads((run / text.VOCAB_JSON).read_text())
     assert record["vocab_file"] == "vocab.txt" and record["built_from"] == "my_vocab.txt"
@@ -68,7 +69,7 @@ def test_an_older_build_without_the_file_finds_it_by_sha256_or_says_why(tmp_path
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, sample_build):
     """A 2-step run on the sample build (the builder put its vocabulary beside it)."""
-    assert os.path.isfile(os.path.join(sample_build[0], os.path.basename(VOCAB)))
+    assert os.path.isfile(os.path.join(sample_build[0], "vocab.txt"))
     run = tmp_path_factory.mktemp("vocab_run") / "run"
     cfg = load_config("tiny", {"train_batch_size": "4", "num_train_steps": "2",
                                "save_checkpoints_steps": "2"})

@@ -130,7 +130,7 @@ def test_build_to_ram_output_dir_equals_local(prepared, tmp_path, monkeypatch):
     assert manifest == local
     names = sorted(n for n in tf.io.gfile.listdir(out))
     assert names == sorted([s["name"] for s in local["shards"]]
-                           + ["manifest.json", "token_counts.txt"])
+                           + ["manifest.json", "token_counts.txt", "vocab.txt"])
     for n in names:
         with tf.io.gfile.GFile(f"{out}/{n}", "rb") as f, open(tmp_path / "out" / n, "rb") as g:
             assert f.read() == g.read(), n

@@ -38,7 +38,8 @@ from tfrecord_builder import corpus, tfds_source
 from tfrecord_builder.examples import (FEATURES, ChunkStats, encode_chunk, merge_stats,
                                        serialize_examples)
 from tfrecord_builder.progress import Progress
-from electra_tf.text import Tokenizer, VocabInfo, read_vocab_data, vocab_info
+from electra_tf.text import (RUN_VOCAB_FILES, Tokenizer, VocabInfo, read_vocab_data,
+                             vocab_info)
 
 STATE_DIR = ".building"
 SHARD_PREFIX = "pretrain_data.tfrecord"
@@ -517,12 +518,13 @@ def publish(cfg: BuildConfig, shards_dir: str, vocab_counts: Sequence[int],
                       fileio.join(cfg.output_dir, shard["name"]))
     fileio.write_atomic(fileio.join(cfg.output_dir, TOKEN_COUNTS_NAME),
                         "\n".join(map(str, np.asarray(vocab_counts).tolist())) + "\n")
-    # The vocabulary beside the shards, under the manifest's name for it: a run on this
-    # build records it in its run directory (pretraining/pretrain.py: record_vocab).
+    # The vocabulary beside the shards (vocab.txt, or spm.model; the manifest records its
+    # name and sha256): a run on this build records it in its run directory
+    # (pretraining/pretrain.py: record_vocab).
     vocab_path = cfg.spm_model or cfg.vocab_file
     if vocab_path:
-        fileio.copy(vocab_path, fileio.join(cfg.output_dir,
-                                            manifest["tokenizer"]["vocab_file"]))
+        fileio.copy(vocab_path, fileio.join(
+            cfg.output_dir, RUN_VOCAB_FILES[manifest["tokenizer"]["kind"]]))
     manifest_lib.write_manifest(cfg.output_dir, manifest)
     return manifest
 

@@ -15,8 +15,9 @@ from electra_tf.data import manifest as manifest_lib
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 
-# Files a build directory holds beside its shards.
-_SIDE_FILES = frozenset({manifest_lib.MANIFEST_NAME, "token_counts.txt"})
+# Files a build directory holds beside its shards (its vocabulary: text.RUN_VOCAB_FILES).
+_SIDE_FILES = frozenset({manifest_lib.MANIFEST_NAME, "token_counts.txt", "vocab.txt",
+                         "spm.model"})
 # Directories without a manifest (the official builder's output) are read through this
 # glob rather than wholesale, so a stray README or vocab file is never parsed as records.
 _UNMANIFESTED_DIR_GLOB = "*tfrecord*"

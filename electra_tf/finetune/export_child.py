@@ -8,7 +8,6 @@ import os
 import pickle
 import subprocess
 import sys
-import tempfile
 from typing import Dict
 
 
@@ -20,12 +19,13 @@ def export_in_tensorflow(task, model_config, checkpoint: str, encoder_args: Dict
                          max_seq_length: int, export_dir: str) -> Dict[str, str]:
     """Exports `checkpoint`'s model as `export.export` does, in a TensorFlow process;
     -> the paths it wrote."""
-    with tempfile.TemporaryDirectory(prefix="electra_tf_export_") as tmp:
+    from electra_tf import fileio
+    with fileio.local_staging_dir("electra_tf_export_") as tmp:
         job, out = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "out.pkl")
-        with open(job, "wb") as f:
-            pickle.dump(dict(task=task, model_config=model_config, checkpoint=checkpoint,
-                             encoder_args=encoder_args, max_seq_length=max_seq_length,
-                             export_dir=export_dir, out=out), f)
+        fileio.write_atomic(job, pickle.dumps(dict(
+            task=task, model_config=model_config, checkpoint=checkpoint,
+            encoder_args=encoder_args, max_seq_length=max_seq_length, export_dir=export_dir,
+            out=out)))
         env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
         done = subprocess.run([sys.executable, "-m", "electra_tf.finetune.export_child", job],
                               env=env, capture_output=True, text=True)
@@ -33,14 +33,15 @@ def export_in_tensorflow(task, model_config, checkpoint: str, encoder_args: Dict
             lines = done.stderr.strip().splitlines() or ["(no output)"]
             raise ExportError(f"the SavedModel export (a TensorFlow process) failed: "
                               f"{lines[-1]}")
-        with open(out, "rb") as f:
+        with fileio.open_file(out, "rb") as f:
             return pickle.load(f)
 
 
 def _main(job_path: str):
-    with open(job_path, "rb") as f:
-        job = pickle.load(f)
     import tensorflow as tf
+    from electra_tf import fileio
+    with fileio.open_file(job_path, "rb") as f:
+        job = pickle.load(f)
     from electra_tf.finetune import export
     from electra_tf.finetune.model import FinetuningModel, make_head
     from electra_tf.text import TextEncoder
@@ -51,8 +52,7 @@ def _main(job_path: str):
         .assert_existing_objects_matched()
     encoder = TextEncoder(**job["encoder_args"])
     paths = export.export(task, model, encoder, job["max_seq_length"], job["export_dir"])
-    with open(job["out"], "wb") as f:
-        pickle.dump(paths, f)
+    fileio.write_atomic(job["out"], pickle.dumps(paths))
 
 
 if __name__ == "__main__":
