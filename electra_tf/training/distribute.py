@@ -302,8 +302,9 @@ def jax_devices(name: str):
     try:  # TensorFlow feeds the input on the host: it must not claim an accelerator
         tf.config.set_visible_devices([], "GPU")
         tf.config.set_visible_devices([], "TPU")
-    except (RuntimeError, ValueError):  # its devices were initialised already
-        pass
+    except (RuntimeError, ValueError) as e:  # its devices were initialised already
+        logging.info("TensorFlow's devices stay visible to it (%s): it holds no "
+                     "accelerator memory unless it runs ops there", e)
     from electra_tf.training.jax_trainer import JaxDevices
     if name == "multi_worker":
         try:

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from electra_tf.training import jax_step
+from electra_tf.training.schedule import Phases
 
 # Keras' own bookkeeping attributes of a layer: not part of its object graph (TensorFlow's
 # tracking of Keras 3 layers leaves them out too).
@@ -141,7 +142,7 @@ def _host(array) -> np.ndarray:
 # --------------------------------------------------------------------------- the trainer
 
 
-class JaxTrainer(abc.ABC):
+class JaxTrainer(Phases, abc.ABC):
     """A run's state and compiled functions on JAX, for `loop.train` as a `Trainer` is.
 
     `build_model()` makes the Keras model (after the global seed is set); the job gives
@@ -212,9 +213,6 @@ class JaxTrainer(abc.ABC):
     def _job_loss(self, batch, seed, context, training, phase, step):
         return self.loss(batch, seed, context, training, phase, step)
 
-    def phases(self) -> List[int]:
-        return [0]
-
     def on_phase_start(self, phase: int):
         """Runs eagerly on the Keras model before phase `phase` > 0 (see `enter_phase`)."""
 
@@ -222,13 +220,6 @@ class JaxTrainer(abc.ABC):
         return []
 
     # ------------------------------------------------------------------ phases
-
-    def phase_at(self, step: int) -> int:
-        return sum(1 for start in self.phases()[1:] if step >= start)
-
-    def steps_left_in_phase(self, step: int) -> Optional[int]:
-        later = [start for start in self.phases() if start > step]
-        return later[0] - step if later else None
 
     def enter_phase(self, step: int):
         starts = self.phases()

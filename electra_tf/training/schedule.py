@@ -2,7 +2,7 @@
 runtime's optimizer (`optimization.py`) and the JAX runtime's update (`jax_step.py`); no
 TensorFlow at import."""
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional
 
 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 
@@ -39,3 +39,20 @@ class WarmupPolynomialDecay:
         return dict(learning_rate=self.learning_rate, total_steps=self.total_steps,
                     warmup_steps=self.warmup_steps, end_learning_rate=self.end_learning_rate,
                     power=self.power)
+
+
+class Phases:
+    """A trainer's phases (both runtimes): `phases()` gives the first global step of each
+    (one phase by default); a host loop never crosses a phase start."""
+
+    def phases(self) -> List[int]:
+        return [0]
+
+    def phase_at(self, step: int) -> int:
+        """The phase that global step `step` (0-based, about to run) is in."""
+        return sum(1 for start in self.phases()[1:] if step >= start)
+
+    def steps_left_in_phase(self, step: int) -> Optional[int]:
+        """Steps from `step` to the next phase start (None in the last phase)."""
+        later = [start for start in self.phases() if start > step]
+        return later[0] - step if later else None

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from electra_tf import compat, rng
 from electra_tf.training import distribute
+from electra_tf.training.schedule import Phases
 from electra_tf.kernels import use_matvec_means
 from electra_tf.training.optimization import all_reduce_gradients, clip_scale, update_loss_scale
 
@@ -39,7 +40,7 @@ class LoopOutput:
     skipped_steps: int
 
 
-class Trainer(abc.ABC):
+class Trainer(Phases, abc.ABC):
     """A run's state and compiled functions. `build_model()` and `build_optimizer()` run
     under the strategy's scope after the global seed is set (every rerun and worker starts
     from the same model); `seed_stream` tells this job's random streams from another's."""
@@ -111,10 +112,6 @@ class Trainer(abc.ABC):
     def eval_step(self, batch, phase: int = 0):
         """One replica's evaluation outputs (a dict of tensors)."""
 
-    def phases(self) -> List[int]:
-        """The first global step of each phase (one phase by default)."""
-        return [0]
-
     def on_phase_start(self, phase: int):
         """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
 
@@ -174,15 +171,6 @@ class Trainer(abc.ABC):
         self.base_seed.assign([seed, self.seed_stream])
 
     # ------------------------------------------------------------------ phases
-
-    def phase_at(self, step: int) -> int:
-        """The phase that global step `step` (0-based, about to run) is in."""
-        return sum(1 for start in self.phases()[1:] if step >= start)
-
-    def steps_left_in_phase(self, step: int) -> Optional[int]:
-        """Steps from `step` to the next phase start (None in the last phase)."""
-        later = [start for start in self.phases() if start > step]
-        return later[0] - step if later else None
 
     def enter_phase(self, step: int):
         """Runs the phase-start hook when `step` is the first of a phase > 0 (idempotent:
