@@ -58,7 +58,8 @@ def pytest_configure(config):
     # every_leg.
     config.addinivalue_line(
         "markers", "jax: runs the model or the runtime on JAX (its own processes, "
-        "KERAS_BACKEND=jax): CI's JAX leg runs these, in the README's JAX install")
+        "KERAS_BACKEND=jax): leg 1 runs them all; CI's JAX leg, in the README's JAX "
+        "install, those also marked every_leg")
     config.addinivalue_line(
         "markers", "every_leg: a subprocess or e2e test that CI's other legs (the TPU build, "
         "the JAX backend) run too: an import or version check, a command line or a whole "
@@ -69,8 +70,11 @@ def pytest_configure(config):
 UNIT_TIER = "not (subprocess or e2e or slow)"
 # The -m expression of CI's TPU-build leg (.ci/run): the JAX tests are the JAX leg's.
 OTHER_LEGS = "(every_leg or not (subprocess or e2e)) and not jax"
-# The -m expression of CI's JAX leg (.ci/run).
-JAX_LEG = "jax"
+# The -m expression of CI's JAX leg (.ci/run): what its install can change. Leg 1 runs every
+# jax test with the same JAX and TensorFlow versions; leg 3's install differs only in what
+# it lacks (the test extra), so it runs the JAX paths that import and run what a user of the
+# README's JAX line runs: the imports without TensorFlow, check_install, both command lines.
+JAX_LEG = "jax and every_leg"
 
 
 # A unit-tier test (no subprocess, e2e or slow marker) that takes longer than this is named

@@ -5,8 +5,9 @@ unimportable: the compiled step needs none). For each case: `step` cases build t
 pre-training model with `backend_parity`'s weights, replay TensorFlow's draws and run one
 compiled train step (`jax_step.StepBuilder`); `devices` cases run the same steps with the
 generator's own draws on a mesh of one device and on one of every device (the test sets
-`--xla_force_host_platform_device_count=2`). Writes the updated variables, slots and
-metric sums."""
+`--xla_force_host_platform_device_count=2`); `program` cases lower the step for runs of
+other lengths (the texts compared) and evaluate the schedule with each run's lengths.
+Writes the updated variables, slots and metric sums."""
 
 import os
 import pickle
@@ -80,6 +81,23 @@ def run_case(case):
         out = run_steps(builder, model, case["batches"], case["base_seed"], phase)
         out["before"] = {v.path: np.asarray(v.numpy()) for v in model.trainable_variables}
         return out
+    if case["kind"] == "program":  # runs of other lengths: one program, other lengths in
+        from electra_tf.training import jax_step
+        texts, rates = [], []
+        for total, warmup in case["lengths"]:
+            cfg, model, objective, phase = build(case["name"], {
+                "train.num_train_steps": str(total), "optimizer.warmup_steps": str(warmup)})
+            builder = step_builder(cfg, model, objective)
+            state = builder.place_state(jax_step.initial_state(
+                model.trainable_variables, model.non_trainable_variables, False, [1, 2]))
+            batch = builder.place_batch(case["batch"])
+            lengths = builder.rule.lengths()
+            texts.append(builder.compile_train(phase).jitted.lower(state, batch,
+                                                                   lengths).as_text())
+            rates.append([float(builder.rule.learning_rate(s, lengths)) for s in
+                          case["at"]])
+        return {"same_program": len(set(texts)) == 1, "rates": rates,
+                "learning_rate": cfg.optimizer.learning_rate}
     out = {}
     for name, devices in (("one", jax.devices()[:1]), ("all", jax.devices())):
         builder = step_builder(cfg, model, objective, devices)

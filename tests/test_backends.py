@@ -187,6 +187,7 @@ print(type(logits).__module__, tuple(logits.shape), len(tf1_variables(model)),
 @jax_installed
 @pytest.mark.subprocess
 @pytest.mark.jax
+@pytest.mark.every_leg
 def test_model_runs_on_jax_with_tensorflow_unimportable():
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", JAX_ONLY], check=True, timeout=300, env=env,

@@ -89,10 +89,14 @@ def jax_steps(tmp_path_factory):
                    "batches": [cases.batch_arrays(seed) for seed in (0, 1)],
                    "base_seed": [3, 0x5EED]}
     nonfinite_case = dict(device_case, kind="nonfinite", batches=device_case["batches"][:1])
+    program_case = {"kind": "program", "name": "electra", "overrides": {},
+                    "batch": cases.batch_arrays(),
+                    "lengths": PROGRAM_LENGTHS, "at": PROGRAM_STEPS}
     tmp = tmp_path_factory.mktemp("jax_steps")
     cases_path, out_path = tmp / "cases.pkl", tmp / "out.pkl"
     with open(cases_path, "wb") as f:
-        pickle.dump([case for case, _ in built.values()] + [device_case, nonfinite_case], f)
+        pickle.dump([case for case, _ in built.values()] +
+                    [device_case, nonfinite_case, program_case], f)
     env = {**os.environ, **JAX_ENV,
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2 "
                         "--xla_backend_optimization_level=0"}
@@ -100,7 +104,13 @@ def jax_steps(tmp_path_factory):
                     str(out_path)], check=True, timeout=900, env=env, cwd=REPO)
     with open(out_path, "rb") as f:
         results = pickle.load(f)
-    return built, dict(zip(built, results)), results[-2], results[-1]
+    return built, dict(zip(built, results)), results[-3], results[-2], results[-1]
+
+
+# (total steps, warmup steps) of runs whose compiled steps must be one program, and the
+# steps at which each run's rate is checked against the schedule's closed form.
+PROGRAM_LENGTHS = [(12, 3), (13, 3), (600, 20)]
+PROGRAM_STEPS = [0, 1, 2, 5, 11, 12]
 
 
 @jax_installed
@@ -160,6 +170,22 @@ def test_a_non_finite_step_is_skipped_and_counted_on_jax(jax_steps):
     for path, before in got["before"].items():
         np.testing.assert_array_equal(got["params"][path], before, err_msg=path)
         assert not np.any(got["m"][path]) and not np.any(got["v"][path]), path
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.jax
+def test_runs_of_any_length_share_one_compiled_step(jax_steps):
+    """The run's total and warmup steps are inputs of the jitted step, not constants: runs
+    of 12, 13 and 600 steps lower to the same program (JAX's persistent cache serves all
+    three from one compile), and each still follows its own schedule."""
+    got = jax_steps[4]
+    assert got["same_program"]
+    for (total, warmup), rates in zip(PROGRAM_LENGTHS, got["rates"]):
+        for step, rate in zip(PROGRAM_STEPS, rates):
+            want = got["learning_rate"] * (1 - min(step, total) / total) * min(
+                1.0, step / warmup)
+            assert rate == pytest.approx(want, rel=1e-6, abs=1e-12), (total, step)
 
 
 @pytest.mark.slow
@@ -335,6 +361,7 @@ def _finetune_args(data, init, model_dir, *extra):
 @pytest.mark.subprocess
 @pytest.mark.e2e
 @pytest.mark.jax
+@pytest.mark.every_leg
 def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
     """A JAX pre-training run fine-tunes on TensorFlow; on JAX, two trials on one compiled
     step write the same results.json, and the median trial's SavedModel (exported by a
@@ -373,6 +400,7 @@ def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
 @jax_installed
 @pytest.mark.subprocess
 @pytest.mark.jax
+@pytest.mark.every_leg
 def test_check_install_runs_a_compiled_step_on_jaxs_devices():
     done = subprocess.run([sys.executable, "-m", "electra_tf.check_install", "--backend=jax"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,

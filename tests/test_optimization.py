@@ -456,6 +456,35 @@ def test_make_optimizer():
     assert float(lamb.learning_rate(50)) == pytest.approx(5e-4)
 
 
+def test_the_runs_length_is_an_input_of_the_compiled_step_not_a_constant():
+    """The schedule reads its total and warmup steps from a variable: a compiled function
+    traced for one run length gives another's rates when the variable holds the other
+    length (so runs differing only in --num_train_steps share one XLA program and the
+    persistent compilation cache), and the variable is in no checkpoint."""
+    optimizer = opt_lib.make_optimizer(OptimizerConfig(warmup_steps=3), 12)
+    schedule = optimizer.learning_rate_fn
+    np.testing.assert_array_equal(schedule.lengths(), np.array([12, 3], np.float32))
+    rate = tf.function(optimizer.learning_rate, jit_compile=xla_cpu_available())
+    steps = [0, 1, 2, 5, 11, 12]
+    got = [float(rate(tf.constant(s, tf.int64))) for s in steps]
+    assert got == pytest.approx([closed_form_lr(s, 5e-4, 12, 3) for s in steps], rel=1e-6,
+                                abs=1e-12)
+    schedule.tf_lengths.assign([600.0, 20.0])
+    got = [float(rate(tf.constant(s, tf.int64))) for s in steps]
+    assert got == pytest.approx([closed_form_lr(s, 5e-4, 600, 20) for s in steps], rel=1e-6,
+                                abs=1e-12)
+    assert rate.experimental_get_tracing_count() == 1
+    keys = [name for name, _ in tf.train.list_variables(
+        tf.train.Checkpoint(optimizer=optimizer).write(str(_tmp_dir() / "ckpt")))]
+    assert not [k for k in keys if "length" in k.lower()], keys
+
+
+def _tmp_dir():
+    import pathlib
+    import tempfile
+    return pathlib.Path(tempfile.mkdtemp(prefix="schedule_lengths_"))
+
+
 # --------------------------------------------------------------------------- MirroredStrategy
 
 MIRRORED_SCRIPT = textwrap.dedent("""

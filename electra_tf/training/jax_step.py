@@ -88,15 +88,24 @@ class UpdateRule:
                    tuple(wd != 0.0 and not e for e in excluded), excluded,
                    tuple(float(multipliers.get(n, 1.0)) for n in names))
 
-    def learning_rate(self, step):
-        """The schedule's float32 learning rate at `step` (a traced or host number)."""
-        return self.schedule.compute(jnp.asarray(step, jnp.float32), jnp.minimum, jnp.power)
+    def learning_rate(self, step, lengths=None):
+        """The schedule's float32 learning rate at `step` (a traced or host number);
+        `lengths`: the schedule's `lengths()` as the compiled step's input (None: as
+        constants, for the host)."""
+        return self.schedule.compute(jnp.asarray(step, jnp.float32), jnp.minimum, jnp.power,
+                                     lengths)
 
-    def apply(self, params, grads, m, v, step, grad_scale, ok):
+    def lengths(self) -> np.ndarray:
+        """What `apply` takes as `lengths`: the run's total and warmup steps (float32),
+        inputs of the compiled step rather than constants, so one program serves runs of
+        any length and JAX's persistent compilation cache finds it."""
+        return self.schedule.lengths()
+
+    def apply(self, params, grads, m, v, step, grad_scale, ok, lengths=None):
         """-> (params, m, v) after one update from summed gradients; where `ok` is False
         the old values (selects, not a branch)."""
         f32 = jnp.float32
-        lr = self.learning_rate(step)
+        lr = self.learning_rate(step, lengths)
         b1, b2 = f32(self.beta_1), f32(self.beta_2)
         if self.bias_correction:
             t = jnp.asarray(step, f32) + 1.0
@@ -237,9 +246,10 @@ class StepBuilder:
         return jax.lax.fori_loop(1, k, body, (grads, loss, sums))
 
     def train_fn(self, phase: int = 0):
-        """The pure step: (state, batch) -> (state, metric sums)."""
+        """The pure step: (state, batch, lengths) -> (state, metric sums); `lengths`:
+        `UpdateRule.lengths()`."""
 
-        def step(state, batch):
+        def step(state, batch, lengths):
             self.trace_count += 1  # Python side effect: counts traces
             seed = rng.step_seed(state["base_seed"], state["step"], 0)
             context = self.context(batch)
@@ -250,7 +260,7 @@ class StepBuilder:
             finite = jnp.isfinite(norm)
             scale = clip_scale(norm, self.clip_norm)
             params, m, v = self.rule.apply(state["params"], grads, state["m"], state["v"],
-                                           state["step"], scale, finite)
+                                           state["step"], scale, finite, lengths)
             new = dict(state, params=params, m=m, v=v,
                        step=state["step"] + finite.astype(jnp.int32))
             if self.float16:
@@ -276,10 +286,18 @@ class StepBuilder:
         return step
 
     def compile_train(self, phase: int = 0, donate: bool = True):
-        """`train_fn` jitted: the state replicated and donated, the batch split by rows."""
+        """`train_fn` jitted: the state replicated and donated, the batch split by rows.
+        Call it as `step(state, batch)`: the schedule's lengths are passed in."""
         rep, rows = replicated(self.mesh), batch_sharding(self.mesh)
-        return jax.jit(self.train_fn(phase), in_shardings=(rep, rows),
-                       out_shardings=(rep, rep), donate_argnums=(0,) if donate else ())
+        jitted = jax.jit(self.train_fn(phase), in_shardings=(rep, rows, rep),
+                         out_shardings=(rep, rep), donate_argnums=(0,) if donate else ())
+        lengths = jax.device_put(self.rule.lengths(), rep)
+
+        def step(state, batch):
+            return jitted(state, batch, lengths)
+
+        step.jitted = jitted  # (state, batch, lengths): for lowering and inspection
+        return step
 
     def compile_eval(self, phase: int = 0):
         rep, rows = replicated(self.mesh), batch_sharding(self.mesh)

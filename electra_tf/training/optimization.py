@@ -392,6 +392,9 @@ def make_optimizer(config, total_steps: int) -> _AdamFamily:
     `config.bias_correction` applies to AdamW (official: off); LAMB always corrects (paper)."""
     schedule = WarmupPolynomialDecay(config.learning_rate, total_steps, config.warmup_steps,
                                      config.end_learning_rate, config.lr_decay_power)
+    # The run's length read from a variable, not baked into the compiled step: runs that
+    # differ only in --num_train_steps or the warmup's length share one XLA program.
+    schedule.make_tf_lengths()
     common = dict(weight_decay=config.weight_decay, beta_1=config.beta_1, beta_2=config.beta_2,
                   epsilon=config.epsilon)
     if config.optimizer == "adamw":

@@ -22,17 +22,39 @@ class WarmupPolynomialDecay:
 
     def __call__(self, step):
         import tensorflow as tf  # the TensorFlow runtime's; JAX calls `compute`
-        return self.compute(tf.cast(step, tf.float32), tf.minimum, tf.pow)
+        return self.compute(tf.cast(step, tf.float32), tf.minimum, tf.pow,
+                            getattr(self, "tf_lengths", None))
 
-    def compute(self, step, minimum: Callable, power: Callable):
+    def lengths(self):
+        """The run-length numbers as float32 [total steps (at least 1), warmup steps]: what a
+        compiled step takes as an input (`compute(..., lengths)`) instead of as constants,
+        so one program serves runs of any length (a persistent compilation cache hits)."""
+        import numpy as np
+        return np.array([max(1, self.total_steps), self.warmup_steps], np.float32)
+
+    def make_tf_lengths(self):
+        """`lengths()` in a TensorFlow variable that `__call__` reads (made in the
+        strategy's scope, beside the optimizer; not in any checkpoint: this object is not
+        tracked)."""
+        import tensorflow as tf
+        self.tf_lengths = tf.Variable(self.lengths(), trainable=False,
+                                      name="learning_rate_schedule_lengths")
+        return self.tf_lengths
+
+    def compute(self, step, minimum: Callable, power: Callable, lengths=None):
         """The rate at a float32 `step` with a backend's `minimum` and `pow` (the JAX
-        runtime's step passes jax.numpy's)."""
-        total = float(max(1, self.total_steps))
+        runtime's step passes jax.numpy's). `lengths`: `lengths()` as a backend tensor (an
+        input of the compiled step); None: the same numbers as constants. Whether there is
+        a warmup at all stays a constant."""
+        if lengths is None:
+            total, warmup = float(max(1, self.total_steps)), float(self.warmup_steps)
+        else:
+            total, warmup = lengths[0], lengths[1]
         progress = minimum(step, total) / total
         lr = (self.learning_rate - self.end_learning_rate) * power(
             1.0 - progress, self.power) + self.end_learning_rate
         if self.warmup_steps > 0:
-            lr = lr * minimum(1.0, step / float(self.warmup_steps))
+            lr = lr * minimum(1.0, step / warmup)
         return lr
 
     def get_config(self) -> Dict[str, Any]:
