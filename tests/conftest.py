@@ -216,6 +216,18 @@ def read_examples(directory, manifest):
     return [rows[i] for i in range(len(rows))]
 
 
+def free_ports(n):
+    """`n` ports on 127.0.0.1 free a moment ago (a cluster's addresses for local workers)."""
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 def sigterm_after(proc, needle, timeout: float = 120):
     """Reads `proc`'s stderr until a line containing `needle` (training under way; or a
     line for which `needle(line)` is true), sends SIGTERM and waits; returns (the lines

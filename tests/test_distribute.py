@@ -3,6 +3,7 @@ decided by the pure `resolve_tpu_target` for every setup without a TPU; the real
 `make_strategy` and both CLIs refusing with one line on this CPU machine, without the
 network; the chief and its directories."""
 
+import json
 import os
 import socket
 import time
@@ -362,3 +363,35 @@ def test_resolve_precision():
         == "float32"
     assert distribute.resolve_precision("auto", _FakeTPU()) == "bfloat16"
     assert distribute.resolve_precision("float16", _FakeTPU()) == "float16"
+
+
+def test_jax_cluster_from_tf_config_or_jax_variables():
+    """--strategy=multi_worker on JAX reads the cluster a TensorFlow run reads (TF_CONFIG:
+    the chief, then the workers; the coordinator at the first task's address), or JAX's
+    three variables; neither: {} (JAX detects TPU slices, SLURM and the like itself)."""
+    cluster = {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]}
+    for (kind, index), process_id in ((("chief", 0), 0), (("worker", 0), 1),
+                                      (("worker", 1), 2)):
+        env = {"TF_CONFIG": json.dumps({"cluster": cluster,
+                                        "task": {"type": kind, "index": index}})}
+        assert distribute.jax_cluster(env) == dict(
+            coordinator_address="h0:2222", num_processes=3, process_id=process_id)
+    workers = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                        "task": {"type": "worker", "index": 1}})}
+    assert distribute.jax_cluster(workers) == dict(coordinator_address="a:1",
+                                                   num_processes=2, process_id=1)
+    assert distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "4",
+                                   "JAX_PROCESS_ID": "3"}) == dict(
+        coordinator_address="c:9", num_processes=4, process_id=3)
+    assert distribute.jax_cluster({}) == {}
+    assert distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9"}) == {}
+    with pytest.raises(distribute.StrategyError, match="TF_CONFIG: not a cluster"):
+        distribute.jax_cluster({"TF_CONFIG": json.dumps(
+            {"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}})})
+    with pytest.raises(distribute.StrategyError, match="TF_CONFIG: not a cluster"):
+        distribute.jax_cluster({"TF_CONFIG": "{not json"})
+    with pytest.raises(distribute.StrategyError, match="together"):
+        distribute.jax_cluster({"JAX_NUM_PROCESSES": "2"})
+    with pytest.raises(distribute.StrategyError, match="expected integers"):
+        distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "two",
+                                "JAX_PROCESS_ID": "0"})

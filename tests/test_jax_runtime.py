@@ -22,7 +22,7 @@ from electra_tf.pretraining.trainer import Pretrainer
 
 import backend_parity as cases
 import forked_cli
-from conftest import REPO, sigterm_after
+from conftest import REPO, free_ports, sigterm_after
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_TOL = 1e-4
@@ -412,3 +412,84 @@ def test_check_install_runs_a_compiled_step_on_jaxs_devices():
     assert lines[-2].startswith("one compiled train step of a 1-layer ELECTRA, batch 2 split "
                                 "over 1 device(s): loss ") and "applied (global step 1)" in \
         lines[-2], lines
+
+
+# ------------------------------------------------------------------------- several processes
+
+# One JAX process on one CPU device, fed the global batches a two-process job assembles
+# (process 0's rows, then process 1's: each reads its own half of the shards), saving the
+# TensorFlow runtime's checkpoint after the steps.
+ONE_PROCESS_SCRIPT = """
+import sys
+import tensorflow as tf
+from electra_tf.configs import load_config
+from electra_tf.data.dataset import make_dataset
+from electra_tf.pretraining import pretrain
+from electra_tf.training import distribute
+from electra_tf.training.options import PretrainingOptions
+out, data, overrides, steps = sys.argv[1:5]
+cfg = load_config("tiny", overrides)
+files, _, manifest = pretrain.resolve_data(PretrainingOptions(out, train_data=data), cfg)
+special, counts = pretrain.special_ids_and_counts(manifest, files, cfg)
+trainer = pretrain.make_trainer(cfg, distribute.jax_devices("cpu"), special, counts)
+icfg = pretrain.input_config(files, cfg, cfg.train.train_batch_size, True)
+halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2)) for w in range(2)]
+batches = tf.data.Dataset.zip(tuple(halves)).map(
+    lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
+trainer.make_train_loop()(iter(batches), int(steps))
+trainer.before_save()
+trainer.checkpoint().write(out)
+"""
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.e2e
+@pytest.mark.jax
+def test_two_jax_processes_equal_one(tmp_path, sample_build):
+    """--strategy=multi_worker on JAX with the cluster in TF_CONFIG, as a TensorFlow job
+    gives it: two processes of one CPU device each (jax.distributed, the gradient summed
+    across them by XLA's collectives) end with the weights and slots of one process that
+    takes the same global batches; each read its own shards, process 0 alone wrote the
+    run, and both logged the cluster."""
+    import json
+    data = sample_build[0]
+    overrides = "train_batch_size=8,num_train_steps=4,save_checkpoints_steps=2," \
+                "steps_per_loop=2,log_every_steps=2,warmup_steps=2"
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    model_dir = tmp_path / "two"
+    procs = [forked_cli.start(
+        ["run_pretraining.py", "--backend=jax", "--strategy=multi_worker",
+         f"--model_dir={model_dir}", f"--train_data={data}", f"--params_override={overrides}"],
+        cwd=REPO, stderr=forked_cli.PIPE,
+        env={**os.environ, **JAX_ENV, "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}})})
+        for i in range(2)]
+    try:
+        logs = [p.communicate(timeout=420)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, err) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, err[-3000:]
+        assert f"JAX cluster: process {i} of 2, coordinator {cluster['worker'][0]}" in err
+        assert ": 2 CPU device(s) (cpu), 2 process(es)" in err, err[-3000:]
+    read = [set(ln.split("file(s), ")[1].split(", ")) for i, err in enumerate(logs)
+            for ln in err.splitlines() if f"Input pipeline {i} of 2:" in ln]
+    assert len(read) == 2 and read[0] and read[1] and not read[0] & read[1]
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
+    assert not os.path.exists(model_dir / ".workers" / "worker_1")
+
+    one = forked_cli.run(["-c", ONE_PROCESS_SCRIPT, str(tmp_path / "one" / "ckpt"), data,
+                          overrides, "4"], cwd=REPO, timeout=300, env={**os.environ,
+                                                                        **JAX_ENV})
+    assert one.returncode == 0, one.stderr[-3000:]
+    want = tf.train.load_checkpoint(str(tmp_path / "one" / "ckpt"))
+    got = tf.train.load_checkpoint(str(model_dir))
+    names = [n for n, _ in tf.train.list_variables(str(tmp_path / "one" / "ckpt"))
+             if n.startswith(("model/", "optimizer/"))]
+    assert len(names) > 40
+    for name in names:
+        a, b = want.get_tensor(name), got.get_tensor(name)
+        assert _max_error(a, b) <= 1e-5, name

@@ -21,7 +21,7 @@ from electra_tf.training.loop import RunError, parse_profile_steps
 from electra_tf.training.options import PretrainingOptions
 
 import forked_cli
-from conftest import REPO, sigterm_after
+from conftest import REPO, free_ports, sigterm_after
 
 
 def _options(model_dir, data, **kw):
@@ -267,20 +267,9 @@ PREEMPTIBLE_WORKER_SCRIPT = WORKER_SCRIPT.replace("pretrain.run(", "try:\n  pret
 NO_DROPOUT = {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0}
 
 
-def _free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _start_workers(script, model_dir, data, overrides, stdout=forked_cli.PIPE):
     """Two worker processes of one MultiWorkerMirroredStrategy job on localhost."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     return [forked_cli.start(
         ["-c", script, str(model_dir), data, overrides], cwd=REPO,
         stdout=stdout, stderr=forked_cli.PIPE,

@@ -206,9 +206,9 @@ def test_the_tier_and_leg_expressions_are_the_ones_the_docs_and_ci_use():
     assert "conftest.OTHER_LEGS" in _read(os.path.join(".ci", "run"))
     assert conftest.UNIT_TIER == "not (subprocess or e2e or slow)"
     assert conftest.OTHER_LEGS == "(every_leg or not (subprocess or e2e)) and not jax"
-    assert f'`-m {conftest.JAX_LEG}` (`conftest.JAX_LEG`)' in _read("docs/testing.md")
+    assert f'`-m "{conftest.JAX_LEG}"` (`conftest.JAX_LEG`)' in _read("docs/testing.md")
     assert "conftest.JAX_LEG" in _read(os.path.join(".ci", "run"))
-    assert conftest.JAX_LEG == "jax"
+    assert conftest.JAX_LEG == "jax and every_leg"
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))

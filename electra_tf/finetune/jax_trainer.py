@@ -15,7 +15,7 @@ from electra_tf.configs import FinetuneConfig, ModelConfig
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.finetune.trainer import FinetuningJob, pad_rows
 from electra_tf.training import distribute, jax_step
-from electra_tf.training.jax_trainer import JaxDevices, JaxTrainer
+from electra_tf.training.jax_trainer import JaxDevices, JaxTrainer, host_array
 
 
 class JaxFinetuner(FinetuningJob, JaxTrainer):
@@ -37,7 +37,9 @@ class JaxFinetuner(FinetuningJob, JaxTrainer):
 
     def predict(self, data: TaskData) -> Dict[str, np.ndarray]:
         """Runs the model over a split (no dropout), in padded batches of one shape split
-        over the devices, and returns the fetched arrays."""
+        over the devices, and returns the fetched arrays. With several processes each reads
+        the whole split and sends its share of every batch; the outputs come back whole to
+        every process."""
         batch = self.cfg.train.eval_batch_size
         batch += -batch % self.strategy.num_replicas_in_sync
         arrays = pad_rows(data.arrays, batch)
@@ -50,12 +52,15 @@ class JaxFinetuner(FinetuningJob, JaxTrainer):
                 with keras.StatelessScope(state_mapping=mapping):
                     return self.fetches(batch, self.model(batch, training=False))
 
-            self._predict = jax.jit(fetch, in_shardings=(rep, rep, rows), out_shardings=rows)
+            self._predict = jax.jit(fetch, in_shardings=(rep, rep, rows), out_shardings=rep)
+        share = batch // self.strategy.process_count
+        mine = self.strategy.process_index * share
         parts: Dict[str, List[np.ndarray]] = {}
         n = len(arrays["weight"])
         for start in range(0, n, batch):
-            chunk = self.steps.place_batch({k: v[start:start + batch] for k, v in arrays.items()})
+            chunk = self.steps.place_batch({k: v[start + mine:start + mine + share]
+                                            for k, v in arrays.items()})
             out = self._predict(self.state["params"], self.state["frozen"], chunk)
             for k, v in out.items():
-                parts.setdefault(k, []).append(np.asarray(jax.device_get(v)))
+                parts.setdefault(k, []).append(host_array(v))
         return {k: np.concatenate(v)[:data.num_examples] for k, v in parts.items()}

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import re
-from typing import Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import keras
 import tensorflow as tf
@@ -291,12 +291,46 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     return strategy
 
 
+def jax_cluster(environ) -> Dict[str, Any]:
+    """`jax.distributed.initialize`'s arguments for --strategy=multi_worker from the
+    environment: TF_CONFIG, as the TensorFlow runtime reads it (the chief, then the
+    workers, in order: process i is the i-th task, the coordinator the first task's
+    address), else JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID, else {}
+    (JAX finds the cluster itself: Cloud TPU slices, SLURM, Open MPI, Kubernetes)."""
+    if environ.get("TF_CONFIG"):
+        try:
+            spec = json.loads(environ["TF_CONFIG"])
+            cluster, task = spec["cluster"], spec["task"]
+            tasks = [(kind, i) for kind in ("chief", "worker")
+                     for i in range(len(cluster.get(kind, [])))]
+            addresses = [cluster[kind][i] for kind, i in tasks]
+            process_id = tasks.index((task["type"], int(task["index"])))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise StrategyError(f"TF_CONFIG: not a cluster with this task among its chief "
+                                f"and workers ({type(e).__name__}: {e})") from None
+        return dict(coordinator_address=addresses[0], num_processes=len(addresses),
+                    process_id=process_id)
+    given = [environ.get(k) for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")]
+    if any(given):
+        if not all(given) or not environ.get("JAX_COORDINATOR_ADDRESS"):
+            raise StrategyError("--strategy=multi_worker: set JAX_COORDINATOR_ADDRESS, "
+                                "JAX_NUM_PROCESSES and JAX_PROCESS_ID together")
+        try:
+            num, index = int(given[0]), int(given[1])
+        except ValueError:
+            raise StrategyError(f"JAX_NUM_PROCESSES={given[0]!r}, JAX_PROCESS_ID="
+                                f"{given[1]!r}: expected integers") from None
+        return dict(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
+                    num_processes=num, process_id=index)
+    return {}
+
+
 def jax_devices(name: str):
     """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
     cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
-    (`jax.distributed.initialize()` first: Cloud TPU pod slices and SLURM describe the
-    cluster themselves, elsewhere JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-    JAX_PROCESS_ID). -> `jax_trainer.JaxDevices`."""
+    (`jax.distributed.initialize()` first, with the cluster of `jax_cluster`: TF_CONFIG as
+    on TensorFlow, or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; Cloud
+    TPU slices and SLURM describe it themselves). -> `jax_trainer.JaxDevices`."""
     from electra_tf.backend import require_jax
     jax = require_jax()
     try:  # TensorFlow feeds the input on the host: it must not claim an accelerator
@@ -306,9 +340,16 @@ def jax_devices(name: str):
         logging.info("TensorFlow's devices stay visible to it (%s): it holds no "
                      "accelerator memory unless it runs ops there", e)
     from electra_tf.training.jax_trainer import JaxDevices
+    if name == "auto" and jax_cluster(os.environ).get("num_processes", 1) > 1:
+        name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
     if name == "multi_worker":
+        cluster = jax_cluster(os.environ)
+        if cluster:
+            logging.info("JAX cluster: process %d of %d, coordinator %s",
+                         cluster["process_id"], cluster["num_processes"],
+                         cluster["coordinator_address"])
         try:
-            jax.distributed.initialize()
+            jax.distributed.initialize(**cluster)
         except (RuntimeError, ValueError) as e:
             raise StrategyError(f"--strategy=multi_worker: jax.distributed.initialize() "
                                 f"failed: {str(e).splitlines()[0]}") from None

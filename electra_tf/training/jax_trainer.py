@@ -134,7 +134,7 @@ def _mirror(root_name: str, paths: Dict[str, tf.Variable]):
     return root
 
 
-def _host(array) -> np.ndarray:
+def host_array(array) -> np.ndarray:
     """A replicated global array's value on this host."""
     return np.asarray(jax.device_get(array.addressable_data(0)))
 
@@ -235,7 +235,7 @@ class JaxTrainer(Phases, abc.ABC):
         code that reads the model)."""
         for v, value in zip(self.variables + self.frozen,
                             self.state["params"] + self.state["frozen"]):
-            v.assign(_host(value))
+            v.assign(host_array(value))
 
     def model_changed(self):
         """The step's parameters take the Keras variables' values (after eager code
@@ -306,16 +306,16 @@ class JaxTrainer(Phases, abc.ABC):
         mirror = self._mirror()
         model_keys, (m_keys, v_keys) = self._mirror_order()
         for key, value in zip(model_keys, self.state["params"] + self.state["frozen"]):
-            mirror[key].assign(_host(value))
+            mirror[key].assign(host_array(value))
         for keys, values in ((m_keys, self.state["m"]), (v_keys, self.state["v"])):
             for key, value in zip(keys, values):
-                mirror[key].assign(_host(value))
+                mirror[key].assign(host_array(value))
         self._sync_counters()
 
     def _sync_counters(self):
-        self.global_step.assign(int(_host(self.state["step"])))
-        self.loss_scale.assign(float(_host(self.state["loss_scale"])))
-        self.good_steps.assign(int(_host(self.state["good_steps"])))
+        self.global_step.assign(int(host_array(self.state["step"])))
+        self.loss_scale.assign(float(host_array(self.state["loss_scale"])))
+        self.good_steps.assign(int(host_array(self.state["good_steps"])))
 
     def restore(self, path: str):
         """Restores a training checkpoint of either runtime (one without data_batches
@@ -360,7 +360,7 @@ class JaxTrainer(Phases, abc.ABC):
                 sums = step_sums if sums is None else {k: sums[k] + step_sums[k]
                                                        for k in sums}
             self._sync_counters()  # waits for the steps
-            return {k: _host(v) for k, v in sums.items()}
+            return {k: host_array(v) for k, v in sums.items()}
 
         return loop
 
@@ -376,6 +376,6 @@ class JaxTrainer(Phases, abc.ABC):
             for _ in range(int(num_steps)):
                 s = step(self.state, self._batch(next(iterator)))
                 sums = s if sums is None else {k: sums[k] + s[k] for k in sums}
-            return {k: _host(v) for k, v in sums.items()}
+            return {k: host_array(v) for k, v in sums.items()}
 
         return loop
