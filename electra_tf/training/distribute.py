@@ -340,10 +340,10 @@ def jax_devices(name: str):
         logging.info("TensorFlow's devices stay visible to it (%s): it holds no "
                      "accelerator memory unless it runs ops there", e)
     from electra_tf.training.jax_trainer import JaxDevices
-    if name == "auto" and jax_cluster(os.environ).get("num_processes", 1) > 1:
+    cluster = jax_cluster(os.environ) if name in ("auto", "multi_worker") else {}
+    if name == "auto" and cluster.get("num_processes", 1) > 1:
         name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
     if name == "multi_worker":
-        cluster = jax_cluster(os.environ)
         if cluster:
             logging.info("JAX cluster: process %d of %d, coordinator %s",
                          cluster["process_id"], cluster["num_processes"],
