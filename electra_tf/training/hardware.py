@@ -3,6 +3,8 @@ accelerators' published dense peaks (NVIDIA's sheets quote "with sparsity": the 
 half), the device kind of a strategy, and a timed matmul where no table applies (CPU).
 float32 matmuls run in TensorFloat-32 by default: the TF32 column on A100/H100/H200, one
 bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32 (TPU: HIGHEST).
+TensorFlow is imported only where a TensorFlow device is asked about: the table and the JAX
+runtime's peaks need none (a GPU machine with only JAX).
 """
 
 import dataclasses
@@ -11,7 +13,6 @@ import re
 import time
 from typing import Dict, Optional, Tuple, Union
 
-import tensorflow as tf
 from absl import logging
 
 from electra_tf.training import gce
@@ -114,6 +115,7 @@ def device_name(strategy) -> Optional[str]:
     if kind == "GPU" and getattr(strategy, "device_kind", None):  # JAX's devices
         return strategy.device_kind
     if kind == "GPU":
+        import tensorflow as tf
         gpus = tf.config.list_physical_devices("GPU")
         return tf.config.experimental.get_device_details(gpus[0]).get("device_name") \
             if gpus else None
@@ -150,6 +152,7 @@ def measure_matmul_flops(size: int = 4096, dtype: str = "float32", repeats: int 
     float32 and far slower in bfloat16. Whatever else loads the host lowers the figure."""
     key = (size, dtype, device)
     if key not in _MEASURED:
+        import tensorflow as tf
         with tf.device(device):
             a = tf.cast(tf.random.stateless_normal([size, size], [1, 2]), dtype)
             b = tf.cast(tf.random.stateless_normal([size, size], [3, 4]), dtype)
@@ -199,6 +202,17 @@ def format_flops(x: float) -> str:
     return f"{x:.3g} FLOP/s"
 
 
+def tf32_enabled(strategy) -> bool:
+    """Whether float32 matmuls may run in TensorFloat-32 (one bf16 pass on TPU): JAX's
+    default matmul precision unless set to 'highest'/'float32'; TensorFlow's switch."""
+    if getattr(strategy, "device_kind", None) is not None:  # JAX's devices
+        import jax
+        return str(jax.config.jax_default_matmul_precision or "default").lower() not in (
+            "highest", "float32")
+    import tensorflow as tf
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
 def peak_flops(strategy, precision: str, override: Union[None, str, float] = None,
                cpu_matmul_size: int = RUN_MATMUL_SIZE) -> Tuple[Optional[float], str]:
     """(peak FLOP/s of all the strategy's devices, where it comes from): `override` (one
@@ -219,8 +233,7 @@ def peak_flops(strategy, precision: str, override: Union[None, str, float] = Non
     if chip is None:
         return None, (f"unknown {kind} {name or '(no device name)'}: pass --peak_flops "
                       "for MFU")
-    per_chip, column = chip.peak(precision, tf.config.experimental.
-                                 tensor_float_32_execution_enabled())
+    per_chip, column = chip.peak(precision, tf32_enabled(strategy))
     per_device = per_chip / chip.devices_per_chip
     return per_device * count, (f"{name}: {chip.name} {column} {format_flops(per_chip)}/chip "
                                 f"({chip.source}) x {count / chip.devices_per_chip:g} chip(s)")
