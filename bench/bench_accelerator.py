@@ -3,8 +3,8 @@ peer on the same device, with no TensorFlow (a GPU machine with only JAX and PyT
 
 Ours: the JAX runtime's compiled train step (`training/jax_step.py`: masking, sampling,
 both networks, the losses, clipping and the AdamW update in one `jax.jit`, the state donated)
-on a fixed batch already on the devices, and again fed a host batch per step as the training
-loop does. Timed after a warm-up call, the step's outputs fetched at the end of each timed
+on a fixed batch already on the devices, again fed a host batch per step as the training
+loop does, and fed by a thread that places each batch two steps ahead ('ahead', in the row). Timed after a warm-up call, the step's outputs fetched at the end of each timed
 repetition; the best repetition is kept. Sequences/s; MFU against the device's published
 dense peak (`training/hardware.py`'s table; on a CPU, a jnp matmul measured here) with the
 hardware convention of `pretraining/flops.py` (train = 3 x forward matmul FLOPs); the
@@ -38,8 +38,10 @@ import glob
 import gzip
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
@@ -309,12 +311,29 @@ def run_jax(case: dict) -> dict:
         box["state"], box["sums"] = compiled(box["state"], fed, lengths)
 
     fed_s = time_steps(run_fed, fetch, case["steps"], 1)
+    # The same, the batches placed by a thread two steps ahead: whether placing a batch
+    # costs the step loop itself (the difference) or overlaps with the step already.
+    ahead = queue.Queue(maxsize=2)
+
+    def place_ahead(n):
+        for i in range(n):
+            ahead.put(steps.place_batch(hosts[i % len(hosts)]))
+
+    placer = threading.Thread(target=place_ahead, args=(case["steps"],), daemon=True)
+    placer.start()
+
+    def run_ahead():
+        box["state"], box["sums"] = compiled(box["state"], ahead.get(), lengths)
+
+    ahead_s = time_steps(run_ahead, fetch, case["steps"], 1)
+    placer.join()
     peak, source = jax_peak(device, case["precision"])
     train_flops = (finetune_flops if finetune else pretrain_flops)(cfg)
     row = dict(case, batch=batch, impl="jax", device=device.device_kind,
                platform=device.platform, versions=f"jax {jax.__version__}",
                step_ms=step_s * 1e3, seqs_per_s=batch / step_s,
-               fed_seqs_per_s=batch / fed_s, compile_s=compile_s,
+               fed_seqs_per_s=batch / fed_s, fed_ahead_seqs_per_s=batch / ahead_s,
+               compile_s=compile_s,
                train_flops=train_flops, achieved_flops=train_flops / step_s,
                peak_flops=peak, peak_source=source,
                mfu=(train_flops / step_s / peak) if peak else None,
@@ -715,6 +734,9 @@ def main(argv=None):
             continue
         rows.append(row)
         print(fmt_row(row), flush=True)
+        if "fed_ahead_seqs_per_s" in row:
+            print(f"  fed, each batch placed 2 steps ahead by a thread: "
+                  f"{row['fed_ahead_seqs_per_s']:.1f} seq/s", flush=True)
         if "check" in row:
             print(describe_check(row), flush=True)
         if "profile" in row:

@@ -104,6 +104,7 @@ def test_bench_runs_ours_and_the_peer_on_this_cpu(tmp_path):
         assert r["seqs_per_s"] == pytest.approx(r["batch"] / (r["step_ms"] / 1e3))
         assert r["achieved_flops"] == pytest.approx(r["train_flops"] / (r["step_ms"] / 1e3))
     ours = rows[0]
+    assert ours["fed_ahead_seqs_per_s"] > 0 and "placed 2 steps ahead" in done.stdout
     assert ours["mfu"] == pytest.approx(ours["achieved_flops"] / ours["peak_flops"])
     assert ours["peak_source"].startswith("measured: 2048^2 float32 jnp matmul")
     assert ours["program_bytes"] > 0
