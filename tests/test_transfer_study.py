@@ -38,6 +38,7 @@ def test_every_setting_is_valid_and_none_comes_first():
     (ts.Setting("movies", {"optimizer.no_such_knob": "1"}, 1000, [1000], "x"), "no_such_knob"),
     (ts.Setting(None, {}, 0, [100], "x"), r"points \[0\]"),
     (ts.Setting(None, {"optimizer.learning_rate": "1e-4"}, 0, [0], "x"), r"only model\.\*"),
+    (ts.Setting("wiki", {}, 1000, [1000], "x", vocab=4096), "its corpus is movies"),
 ])
 def test_a_bad_setting_is_refused_by_name(setting, message):
     with pytest.raises(ts.ExperimentError, match="bad: .*" + message):
@@ -119,17 +120,21 @@ def test_the_table_marks_rows_against_the_no_pretraining_seeds():
     assert lines["high"].endswith("| 0.6700 (0.6500-0.7000) | above (none) |")
     assert lines["mixed"].endswith("| within spread (none) |")
     assert "| 0.550 / 0.170 | 0.500 |" in lines["low"]
-    assert "| 8.00e+13 | 0.550 / 0.170 |" in lines["low"]
+    assert "| BERT 30,522 | 2000 | 8.00e+13 / — | 0.550 / 0.170 |" in lines["low"]
     bert = dict(row, setting="bert", final_metrics={"main_lm_acc": 0.11}, scores=[0.5] * 3)
     table = ts.render(dict(results, rows=results["rows"] + [bert]), "cmd")
     assert "| — / 0.110 |" in [l for l in table.splitlines() if l.startswith("| bert")][0]
     assert lines["none"].endswith("| 0.6200 (0.6000-0.6400) | — |")
+    learned = dict(row, setting="wp", vocab=4096, hardware_flops=5.5e13, scores=[0.6] * 3)
+    table = ts.render(dict(results, rows=[learned]), "cmd")
+    assert "| movies | learned 4,096 | 2000 | 8.00e+13 / 5.50e+13 |" in table
 
 
 def test_a_row_is_judged_against_no_pretraining_of_its_own_shape():
     assert ts.baseline_of("electra_preset") == "none"
     assert ts.baseline_of("electra_wide_lr3e-4") == "none_wide"
     assert ts.baseline_of("electra_narrow_lr3e-4") == "none_narrow"
+    assert ts.baseline_of("electra_wp4k_lr3e-4") == "none_wp4k"  # the same vocabulary
     row = dict(what="w", corpus="movies", step=1500, pretrain_steps=1500, flops=8e13,
                pretrain_seconds=1.0, final_metrics={}, train_losses=[])
     rows = [dict(row, setting="none", baseline="none", step=0, scores=[0.60, 0.62]),
@@ -154,3 +159,19 @@ def test_a_random_start_of_another_shape_gets_a_config_of_that_shape(tmp_path):
             cfg.model.intermediate_size, cfg.model.num_hidden_layers) == (256, 4, 1024, 2)
     assert cfg.model.embedding_size == tiny.model.embedding_size == 64
     assert cfg.train == tiny.train
+
+
+def test_a_learned_vocabulary_sizes_the_model_and_tokenises_the_task(tmp_path):
+    """A setting with a learned vocabulary: the random start's config has that many rows
+    (counted from the vocab.txt the builder wrote), as the pre-training's overrides do."""
+    from electra_tf import configs
+    args = _args(tmp_path, tmp_path)
+    vocab = tmp_path / "out" / "work" / "vocab" / "wordpiece4096" / "vocab.txt"
+    write(str(vocab), "\n".join(f"piece{i}" for i in range(4093)) + "\n")
+    assert ts.learned_vocab(args, 4096) == (str(vocab), 4093)
+    assert ts.vocab_overrides(args, ts.SETTINGS["electra_wp4k_lr3e-4"]) == {
+        "model.vocab_size": "4093"}
+    assert ts.vocab_overrides(args, ts.SETTINGS["electra_preset"]) == {}
+    cfg = configs.load_config(ts.random_init_config(args, "none_wp4k"))
+    assert cfg.model.vocab_size == 4093
+    assert cfg.model.hidden_size == configs.load_config("tiny").model.hidden_size
