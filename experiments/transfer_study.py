@@ -119,6 +119,10 @@ SETTINGS = collections.OrderedDict([
                                                                     8000],
                                     "ELECTRA, lr 3e-4, the 4,096-piece learned vocabulary",
                                     vocab=4096)),
+    ("bert_mlm_wp4k_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 3000,
+                                     [1000, 2000, 3000],
+                                     "BERT's MLM, lr 3e-4, the 4,096-piece learned vocabulary",
+                                     vocab=4096)),
     ("none_narrow", Setting(None, dict(NARROW), 0, [0],
                             "no pre-training, encoder 64 wide (2 heads, FFN 256), 8 layers")),
     ("electra_narrow_lr3e-4", Setting("movies", dict(NARROW, **{LR: "3e-4"}), 2000, [2000],
@@ -162,6 +166,12 @@ def parse_args(argv):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--report_only", action="store_true")
+    p.add_argument("--compare", default="",
+                   help="results.json files of earlier runs of this script whose rows the "
+                   "plot shows beside this run's (e.g. the BERT-vocabulary study)")
+    p.add_argument("--plot_settings", default="none,electra_lr3e-4,bert_mlm_lr3e-4_6k,"
+                   "bert_mlm_lr3e-4,none_wp4k,electra_wp4k_lr3e-4,bert_mlm_wp4k_lr3e-4",
+                   help="the settings the plot draws (the table has them all)")
     args = p.parse_args(argv)
     args.work_dir = args.work_dir or os.path.join(args.out_dir, "work")
     unknown = [s for s in args.settings.split(",") if s not in SETTINGS]
@@ -419,6 +429,67 @@ def render(results: Dict, command: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def matmul_flops(row: Dict) -> float:
+    """A row's pre-training FLOPs in the hardware convention (matmuls only): its own count,
+    or, for rows of runs made before it was recorded, the setting's config's."""
+    if row.get("hardware_flops") or not row["step"]:
+        return row.get("hardware_flops", 0.0)
+    s = SETTINGS[row["setting"]]
+    overrides = dict(s.overrides, **{"train.max_seq_length": str(MAX_SEQ_LENGTH)})
+    if s.vocab is not None:
+        overrides["model.vocab_size"] = str(s.vocab)
+    cfg = configs.load_config(PRESET, overrides)
+    return flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"] * row["step"]
+
+
+def plot(rows: List[Dict], names: List[str], path: str) -> bool:
+    """The regime map at `path`: dev accuracy (mean, min-max over fine-tuning seeds) against
+    pre-training matmul FLOPs, a line per setting through its points; each no-pre-training
+    row a band (its seed range) in its vocabulary's colour."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("transfer_study: matplotlib is missing (pip install -e .[experiments]); "
+              "no plot", file=sys.stderr)
+        return False
+    import io
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = {None: "tab:blue", 4096: "tab:orange"}
+    shown = [n for n in names if any(r["setting"] == n for r in rows)]
+    for name in shown:
+        pts = sorted((r for r in rows if r["setting"] == name), key=lambda r: r["step"])
+        vocab = SETTINGS[name].vocab
+        colour = colours.get(vocab, "tab:green")
+        label = f"{name} ({'BERT 30,522' if vocab is None else f'learned {vocab:,}'})"
+        if pts[0]["step"] == 0:
+            sc = pts[0]["scores"]
+            ax.axhspan(min(sc), max(sc), color=colour, alpha=0.15,
+                       label=f"{label}: no pre-training, seed range")
+            ax.axhline(statistics.fmean(sc), color=colour, linewidth=1)
+            continue
+        xs = [matmul_flops(r) for r in pts]
+        mean = [statistics.fmean(r["scores"]) for r in pts]
+        err = [[m - min(r["scores"]) for m, r in zip(mean, pts)],
+               [max(r["scores"]) - m for m, r in zip(mean, pts)]]
+        style = "--" if name.startswith("bert") else "-"
+        ax.errorbar(xs, mean, yerr=err, marker="o", capsize=3, color=colour,
+                    linestyle=style, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("pre-training FLOPs (matmuls, hardware convention)")
+    ax.set_ylabel("dev accuracy, 500 labels (mean, min-max over 3 seeds)")
+    ax.set_title("Few-label transfer against pre-training compute, by vocabulary",
+                 fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    plt.close(fig)
+    fileio.write_atomic(path, png.getvalue())
+    return True
+
+
 def main(argv=None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     # The table covers every setting with results: its command runs them all.
@@ -441,6 +512,11 @@ def main(argv=None) -> int:
                              sort_keys=True)
     fileio.write_atomic(os.path.join(args.out_dir, "report.md"), render(results, command))
     print(render(results, command))
+    earlier = [row for path in filter(None, args.compare.split(","))
+               for row in read_json(path)["rows"]]
+    here = {(r["setting"], r["step"]) for r in results["rows"]}
+    rows = results["rows"] + [r for r in earlier if (r["setting"], r["step"]) not in here]
+    plot(rows, args.plot_settings.split(","), os.path.join(args.out_dir, "regime_map.png"))
     return 1 if failed else 0
 
 

@@ -175,3 +175,21 @@ def test_a_learned_vocabulary_sizes_the_model_and_tokenises_the_task(tmp_path):
     cfg = configs.load_config(ts.random_init_config(args, "none_wp4k"))
     assert cfg.model.vocab_size == 4093
     assert cfg.model.hidden_size == configs.load_config("tiny").model.hidden_size
+
+
+def test_the_regime_map_plots_each_setting_at_its_matmul_flops(tmp_path):
+    from electra_tf import configs
+    from electra_tf.pretraining import flops
+    cfg = configs.load_config("tiny", {"optimizer.learning_rate": "3e-4",
+                                       "train.max_seq_length": "64"})
+    per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
+    old = {"setting": "electra_lr3e-4", "step": 1000, "scores": [0.55, 0.56, 0.57]}
+    assert ts.matmul_flops(old) == pytest.approx(1000 * per_step)  # recomputed for old rows
+    assert ts.matmul_flops(dict(old, hardware_flops=5e12)) == 5e12  # recorded ones kept
+    assert ts.matmul_flops(dict(old, step=0)) == 0.0
+    rows = [dict(old), dict(old, step=2000), {"setting": "none", "step": 0,
+                                              "scores": [0.61, 0.62, 0.63]},
+            {"setting": "none_wp4k", "step": 0, "scores": [0.61, 0.62, 0.63]}]
+    path = tmp_path / "map.png"
+    assert ts.plot(rows, ["none", "electra_lr3e-4", "none_wp4k", "not_run"], str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
