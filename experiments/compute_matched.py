@@ -909,16 +909,32 @@ def render_report(results: Dict, command: str, machine_line: str,
     return "\n".join(lines)
 
 
-def plot(results: Dict, path: str) -> bool:
-    """score_vs_flops.png at `path` (any filesystem): one line per variant through its
-    fine-tuned checkpoints."""
+def pyplot(who: str):
+    """matplotlib's pyplot on the Agg backend, or None (with a one-line note) without it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("compute_matched: matplotlib is missing (pip install -e .[experiments]); "
-              "no plot", file=sys.stderr)
+        print(f"{who}: matplotlib is missing (pip install -e .[experiments]); no plot",
+              file=sys.stderr)
+        return None
+    return plt
+
+
+def save_png(plt, fig, path: str, dpi: int = 120):
+    """`fig` as a PNG at `path` (any filesystem), then closed."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    plt.close(fig)
+    fileio.write_atomic(path, png.getvalue())
+
+
+def plot(results: Dict, path: str) -> bool:
+    """score_vs_flops.png at `path` (any filesystem): one line per variant through its
+    fine-tuned checkpoints."""
+    plt = pyplot("compute_matched")
+    if plt is None:
         return False
     judged = results.get("intrinsic") or {}
     fig, axes = plt.subplots(1, 2 if judged else 1, figsize=(12 if judged else 7, 4.5),
@@ -979,10 +995,7 @@ def plot(results: Dict, path: str) -> bool:
         ax.set_title("Discriminators on the same held-out corruptions")
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=120)
-    plt.close(fig)
-    fileio.write_atomic(path, png.getvalue())
+    save_png(plt, fig, path)
     return True
 
 

@@ -446,15 +446,9 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
     """The regime map at `path`: dev accuracy (mean, min-max over fine-tuning seeds) against
     pre-training matmul FLOPs, a line per setting through its points; each no-pre-training
     row a band (its seed range) in its vocabulary's colour."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("transfer_study: matplotlib is missing (pip install -e .[experiments]); "
-              "no plot", file=sys.stderr)
+    plt = _cm.pyplot("transfer_study")
+    if plt is None:
         return False
-    import io
     fig, ax = plt.subplots(figsize=(8, 5))
     colours = {None: "tab:blue", 4096: "tab:orange"}
     shown = [n for n in names if any(r["setting"] == n for r in rows)]
@@ -483,10 +477,7 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
                  fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=120)
-    plt.close(fig)
-    fileio.write_atomic(path, png.getvalue())
+    _cm.save_png(plt, fig, path)
     return True
 
 
