@@ -452,6 +452,7 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5))
     colours = {None: "tab:blue", 4096: "tab:orange"}
     shown = [n for n in names if any(r["setting"] == n for r in rows)]
+    markers = iter("osD^v<>p*h" * 3)
     for name in shown:
         pts = sorted((r for r in rows if r["setting"] == name), key=lambda r: r["step"])
         vocab = SETTINGS[name].vocab
@@ -468,7 +469,7 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
         err = [[m - min(r["scores"]) for m, r in zip(mean, pts)],
                [max(r["scores"]) - m for m, r in zip(mean, pts)]]
         style = "--" if name.startswith("bert") else "-"
-        ax.errorbar(xs, mean, yerr=err, marker="o", capsize=3, color=colour,
+        ax.errorbar(xs, mean, yerr=err, marker=next(markers), capsize=3, color=colour,
                     linestyle=style, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("pre-training FLOPs (matmuls, hardware convention)")
