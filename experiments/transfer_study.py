@@ -119,6 +119,11 @@ SETTINGS = collections.OrderedDict([
                                                                     8000],
                                     "ELECTRA, lr 3e-4, the 4,096-piece learned vocabulary",
                                     vocab=4096)),
+    ("none_wp2k", Setting(None, {}, 0, [0], "no pre-training, a 2,048-piece WordPiece "
+                          "vocabulary learned from the task's text", vocab=2048)),
+    ("electra_wp2k_lr3e-4", Setting("movies", {LR: "3e-4"}, 4000, [1000, 2000, 4000],
+                                    "ELECTRA, lr 3e-4, the 2,048-piece learned vocabulary",
+                                    vocab=2048)),
     ("bert_mlm_wp4k_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 3000,
                                      [1000, 2000, 3000],
                                      "BERT's MLM, lr 3e-4, the 4,096-piece learned vocabulary",
@@ -170,7 +175,8 @@ def parse_args(argv):
                    help="results.json files of earlier runs of this script whose rows the "
                    "plot shows beside this run's (e.g. the BERT-vocabulary study)")
     p.add_argument("--plot_settings", default="none,electra_lr3e-4,bert_mlm_lr3e-4_6k,"
-                   "bert_mlm_lr3e-4,none_wp4k,electra_wp4k_lr3e-4,bert_mlm_wp4k_lr3e-4",
+                   "bert_mlm_lr3e-4,none_wp4k,electra_wp4k_lr3e-4,bert_mlm_wp4k_lr3e-4,none_wp2k,"
+                   "electra_wp2k_lr3e-4",
                    help="the settings the plot draws (the table has them all)")
     args = p.parse_args(argv)
     args.work_dir = args.work_dir or os.path.join(args.out_dir, "work")
@@ -449,7 +455,7 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
     plt = _cm.pyplot("transfer_study")
     if plt is None:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     colours = {None: "tab:blue", 4096: "tab:orange"}
     shown = [n for n in names if any(r["setting"] == n for r in rows)]
     markers = iter("osD^v<>p*h" * 3)
@@ -476,7 +482,7 @@ def plot(rows: List[Dict], names: List[str], path: str) -> bool:
     ax.set_ylabel("dev accuracy, 500 labels (mean, min-max over 3 seeds)")
     ax.set_title("Few-label transfer against pre-training compute, by vocabulary",
                  fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data
     fig.tight_layout()
     _cm.save_png(plt, fig, path)
     return True
