@@ -160,9 +160,7 @@ def jax_peak(device, precision: str):
     chip = hardware.lookup(device.device_kind)
     if chip is None:
         return None, f"{device.device_kind}: not in the table"
-    tf32 = str(jax.config.jax_default_matmul_precision or "default").lower() not in (
-        "highest", "float32")
-    peak, column = chip.peak(precision, tf32)
+    peak, column = chip.peak(precision, hardware.tf32_enabled(device))  # a JAX device
     return peak, f"{chip.name} {column} ({chip.source})"
 
 
