@@ -6,10 +6,13 @@ the whole global batch: a replica (or micro-batch) holding rows [r, r + n) draws
 rows r.. of the global draw hold. One device, N replicas and k micro-batches therefore
 mask, sample and drop out identically for the same global batch.
 
-Written in `keras.ops`; the generator is the backend's (`electra_tf.kernels`): TensorFlow's
-Philox on the TensorFlow backend (every TensorFlow run's numbers), `jax.random` on JAX (its
-own stream, equally independent of the split). Tests can record the draws of one backend and
-give them to another (`recorded_draws`, `given_draws`).
+Written in `keras.ops`. Masking's and sampling's draws come from the backend's generator
+(`electra_tf.kernels`): TensorFlow's Philox on the TensorFlow backend, `jax.random` on JAX
+(its own stream, equally independent of the split). Folding a seed and dropout's draws are
+integer hashing in `keras.ops` (`_mix`): the same numbers on every backend, a few ops an
+element, where a generator's draw compiles to hundreds of instructions a site under XLA
+(a step has some 5 + 4 x layers of them per network). Tests can record the draws of one
+backend and give them to another (`recorded_draws`, `given_draws`).
 """
 
 import contextlib
@@ -36,17 +39,25 @@ def keys_and_row(seed) -> tuple:
 
 
 def fold(seed, data):
-    """A new independent seed from `seed` and the integer `data`; first_row is kept.
-    None (no randomness: inference) stays None."""
+    """A new independent seed from `seed` and the integer `data`; first_row is kept. `data`
+    a 1-D int array gives [n, 3] seeds, one a value (one chain of ops for all: `split`).
+    None (no randomness: inference) stays None. Integer hashing in `keras.ops` (`_mix`),
+    the same numbers on every backend and a few vector ops where a generator's draw
+    expands to hundreds of instructions under XLA."""
     if seed is None:
         return None
-    keys, row = keys_and_row(seed)
-    return ops.stack([K.drawn_int(keys), ops.cast(data, "int32"), row])
+    key0, key1, row = ops.unstack(as_seed(seed))
+    k0, k1 = _u32(key0), _u32(key1)
+    new0 = _mix(ops.bitwise_xor(_mix(_mix(k1) + _u32(data)), k0))
+    new1 = _mix(ops.bitwise_xor(new0, k1) + _const(_SALT))
+    new0, new1 = _i32(new0), _i32(new1)
+    return ops.stack([new0, new1, ops.broadcast_to(row, ops.shape(new0))], axis=-1)
 
 
 def split(seed, num: int):
-    """[num, 3] independent seeds (e.g. masking vs sampling vs dropout)."""
-    return ops.stack([fold(seed, i) for i in range(num)])
+    """[num, 3] independent seeds (e.g. masking vs sampling vs dropout): the folds of
+    0 .. num - 1."""
+    return fold(seed, ops.arange(num, dtype="int32"))
 
 
 def offset_rows(seed, rows):
@@ -83,12 +94,63 @@ def uniform_int(shape, seed, maxval: int):
 
 
 def dropout_uniform(shape, seed):
-    """Dropout's float32 uniform draw for a seed: the backend's fast draw where it has one
-    (TensorFlow: Philox keyed by the seed and the first row, not row-exact), else `uniform`."""
-    if K.dropout_uniform is None:
-        return uniform(shape, seed)
+    """Dropout's float32 uniform draw on [0, 1) (24 bits), row-exact as `uniform` and the
+    same numbers on every backend: each element hashed (`_mix`, twice) from its index in
+    its row and two words keyed by the seed and the row's global index. About 20 integer
+    ops an element, fused into the mask's consumer under XLA, where a counter-based
+    generator's rounds are some 100 and compile to hundreds of instructions a draw site;
+    dropout needs independence between elements, not a cipher's strength."""
+    return _tapped(shape, lambda: _uniform24(_hashed_bits(shape, seed)))
+
+
+def _hashed_bits(shape, seed):
     keys, row = keys_and_row(seed)
-    return _tapped(shape, lambda: K.dropout_uniform(shape, keys, row))
+    k0, k1 = _u32(keys[0]), _u32(keys[1])
+    if isinstance(shape, (list, tuple)) and all(isinstance(d, int) for d in shape):
+        rows, inner = shape[0], [int(d) for d in shape[1:]]
+        per_row, rank = (int(np.prod(inner)) if inner else 1), len(shape)
+    else:  # a 1-D int tensor (TensorFlow's dynamic shapes)
+        shape = ops.cast(ops.convert_to_tensor(shape), "int32")
+        rows, inner = shape[0], shape[1:]
+        per_row, rank = ops.prod(inner), int(shape.shape[0])
+    global_rows = _u32(row + ops.arange(rows, dtype="int32"))             # [R]
+    a = _mix(_mix(ops.bitwise_xor(global_rows, k0)) + k1)
+    b = _mix(ops.bitwise_xor(a, k1) + _const(_SALT))
+    index = ops.reshape(_u32(ops.arange(per_row, dtype="int32")), inner)  # row's elements
+    a = ops.reshape(a, [-1] + [1] * (rank - 1))
+    b = ops.reshape(b, [-1] + [1] * (rank - 1))
+    return _mix(_mix(ops.bitwise_xor(index[None], a)) + b)
+
+
+# --------------------------------------------------------------------------- hashing
+
+# "lowbias32" (C. Wellons' hash-prospector): xorshift-multiply rounds, a bijection of the
+# uint32s with a measured bias of 0.17 (an ideal hash ~0.02, MurmurHash3's finaliser 0.26).
+_M1, _M2 = 0x7FEB352D, 0x846CA68B
+_SALT = 0x9E3779B9  # 2**32 / golden ratio: keeps the two words of a key apart
+
+
+def _const(value):
+    return ops.convert_to_tensor(value, "uint32")
+
+
+def _u32(x):
+    """int32 -> uint32, the same bits (wrapping casts on every backend)."""
+    return ops.cast(ops.convert_to_tensor(x), "uint32")
+
+
+def _i32(x):
+    """uint32 -> int32, the same bits."""
+    return ops.cast(x, "int32")
+
+
+def _mix(x):
+    """uint32 -> uint32, a bijection whose every output bit depends on every input bit."""
+    x = ops.bitwise_xor(x, ops.right_shift(x, _const(16)))
+    x = x * _const(_M1)
+    x = ops.bitwise_xor(x, ops.right_shift(x, _const(15)))
+    x = x * _const(_M2)
+    return ops.bitwise_xor(x, ops.right_shift(x, _const(16)))
 
 
 # --------------------------------------------------------------------------- draws given

@@ -156,7 +156,6 @@ def test_kernels_are_the_tensorflow_ones_here():
     assert kernels.BACKEND == "tensorflow"
     from electra_tf.kernels import tensorflow as tf_kernels
     assert kernels.gelu is tf_kernels.gelu and kernels.bits is tf_kernels.bits
-    assert kernels.dropout_uniform is tf_kernels.dropout_uniform
 
 
 JAX_ONLY = r"""
@@ -178,6 +177,13 @@ ids[:, 0], ids[:, -1] = 101, 102
 batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": 0 * ids}
 logits = model.discriminator(batch["input_ids"], batch["input_mask"], batch["segment_ids"])
 classifier = FinetuningModel(cfg.model, make_head("classification", cfg.model, 2))
+from electra_tf import rng
+# Folds and dropout are integer hashing in keras.ops: TensorFlow's numbers (test_rng.py).
+fold = np.asarray(rng.fold([1, 2], 1)).tolist()
+drop = np.asarray(rng.dropout_uniform([2, 3], [1, 2]))
+assert fold == [1909209740, 290893547, 0], fold
+assert drop.tolist() == np.float32([[0.5528677, 0.54613405, 0.42981207],
+                                    [0.96852523, 0.4798724, 0.2893684]]).tolist(), drop
 print(type(logits).__module__, tuple(logits.shape), len(tf1_variables(model)),
       tuple(classifier(batch)["logits"].shape), objectives.build_objective(cfg).name,
       "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None)

@@ -92,10 +92,9 @@ def test_weights_change_and_float64_free(sample_build):
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(sample_build):
     batch = _batch(sample_build[0], 16)
-    # Masking and sampling draws follow the rows (electra_tf.rng); dropout keys by block.
-    no_dropout = "hidden_dropout_prob=0,attention_probs_dropout_prob=0"
-    one = _trainer(no_dropout, jit_compile=False)
-    four = _trainer(no_dropout + ",grad_accum_steps=4", jit_compile=False)
+    # Masking, sampling and dropout draws follow the rows (electra_tf.rng), not the blocks.
+    one = _trainer("", jit_compile=False)
+    four = _trainer("grad_accum_steps=4", jit_compile=False)
     four.model.set_weights(one.model.get_weights())
     a, b = _run_steps(one, batch, 1), _run_steps(four, batch, 1)
     assert a.loss == pytest.approx(b.loss, rel=1e-5)
@@ -112,12 +111,11 @@ REPLICA_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_pretraining_trainer import _batch, _trainer, _run_steps
     batch = _batch({data!r}, 16)
-    no_dropout = "hidden_dropout_prob=0,attention_probs_dropout_prob=0,warmup_steps=0"
-    one = _trainer(no_dropout)
+    one = _trainer("warmup_steps=0")
     weights = one.model.get_weights()
     out_one = _run_steps(one, batch, 1)
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    two = _trainer(no_dropout, strategy=mirrored)
+    two = _trainer("warmup_steps=0", strategy=mirrored)
     two.model.set_weights(weights)
     # Replica r gets rows [8r, 8r + 8) of the same global batch.
     values = mirrored.experimental_distribute_values_from_function(
@@ -137,9 +135,8 @@ REPLICA_SCRIPT = textwrap.dedent("""
 @pytest.mark.subprocess
 def test_two_replicas_equal_one_device(sample_build):
     """One step under MirroredStrategy on 2 logical CPUs == one step on one device with
-    the same global batch: losses are divided by global denominators, and masking and
-    sampling draws follow the rows, not the replicas (dropout off: its masks are keyed
-    per replica block)."""
+    the same global batch: losses are divided by global denominators, and masking,
+    sampling and dropout draws follow the rows, not the replicas (dropout on)."""
     code = REPLICA_SCRIPT.format(tests=os.path.join(REPO, "tests"), data=sample_build[0])
     done = forked_cli.run(["-c", code], cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

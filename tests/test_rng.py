@@ -9,6 +9,7 @@ from electra_tf import rng
 from electra_tf.kernels import tensorflow as tf_kernels
 
 SEED = [1, 2]
+FOLD_1 = [1909209740, 290893547, 0]  # rng.fold(SEED, 1)
 
 
 def test_as_seed_adds_first_row_zero_and_casts_to_int32():
@@ -18,14 +19,37 @@ def test_as_seed_adds_first_row_zero_and_casts_to_int32():
 
 
 def test_fold_is_deterministic_distinct_and_keeps_first_row():
-    # Pinned: TensorFlow's Philox fold-in; a change here changes every run's randomness.
-    assert rng.fold(SEED, 1).numpy().tolist() == [1105988140, 1, 0]
-    assert rng.fold([1, 2, 7], 1).numpy().tolist() == [1105988140, 1, 7]
+    # Pinned (the JAX backend's are pinned to the same: test_backends.py); a change here
+    # changes every run's randomness.
+    assert rng.fold(SEED, 1).numpy().tolist() == FOLD_1
+    assert rng.fold([1, 2, 7], 1).numpy().tolist() == FOLD_1[:2] + [7]
     assert rng.fold(SEED, 1).numpy().tolist() == rng.fold(SEED, tf.constant(1)).numpy().tolist()
     folded = {tuple(rng.fold(SEED, k).numpy()) for k in range(20)}
     assert len(folded) == 20
     assert tuple(rng.fold([1, 3], 1).numpy()) not in folded  # another seed, another key
+    assert tuple(rng.fold([2, 2], 1).numpy()) not in folded
     assert rng.fold(None, 3) is None  # no randomness (inference) stays none
+    # Both words of the new key move with either word of the old one and with the data.
+    words = np.array([rng.fold([a, b], d).numpy()[:2] for a in range(8) for b in range(8)
+                      for d in range(8)], np.int64)
+    assert len({tuple(w) for w in words}) == 512
+    assert len(set(words[:, 0])) == 512 and len(set(words[:, 1])) == 512
+    for column in (0, 1):  # 32 hashed bits: each about half set, over the 512 keys
+        bits = (words[:, column, None] >> np.arange(32)) & 1
+        assert np.all(np.abs(bits.mean(0) - 0.5) < 0.1)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", pytest.param("xla", marks=pytest.mark.xla_cpu)])
+def test_fold_and_dropout_draw_the_same_in_every_mode(mode):
+    def draws(seed):
+        return rng.fold(seed, 5), rng.dropout_uniform([3, 2, 5], seed)
+
+    f = draws if mode == "eager" else tf.function(draws, jit_compile=mode == "xla")
+    for seed in SEEDS:
+        want = [x.numpy() for x in draws(tf.constant(seed + [4], tf.int32))]
+        got = [x.numpy() for x in f(tf.constant(seed + [4], tf.int32))]
+        for x, y in zip(want, got):
+            np.testing.assert_array_equal(x, y)
 
 
 SEEDS = [[1, 2], [0, 0], [-1, 7], [2**31 - 1, -2**31], [123456789, -987654321]]
@@ -33,17 +57,15 @@ SEEDS = [[1, 2], [0, 0], [-1, 7], [2**31 - 1, -2**31], [123456789, -987654321]]
 
 @pytest.mark.parametrize("mode", ["eager", "graph", pytest.param("xla", marks=pytest.mark.xla_cpu)])
 def test_philox_helpers_equal_tensorflows_stateless_ops(mode):
-    """One op for the key and counter (CPU/GPU) gives TF's own Philox draws bit for bit, in
-    eager, graph and XLA form: the numbers of every run stay what they were."""
+    """One op for the key and counter (CPU/GPU) gives TF's own Philox key and counter bit
+    for bit, in eager, graph and XLA form: masking's and sampling's numbers stay TF's."""
     def ours(seed):
-        return (tf_kernels.philox_key_counter(seed), tf_kernels.fold_in(seed, 5),
-                tf_kernels.philox_uniform(tf.constant([3, 5]), seed))
+        return tf_kernels.philox_key_counter(seed)
 
     def reference(seed):
         from tensorflow.python.ops import random_ops_util
         key, counter, _ = random_ops_util.get_key_counter_alg(seed, "philox")
-        return ((key, counter), tf.random.experimental.stateless_fold_in(seed, 5, alg="philox"),
-                tf.random.stateless_uniform([3, 5], seed, dtype=tf.float32, alg="philox"))
+        return key, counter
 
     if mode != "eager":
         jit = mode == "xla"
@@ -54,7 +76,6 @@ def test_philox_helpers_equal_tensorflows_stateless_ops(mode):
         for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
             assert x.dtype == y.dtype
             np.testing.assert_array_equal(x.numpy(), y.numpy())
-    assert tf_kernels.fold_in(tf.constant([1, 2]), 5).numpy().tolist() == [1105988140, 5]
 
 
 def test_split_is_the_folds_of_0_to_num():
@@ -75,7 +96,7 @@ def test_offset_rows_moves_only_the_first_row():
 
 def test_step_seed_is_the_fold_of_the_step_at_first_row():
     seed = rng.step_seed(SEED, tf.constant(10, tf.int64), 4)
-    assert seed.numpy().tolist() == [1105988140, 10, 4]
+    assert seed.numpy().tolist() == rng.fold(SEED, 10).numpy()[:2].tolist() + [4]
     assert seed.numpy().tolist() == rng.offset_rows(rng.fold(SEED, 10), 4).numpy().tolist()
     assert rng.step_seed(SEED, 11, 4).numpy().tolist() != seed.numpy().tolist()
 
@@ -143,3 +164,36 @@ def test_uniform_int_in_range_and_flat():
     counts = np.bincount(draws.numpy().ravel(), minlength=10)
     assert len(counts) == 10 and counts.min() > 9_700 and counts.max() < 10_300
     assert set(np.unique(rng.uniform_int([64, 64], SEED, 3).numpy())) == {0, 1, 2}
+
+
+DROPOUT_PINNED = [[0.5528677, 0.54613405, 0.42981207], [0.96852523, 0.4798724, 0.2893684]]
+
+
+def test_dropout_uniform_pinned_row_exact_and_flat():
+    """Dropout's hashed draw: pinned (the JAX backend's too: test_backends.py), rows of a
+    split batch are rows of the global draw whatever the shape (a replica or micro-batch
+    drops what one device drops), a static and a dynamic shape agree, and the numbers are
+    24-bit uniforms with no visible structure along rows, columns or seeds."""
+    u = rng.dropout_uniform([2, 3], SEED)
+    assert u.dtype == tf.float32
+    np.testing.assert_array_equal(u.numpy(), np.float32(DROPOUT_PINNED))
+    for shape in ([8, 3], [8, 5, 3], [8, 1], [8, 2, 4, 4]):
+        whole = rng.dropout_uniform(shape, rng.step_seed(SEED, 3)).numpy()
+        for first, rows in ((0, 3), (3, 2), (5, 3), (7, 1)):
+            part = rng.dropout_uniform([rows] + shape[1:], rng.step_seed(SEED, 3, first))
+            np.testing.assert_array_equal(part.numpy(), whole[first:first + rows])
+        dynamic = rng.dropout_uniform(tf.constant(shape), rng.step_seed(SEED, 3))
+        np.testing.assert_array_equal(dynamic.numpy(), whole)
+    big = rng.dropout_uniform([256, 64, 64], [7, 8]).numpy()
+    scaled = big * 2 ** 24
+    assert np.array_equal(scaled, np.floor(scaled)) and big.min() >= 0 and big.max() < 1
+    assert abs(big.mean() - 0.5) < 0.002 and abs(big.var() - 1 / 12) < 0.001
+    keep = big >= 0.1  # a dropout mask: kept at 0.9 per row, per column, per position
+    assert np.all(np.abs(keep.mean((1, 2)) - 0.9) < 0.02)
+    assert np.all(np.abs(keep.mean((0, 1)) - 0.9) < 0.07)
+    assert abs(keep[:, :, 0].mean() - 0.9) < 0.01
+    for a, b in ((big[:, :, :-1], big[:, :, 1:]), (big[:-1], big[1:])):  # neighbours
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01
+    other = rng.dropout_uniform([256, 64, 64], [7, 9]).numpy()  # a neighbouring seed
+    assert abs(np.corrcoef(big.ravel(), other.ravel())[0, 1]) < 0.01
+    assert abs((other >= 0.1).mean() - 0.9) < 0.002

@@ -14,9 +14,11 @@ is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
 | `matmul_nt`, `take_rows`, `gather_slots`, `pick`, `argmax`, `add_n` | `tf.matmul(transpose_b)`, `tf.gather` (batch_dims), `tf.add_n` | `jnp` forms (vmap, take_along_axis) |
 | `softmax_xent`, `sigmoid_xent` | TF's fused cross-entropy ops | `log_softmax` / the same stable formula |
 | `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
-| `drawn_int`, `bits` (for `electra_tf.rng`) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
-| `dropout_uniform` | Philox keyed by the seed and first row (3x faster, not row-exact) | none: `rng.uniform` |
+| `bits` (for `electra_tf.rng`: masking and sampling) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
 | `unseeded_uniform` | TF's global random state | Keras' global seed generator |
+
+Seeds' folds and dropout's draws are integer hashing in `keras.ops` (`electra_tf.rng`):
+the same numbers on every backend, no primitive here.
 
 A new backend adds one module with these names; nothing else in the model changes. TensorFlow
 is imported only by the TensorFlow module, so under `KERAS_BACKEND=jax` the model, heads and
@@ -48,8 +50,5 @@ add_n = _impl.add_n
 softmax_xent = _impl.softmax_xent
 sigmoid_xent = _impl.sigmoid_xent
 cross_replica_sum = _impl.cross_replica_sum
-drawn_int = _impl.drawn_int
 bits = _impl.bits
 unseeded_uniform = _impl.unseeded_uniform
-# A faster dropout draw than the row-exact `rng.uniform`, where the backend has one.
-dropout_uniform = getattr(_impl, "dropout_uniform", None)

@@ -97,12 +97,6 @@ def _key(seed2):
     return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
-def drawn_int(seed2):
-    """An int32 scalar drawn from a [2] int32 seed: the key of a fold."""
-    word = jax.random.bits(_key(seed2), (), jnp.uint32)
-    return jax.lax.bitcast_convert_type(word, jnp.int32)
-
-
 def bits(shape, seed):
     """uint32 random bits of the static `shape` [rows, ...] for a [3] int32 seed (keys,
     first_row): row b is drawn from the key folded with first_row + b, so a device holding

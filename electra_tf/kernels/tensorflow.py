@@ -146,27 +146,6 @@ def philox_key_counter(seed2):
     return tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed2)
 
 
-def drawn_int(seed2) -> tf.Tensor:
-    """An int32 scalar drawn by Philox from a [2] int seed: the key of a fold."""
-    key, counter = philox_key_counter(seed2)
-    return tf.raw_ops.StatelessRandomUniformFullIntV2(
-        shape=tf.constant([], tf.int32), key=key, counter=counter, alg=_PHILOX, dtype=tf.int32)
-
-
-def fold_in(seed2, data) -> tf.Tensor:
-    """`tf.random.experimental.stateless_fold_in(seed2, data, alg="philox")` for int32
-    `data`: [a draw keyed by seed2, data]."""
-    return tf.stack([drawn_int(seed2), tf.cast(data, tf.int32)])
-
-
-def philox_uniform(shape, seed2) -> tf.Tensor:
-    """`tf.random.stateless_uniform(shape, seed2, tf.float32, alg="philox")`: float32
-    on [0, 1), TF's own draw (not row-exact: see `electra_tf.rng.uniform`)."""
-    key, counter = philox_key_counter(seed2)
-    return tf.raw_ops.StatelessRandomUniformV2(shape=shape, key=key, counter=counter,
-                                               alg=_PHILOX, dtype=tf.float32)
-
-
 def bits(shape, seed) -> tf.Tensor:
     """uint32 random bits of `shape` ([rows, ...], a list of ints or a 1-D int tensor) for
     a [3] int32 seed (keys, first_row): Philox counters skipped `first_row` rows in."""
@@ -191,10 +170,3 @@ def bits(shape, seed) -> tf.Tensor:
 def unseeded_uniform(shape) -> tf.Tensor:
     """float32 uniform on [0, 1) from TF's global random state (dropout without a seed)."""
     return tf.random.uniform(shape, dtype=tf.float32)
-
-
-def dropout_uniform(shape, keys, row) -> tf.Tensor:
-    """Dropout's float32 uniform draw: TF's Philox draw keyed by the seed's keys and the
-    block's first row, 3x faster than the row-exact `electra_tf.rng.uniform`, so masks
-    depend on how the batch is split over replicas."""
-    return philox_uniform(shape, fold_in(keys, row))

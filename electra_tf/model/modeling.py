@@ -48,14 +48,21 @@ HEADS = ("mlm", "sampling", "baseline")  # optional heads (`ElectraPretrainingMo
 _MASK_ADDER = -10000.0  # as the TF1 code; applied in float32, so safe for fp16 too
 
 
-def dropout(x, rate: float, training: bool, seed=None):
+def dropout(x, rate: float, training: bool, seed=None, rows_of=None):
     """Inverted dropout, the mask drawn in float32 and applied in x's dtype. With a `seed`
     ([3] int32, `electra_tf.rng`) the mask is a pure function of it (a step is reproducible,
-    a resumed run redraws the same masks); without one, the backend's global random state."""
+    a resumed run redraws the same masks); without one, the backend's global random state.
+    `rows_of` (batch, length): x is the [B * L, H] rows of a [B, L] batch, whose mask is
+    drawn per example as for [B, L, H] (the draw is keyed by the batch's rows)."""
     if not training or rate <= 0.0:
         return x
     if seed is None:
         u = K.unseeded_uniform(K.dynamic_shape(x))
+    elif rows_of is not None:
+        dims = [*rows_of, x.shape[-1]]
+        if not all(isinstance(d, int) for d in dims):
+            dims = ops.stack([ops.cast(d, "int32") for d in dims])
+        u = ops.reshape(rng.dropout_uniform(dims, seed), K.dynamic_shape(x))
     else:
         u = rng.dropout_uniform(K.dynamic_shape(x), seed)
     keep = u >= rate
@@ -246,16 +253,18 @@ class TransformerLayer(keras.layers.Layer):
         v = self._split_heads(self.value(x), batch, seq_len)
         scores = K.matmul_nt(q, k)  # [B, N, L, L]
         probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
+        seeds = [None] * 3 if seed is None else ops.unstack(rng.split(seed, 3))
         probs = dropout(ops.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
-                        training, rng.fold(seed, 0))
+                        training, seeds[0])
         context = ops.matmul(probs, v)  # [B, N, L, D]
         context = ops.reshape(ops.transpose(context, [0, 2, 1, 3]),
                              [-1, self.hidden_size] if rows else [batch, seq_len, self.hidden_size])
+        rows_of = (batch, seq_len) if rows else None
         attn = dropout(self.attention_output(context), self.config.hidden_dropout_prob,
-                       training, rng.fold(seed, 1))
+                       training, seeds[1], rows_of)
         x = self.attention_layer_norm(attn, residual=x)
         y = self.output_dense(self.intermediate(x))
-        y = dropout(y, self.config.hidden_dropout_prob, training, rng.fold(seed, 2))
+        y = dropout(y, self.config.hidden_dropout_prob, training, seeds[2], rows_of)
         return self.output_layer_norm(y, residual=x)
 
 
@@ -311,8 +320,9 @@ class Encoder(keras.layers.Layer):
         """-> sequence output [B, L, hidden] in the compute dtype (`seed`: see dropout)."""
         if input_mask is None:
             input_mask = ops.ones_like(input_ids)
-        x = self.embeddings(input_ids, segment_ids, training=training,
-                            seed=rng.fold(seed, 0))
+        seeds = ([None] * (len(self.blocks) + 1) if seed is None
+                 else ops.unstack(rng.split(seed, len(self.blocks) + 1)))
+        x = self.embeddings(input_ids, segment_ids, training=training, seed=seeds[0])
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         input_mask = ops.cast(input_mask, "int32")
@@ -320,7 +330,7 @@ class Encoder(keras.layers.Layer):
         if rows:
             x = ops.reshape(x, [-1, self.hidden_size])
         for i, block in enumerate(self.blocks):
-            x = block(x, input_mask, training=training, seed=rng.fold(seed, i + 1))
+            x = block(x, input_mask, training=training, seed=seeds[i + 1])
         if rows:
             x = ops.reshape(x, [*_batch_and_length(input_mask), self.hidden_size])
         return x
