@@ -181,11 +181,13 @@ def test_loss_terms_at_initialisation(name, batch):
                                                    dens, False, phase)
         terms = {k: float(v) for k, v in terms.items()}
         gen = "generator" in terms and name != "adversarial"
-        # A fresh vocabulary head is near uniform: MLM cross-entropy ~ ln V.
+        # A fresh vocabulary head is near uniform: MLM cross-entropy ~ ln V (hp_loss's
+        # generator term over 12 masking seeds: 0.989-1.004 ln V; a wrong normaliser is off
+        # by a factor).
         if gen:
-            assert terms.pop("generator") == pytest.approx(LNV, rel=0.01)
+            assert terms.pop("generator") == pytest.approx(LNV, rel=0.02)
         if name in ("mlm", "replace_mlm"):
-            assert terms.pop("mlm") == pytest.approx(LNV, rel=0.01)
+            assert terms.pop("mlm") == pytest.approx(LNV, rel=0.02)
         if name == "all_tokens_mlm":
             # Copy probability ~1/2: -log(1/2 + 1/2V) for a kept token, -log(1/(2V)) for a
             # replaced one.
@@ -574,6 +576,8 @@ def test_official_masking_counts_duplicate_slots(batch):
     terms, sums = official.objective.loss_terms(official.model, batch, tf.constant([3, 1, 0]),
                                                 dens, False)
     assert set(terms) == {"generator", "discriminator"}
-    # At initialisation: MLM ~ ln V per slot, the discriminator ~ ln 2 per token.
+    # At initialisation: MLM ~ ln V per slot, the discriminator ~ ln 2 per token (over 12
+    # masking seeds: 0.994-1.008 ln V and 0.943-0.954 x 50 ln 2, the fresh head's logits not
+    # quite 0; a wrong normaliser is off by a factor).
     assert float(terms["generator"]) == pytest.approx(LNV, rel=0.05)
-    assert float(terms["discriminator"]) == pytest.approx(50 * LN2, rel=0.05)
+    assert float(terms["discriminator"]) == pytest.approx(0.95 * 50 * LN2, rel=0.03)
