@@ -144,13 +144,17 @@ def _i32(x):
     return ops.cast(x, "int32")
 
 
-def _mix(x):
+def _mix_ops(x):
     """uint32 -> uint32, a bijection whose every output bit depends on every input bit."""
     x = ops.bitwise_xor(x, ops.right_shift(x, _const(16)))
     x = x * _const(_M1)
     x = ops.bitwise_xor(x, ops.right_shift(x, _const(15)))
     x = x * _const(_M2)
     return ops.bitwise_xor(x, ops.right_shift(x, _const(16)))
+
+
+# One op in a TensorFlow graph (cheap to trace), `_mix_ops` itself on JAX.
+_mix = K.single_op(_mix_ops, "uint32")
 
 
 # --------------------------------------------------------------------------- draws given

@@ -65,11 +65,12 @@ WIDE = {"model.hidden_size": "256", "model.num_attention_heads": "4",
 NARROW = {"model.hidden_size": "64", "model.num_hidden_layers": "8",
           "model.num_attention_heads": "2", "model.intermediate_size": "256"}
 
-# name -> corpus (movies: the task's training text, 8,568 sentences, labels unused; wiki:
-# the bundled Wikipedia sample; both), config overrides, steps, the steps fine-tuned.
+# name -> corpus (`CORPORA`: movies, the task's training text, 8,568 sentences, labels
+# unused; wiki, the bundled Wikipedia sample; both; all, those and the two public-domain
+# npm corpora of `npm_corpus.py`), config overrides, steps, the steps fine-tuned.
 # vocab: None, BERT's uncased 30,522 pieces; N, a lower-cased WordPiece vocabulary of N pieces
 # that the builder learns from the task's training text (`learned_vocab`), the model's
-# tables sized to it, and the fine-tuning task tokenised with it.
+# tables sized to it, and the fine-tuning task and every corpus tokenised with it.
 Setting = collections.namedtuple("Setting", "corpus overrides steps points what vocab",
                                  defaults=(None,))
 SETTINGS = collections.OrderedDict([
@@ -128,6 +129,19 @@ SETTINGS = collections.OrderedDict([
                                      [1000, 2000, 3000],
                                      "BERT's MLM, lr 3e-4, the 4,096-piece learned vocabulary",
                                      vocab=4096)),
+    # Corpus size at the learned 4,096 pieces (issue 49): the task's text (the rows of
+    # electra_wp4k_lr3e-4, ~150k words), with the Wikipedia sample (~0.57 M words), and
+    # with the State of the Union addresses and Moby Dick besides (~2.6 M words).
+    ("electra_wp4k_lr3e-4_both", Setting("both", {LR: "3e-4"}, 4000, [1000, 2000, 4000],
+                                         "ELECTRA, lr 3e-4, learned 4,096, task text + "
+                                         "Wikipedia sample", vocab=4096)),
+    ("electra_wp4k_lr3e-4_all", Setting("all", {LR: "3e-4"}, 4000, [1000, 2000, 4000],
+                                        "ELECTRA, lr 3e-4, learned 4,096, task text + "
+                                        "Wikipedia + npm corpora", vocab=4096)),
+    ("bert_mlm_wp4k_lr3e-4_all", Setting("all", dict(BERT, **{LR: "3e-4"}), 4000,
+                                         [1000, 2000, 4000],
+                                         "BERT's MLM, lr 3e-4, learned 4,096, task text + "
+                                         "Wikipedia + npm corpora", vocab=4096)),
     ("none_narrow", Setting(None, dict(NARROW), 0, [0],
                             "no pre-training, encoder 64 wide (2 heads, FFN 256), 8 layers")),
     ("electra_narrow_lr3e-4", Setting("movies", dict(NARROW, **{LR: "3e-4"}), 2000, [2000],
@@ -138,10 +152,11 @@ SETTINGS = collections.OrderedDict([
 
 def check_setting(name: str, s: Setting):
     """A setting's points are saved by one run: each a multiple of the first (the
-    checkpoint interval) and none past its steps; its overrides are valid config keys."""
-    if s.vocab is not None and s.corpus not in (None, "movies"):
-        raise ExperimentError(f"{name}: a learned vocabulary is learned from the task's text: "
-                              "its corpus is movies")
+    checkpoint interval) and none past its steps; its overrides are valid config keys; its
+    corpus is one of `CORPORA`."""
+    if s.corpus is not None and s.corpus not in CORPORA:
+        raise ExperimentError(f"{name}: corpus {s.corpus!r}: expected one of "
+                              f"{', '.join(CORPORA)}")
     if s.steps == 0:
         if s.points != [0] or s.corpus is not None:
             raise ExperimentError(f"{name}: a setting without pre-training has points [0]")
@@ -165,6 +180,9 @@ def parse_args(argv):
     p.add_argument("--out_dir", default=os.path.join(REPO, "experiments", "results",
                                                      "transfer_movies_500"))
     p.add_argument("--work_dir", default=None, help="Data, runs and logs (default OUT/work)")
+    p.add_argument("--npm_dir", default="cache/npm",
+                   help="experiments/npm_corpus.py's output (sotu.txt, moby_dick.txt), read "
+                   "by the settings whose corpus is `all`")
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--num_labels", type=int, default=500)
     p.add_argument("--label_seed", type=int, default=0)
@@ -211,8 +229,12 @@ def few_label_task(args) -> str:
 def corpus_data(args, corpus: str, vocab: Optional[int] = None) -> str:
     """--train_data for `corpus` (tokenised with the learned `vocab`, if any), built at
     length 64 on first use."""
-    parts = {"movies": ["movies"], "wiki": ["wiki"], "both": ["movies", "wiki"]}[corpus]
-    return ",".join(_build(args, part, vocab) for part in parts)
+    return ",".join(_build(args, part, vocab) for part in CORPORA[corpus])
+
+
+CORPORA = {"movies": ["movies"], "wiki": ["wiki"], "both": ["movies", "wiki"],
+           "all": ["movies", "wiki", "sotu", "moby_dick"]}
+NPM_CORPORA = ("sotu", "moby_dick")  # written by npm_corpus.py into --npm_dir
 
 
 def movies_text(args) -> str:
@@ -252,6 +274,13 @@ def _build(args, part: str, vocab: Optional[int] = None) -> str:
         cmd.append(f"--vocab_file={learned_vocab(args, vocab)[0]}")
     if part == "movies":
         cmd.append(f"--input={movies_text(args)}")
+    elif part in NPM_CORPORA:
+        text = os.path.join(args.npm_dir, f"{part}.txt")
+        if not fileio.exists(text):
+            raise ExperimentError(f"--npm_dir={args.npm_dir}: no {part}.txt (write it with "
+                                  f"python experiments/npm_corpus.py --corpus={part} "
+                                  f"--out_dir={args.npm_dir})")
+        cmd.append(f"--input={text}")
     if run_logged(cmd, os.path.join(args.work_dir, "logs", f"build_{part}{suffix}.log")):
         raise ExperimentError(f"building {out} failed (log: {args.work_dir}/logs)")
     return out

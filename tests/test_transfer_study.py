@@ -38,7 +38,8 @@ def test_every_setting_is_valid_and_none_comes_first():
     (ts.Setting("movies", {"optimizer.no_such_knob": "1"}, 1000, [1000], "x"), "no_such_knob"),
     (ts.Setting(None, {}, 0, [100], "x"), r"points \[0\]"),
     (ts.Setting(None, {"optimizer.learning_rate": "1e-4"}, 0, [0], "x"), r"only model\.\*"),
-    (ts.Setting("wiki", {}, 1000, [1000], "x", vocab=4096), "its corpus is movies"),
+    (ts.Setting("news", {}, 1000, [1000], "x", vocab=4096),
+     "corpus 'news': expected one of movies, wiki, both, all"),
 ])
 def test_a_bad_setting_is_refused_by_name(setting, message):
     with pytest.raises(ts.ExperimentError, match="bad: .*" + message):
@@ -100,6 +101,25 @@ def test_more_labels_than_rows_is_one_line(tmp_path):
 def test_an_unknown_setting_is_refused(tmp_path):
     with pytest.raises(ts.ExperimentError, match="unknown.*nope"):
         _args(tmp_path, tmp_path, settings="none,nope")
+
+
+def test_a_corpus_of_npm_text_not_written_yet_is_one_line(tmp_path, monkeypatch):
+    """The `all` corpus reads npm_corpus.py's text from --npm_dir: missing, the error says
+    which file and the command that writes it, and nothing is built."""
+    args = _args(tmp_path, tmp_path, npm_dir=str(tmp_path / "npm"))
+    vocab = tmp_path / "out" / "work" / "vocab" / "wordpiece4096" / "vocab.txt"
+    write(str(vocab), "\n".join(f"piece{i}" for i in range(4093)) + "\n")
+    ran = []
+    monkeypatch.setattr(ts, "run_logged", lambda cmd, log: ran.append(cmd) or 0)
+    with pytest.raises(ts.ExperimentError, match=r"^--npm_dir=.*/npm: no sotu\.txt \(write it "
+                       r"with python experiments/npm_corpus.py --corpus=sotu "):
+        ts._build(args, "sotu", 4096)
+    assert ran == []
+    write(str(tmp_path / "npm" / "sotu.txt"), "One sentence.\n")
+    out = ts._build(args, "sotu", 4096)
+    assert out.endswith("sotu-seq64-wp4096") and len(ran) == 1
+    assert f"--input={tmp_path}/npm/sotu.txt" in ran[0] and f"--vocab_file={vocab}" in ran[0]
+    assert ts.CORPORA["all"] == ["movies", "wiki", "sotu", "moby_dick"]
 
 
 def test_the_table_marks_rows_against_the_no_pretraining_seeds():

@@ -143,5 +143,13 @@ def make_dataset(config: InputConfig,
     # The record order is fixed by the seed; a non-deterministic map may still hand the
     # parsed batches over out of order, which lets a slow batch not stall the others.
     options.deterministic = config.deterministic
+    # Without tf.data's autotuner: its thread does not always wake when the iterator is
+    # released, which then waits out the thread's period (up to a minute; measured here:
+    # 8-16 s in 2 of 18 releases of an autotuned pipeline after 12-25 s of reading, none
+    # in 30 without it, and an 18 s stall after the last step of pre-training runs). The
+    # AUTOTUNE parallelism above then means one call per core, and the prefetch buffer
+    # still grows by itself; this pipeline read 107-112k sequences/s of 128 tokens without
+    # the autotuner and 92-106k with it (2-core CPU, one process after the other).
+    options.autotune.enabled = False
     ds = ds.with_options(options)
     return ds.prefetch(tf.data.AUTOTUNE)

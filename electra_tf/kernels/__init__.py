@@ -16,9 +16,10 @@ is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
 | `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
 | `bits` (for `electra_tf.rng`: masking and sampling) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
 | `unseeded_uniform` | TF's global random state | Keras' global seed generator |
+| `single_op(fn, dtype)` | an elementwise `keras.ops` function as one graph op (a `tf.function` call: cheap to trace) | `fn` |
 
 Seeds' folds and dropout's draws are integer hashing in `keras.ops` (`electra_tf.rng`):
-the same numbers on every backend, no primitive here.
+the same numbers on every backend; on TensorFlow its hash is one `single_op`.
 
 A new backend adds one module with these names; nothing else in the model changes. TensorFlow
 is imported only by the TensorFlow module, so under `KERAS_BACKEND=jax` the model, heads and
@@ -52,3 +53,4 @@ sigmoid_xent = _impl.sigmoid_xent
 cross_replica_sum = _impl.cross_replica_sum
 bits = _impl.bits
 unseeded_uniform = _impl.unseeded_uniform
+single_op = _impl.single_op

@@ -81,6 +81,12 @@ def add_n(xs):
     return total
 
 
+def single_op(fn, dtype: str):
+    """`fn` itself: `jax.jit` traces a call in microseconds (TensorFlow's graph ops cost
+    more, see the TensorFlow module)."""
+    return fn
+
+
 # --------------------------------------------------------------------------- draws
 
 

@@ -67,9 +67,8 @@ def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
 def _dataset(strategy, icfg: dataset.InputConfig, log: shards.ShardLog):
     """The run's input over its replicas. On one CPU device the step reads the pipeline
     itself (the same batches, as its one input pipeline) instead of through a strategy's
-    multi-device iterator, whose release waited 30-37 s for tf.data's autotuning thread
-    after the last step of 2 of 3 six-step runs. Not proven gone: one 600-step run of this
-    path still waited 20 s there (the old path 0.04 s in the same hour)."""
+    multi-device iterator. (Releasing either waited 18-37 s after the last step of some
+    runs for tf.data's autotuning thread, which `dataset.make_dataset` now turns off.)"""
     if hasattr(strategy, "process_count"):  # JAX: this process's rows of each batch
         n, i = strategy.process_count, strategy.process_index
         return dataset.make_dataset(icfg, tf.distribute.InputContext(n, i, n), log)
