@@ -38,10 +38,8 @@ import glob
 import gzip
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
@@ -309,22 +307,18 @@ def run_jax(case: dict) -> dict:
         box["state"], box["sums"] = compiled(box["state"], fed, lengths)
 
     fed_s = time_steps(run_fed, fetch, case["steps"], 1)
-    # The same, the batches placed by a thread two steps ahead: whether placing a batch
-    # costs the step loop itself (the difference) or overlaps with the step already.
-    ahead = queue.Queue(maxsize=2)
-
-    def place_ahead(n):
-        for i in range(n):
-            ahead.put(steps.place_batch(hosts[i % len(hosts)]))
-
-    placer = threading.Thread(target=place_ahead, args=(case["steps"],), daemon=True)
-    placer.start()
+    # The same, the batches placed two steps ahead by a thread, as the training loop's
+    # `jax_step.BatchesAhead` does: whether placing a batch costs the step loop itself
+    # (the difference) or overlaps with the step.
+    from electra_tf.training import jax_step
+    ahead = jax_step.BatchesAhead((hosts[i % len(hosts)] for i in range(case["steps"])),
+                                  steps.place_batch)
 
     def run_ahead():
-        box["state"], box["sums"] = compiled(box["state"], ahead.get(), lengths)
+        box["state"], box["sums"] = compiled(box["state"], next(ahead), lengths)
 
     ahead_s = time_steps(run_ahead, fetch, case["steps"], 1)
-    placer.join()
+    ahead.close()
     peak, source = jax_peak(device, case["precision"])
     train_flops = (finetune_flops if finetune else pretrain_flops)(cfg)
     row = dict(case, batch=batch, impl="jax", device=device.device_kind,

@@ -210,6 +210,37 @@ def test_checkpoint_paths_of_the_jax_runtime_are_tensorflows(tmp_path):
         assert len(keys) == len(trainer.model.weights)
 
 
+@pytest.mark.jax
+def test_batches_ahead_keep_their_order_and_raise_where_the_source_did():
+    """The JAX host loop's input thread: batches come out placed and in order, what the
+    source raises comes out at its batch (and again after), the end of a finite source is
+    StopIteration, at most `depth` batches wait placed (one more in hand), and `close`
+    ends the thread."""
+    pytest.importorskip("jax")
+    import itertools
+    import time
+    from electra_tf.training.jax_step import BatchesAhead
+
+    def source():
+        yield from (1, 2, 3)
+        raise ValueError("bad shard 4")
+
+    ahead = BatchesAhead(source(), lambda x: x * 10)
+    assert [next(ahead) for _ in range(3)] == [10, 20, 30]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad shard 4"):
+            next(ahead)
+    assert list(BatchesAhead(iter([1, 2]), lambda x: -x)) == [-1, -2]
+    read = []
+    endless = BatchesAhead((read.append(i) or i for i in itertools.count()), lambda x: x,
+                           depth=2)
+    time.sleep(0.5)
+    assert 2 <= len(read) <= 3 and next(endless) == 0
+    endless.close()
+    endless._thread.join(5)
+    assert not endless._thread.is_alive()
+
+
 # ------------------------------------------------------------------------------ whole runs
 
 

@@ -7,11 +7,14 @@ state is replicated on a 1-D `data` mesh of every device (every process's, under
 `jax.distributed`), the batch is split over it by rows, and XLA inserts the gradient
 all-reduce. The state is passed in and out and donated, so its memory is not doubled.
 
-`jax_trainer.py` puts the host loop, checkpoints and input around it; `bench/` times it
+`jax_trainer.py` puts the host loop, checkpoints and input around it (the batches placed
+ahead by `BatchesAhead`); `bench/` times it
 alone (a GPU machine has no TensorFlow)."""
 
 import dataclasses
+import queue
 import re
+import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -312,6 +315,63 @@ class StepBuilder:
         sharding = batch_sharding(self.mesh)
         return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
                 for k, v in batch.items()}
+
+
+# --------------------------------------------------------------------------- input
+
+
+class BatchesAhead:
+    """The batches of `source` (an iterator of host batches) placed on the devices by a
+    thread, up to `depth` ahead of the step that takes them: reading the pipeline,
+    converting and sending a batch overlap the steps instead of sitting between them
+    (ELECTRA-Small on an H200 took 13.8 ms a step and the host ~19 ms a batch). What the
+    source raises (a bad shard, the end of a finite split) comes out of `next` at the batch
+    where it happened. The data position is the host loop's count of batches taken, so the
+    batches read ahead and never taken change nothing a checkpoint holds."""
+
+    _END = object()
+
+    def __init__(self, source, place: Callable, depth: int = 2):
+        self.source, self._place = source, place
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._fill, name="jax-batches-ahead",
+                                        daemon=True)
+        self._thread.start()
+
+    def _fill(self):
+        while not self._closed.is_set():
+            try:
+                item = self._place(next(self.source))
+            except StopIteration:
+                item = self._END
+            except BaseException as e:  # noqa: BLE001  (handed to the taker, raised there)
+                item = e
+            while not self._closed.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item is self._END or isinstance(item, BaseException):
+                return
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END or isinstance(item, BaseException):
+            self._queue.put(item)  # every later `next` ends or raises the same
+            if item is self._END:
+                raise StopIteration
+            raise item
+        return item
+
+    def close(self):
+        """Stops the thread after the batch it is reading (it holds the source till then)."""
+        self._closed.set()
+
 
 
 def names_of(variables: Sequence) -> List[str]:

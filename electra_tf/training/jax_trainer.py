@@ -180,6 +180,7 @@ class JaxTrainer(Phases, abc.ABC):
         self._mirror_vars = None  # {object path: tf.Variable}, made on first save/restore
         self._train_steps: Dict[int, Callable] = {}
         self._eval_steps: Dict[int, Callable] = {}
+        self._ahead: Optional[jax_step.BatchesAhead] = None
 
     def _new_builder(self, multipliers: Optional[Dict[str, float]] = None):
         names = jax_step.names_of(self.variables)
@@ -345,18 +346,29 @@ class JaxTrainer(Phases, abc.ABC):
         return self.steps.place_batch({k: v.numpy() if hasattr(v, "numpy") else v
                                        for k, v in element.items()})
 
+    def batches(self, iterator) -> jax_step.BatchesAhead:
+        """`iterator`'s batches placed ahead by a thread (`jax_step.BatchesAhead`), one reader per
+        iterator: the host loops of a run share it, a new iterator (evaluation, the next
+        run) ends the previous reader."""
+        if self._ahead is None or self._ahead.source is not iterator:
+            if self._ahead is not None:
+                self._ahead.close()
+            self._ahead = jax_step.BatchesAhead(iterator, self._batch)
+        return self._ahead
+
     def make_train_loop(self, phase: int = 0):
-        """`loop(iterator, num_steps)` -> metric sums (host numbers) over the steps. Each
-        step is dispatched before the host reads the next batch, so the input of step
-        i + 1 is read and sent while step i runs."""
+        """`loop(iterator, num_steps)` -> metric sums (host numbers) over the steps. The
+        batches are read and placed on the devices by a thread, two ahead of the step
+        (`batches`), and each step is dispatched without waiting for the one before."""
         if phase not in self._train_steps:
             self._train_steps[phase] = self.steps.compile_train(phase)
         step = self._train_steps[phase]
 
         def loop(iterator, num_steps):
             sums = None
+            ahead = self.batches(iterator)
             for _ in range(int(num_steps)):
-                self.state, step_sums = step(self.state, self._batch(next(iterator)))
+                self.state, step_sums = step(self.state, next(ahead))
                 sums = step_sums if sums is None else {k: sums[k] + step_sums[k]
                                                        for k in sums}
             self._sync_counters()  # waits for the steps
@@ -373,8 +385,9 @@ class JaxTrainer(Phases, abc.ABC):
 
         def loop(iterator, num_steps):
             sums = None
+            ahead = self.batches(iterator)
             for _ in range(int(num_steps)):
-                s = step(self.state, self._batch(next(iterator)))
+                s = step(self.state, next(ahead))
                 sums = s if sums is None else {k: sums[k] + s[k] for k in sums}
             return {k: host_array(v) for k, v in sums.items()}
 
