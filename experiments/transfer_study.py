@@ -138,6 +138,10 @@ SETTINGS = collections.OrderedDict([
     ("electra_wp4k_lr3e-4_all", Setting("all", {LR: "3e-4"}, 4000, [1000, 2000, 4000],
                                         "ELECTRA, lr 3e-4, learned 4,096, task text + "
                                         "Wikipedia + npm corpora", vocab=4096)),
+    ("electra_wp4k_lr3e-4_all_8k", Setting("all", {LR: "3e-4"}, 8000, [4000, 8000],
+                                           "ELECTRA, lr 3e-4, learned 4,096, task text + "
+                                           "Wikipedia + npm corpora, 8,000 steps",
+                                           vocab=4096)),
     ("bert_mlm_wp4k_lr3e-4_all", Setting("all", dict(BERT, **{LR: "3e-4"}), 4000,
                                          [1000, 2000, 4000],
                                          "BERT's MLM, lr 3e-4, learned 4,096, task text + "
