@@ -373,6 +373,5 @@ class BatchesAhead:
         self._closed.set()
 
 
-
 def names_of(variables: Sequence) -> List[str]:
     return [v.path for v in variables]
