@@ -245,12 +245,12 @@ def test_batches_ahead_keep_their_order_and_raise_where_the_source_did():
 
 
 # Long enough that a second process starts and is refused while the first still trains.
-LONG = 100
+LONG = 40
 
 
 def _run_args(model_dir, data, steps, *extra):
     return [f"--model_dir={model_dir}", f"--train_data={data}", f"--num_train_steps={steps}",
-            "--train_batch_size=8", "--steps_per_loop=1", "--save_checkpoints_steps=25",
+            "--train_batch_size=8", "--steps_per_loop=1", "--save_checkpoints_steps=10",
             "--params_override=log_every_steps=1,warmup_steps=2", *extra]
 
 
@@ -267,7 +267,7 @@ def _weights(model_dir):
 
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory, sample_build):
-    """A pre-training run on JAX of LONG steps (checkpoints every 25, the discriminator
+    """A pre-training run on JAX of LONG steps (checkpoints every 10, the discriminator
     export), steps 3..4 traced by jax.profiler (TensorBoard's Profile tab reads the
     .xplane.pb)."""
     import glob
