@@ -24,7 +24,6 @@ are skipped by a rerun; trial checkpoints are deleted once scored.
 """
 
 import collections
-import json
 import os
 import random
 import re
@@ -146,6 +145,18 @@ SETTINGS = collections.OrderedDict([
                                          [1000, 2000, 4000],
                                          "BERT's MLM, lr 3e-4, learned 4,096, task text + "
                                          "Wikipedia + npm corpora", vocab=4096)),
+    # The decisive rows again from a second pre-training seed (the same text, vocabulary
+    # and fine-tuning seeds): how much of a row's distance from no pre-training is the draw
+    # of one pre-training run.
+    ("electra_wp4k_lr3e-4_all_seed2", Setting("all", {LR: "3e-4", "train.seed": "2"}, 4000,
+                                              [1000, 2000, 4000],
+                                              "as electra_wp4k_lr3e-4_all, pre-training "
+                                              "seed 2", vocab=4096)),
+    ("bert_mlm_wp4k_lr3e-4_all_seed2", Setting("all", dict(BERT, **{LR: "3e-4",
+                                                                    "train.seed": "2"}),
+                                               4000, [1000, 2000, 4000],
+                                               "as bert_mlm_wp4k_lr3e-4_all, pre-training "
+                                               "seed 2", vocab=4096)),
     ("none_narrow", Setting(None, dict(NARROW), 0, [0],
                             "no pre-training, encoder 64 wide (2 heads, FFN 256), 8 layers")),
     ("electra_narrow_lr3e-4", Setting("movies", dict(NARROW, **{LR: "3e-4"}), 2000, [2000],
