@@ -124,6 +124,11 @@ SETTINGS = collections.OrderedDict([
     ("electra_wp2k_lr3e-4", Setting("movies", {LR: "3e-4"}, 4000, [1000, 2000, 4000],
                                     "ELECTRA, lr 3e-4, the 2,048-piece learned vocabulary",
                                     vocab=2048)),
+    ("none_wp8k", Setting(None, {}, 0, [0], "no pre-training, an 8,192-piece WordPiece "
+                          "vocabulary learned from the task's text", vocab=8192)),
+    ("electra_wp8k_lr3e-4", Setting("movies", {LR: "3e-4"}, 2000, [1000, 2000],
+                                    "ELECTRA, lr 3e-4, the 8,192-piece learned vocabulary",
+                                    vocab=8192)),
     ("bert_mlm_wp4k_lr3e-4", Setting("movies", dict(BERT, **{LR: "3e-4"}), 3000,
                                      [1000, 2000, 3000],
                                      "BERT's MLM, lr 3e-4, the 4,096-piece learned vocabulary",
