@@ -82,6 +82,10 @@ def is_temp_name(name: str) -> bool:
 
 # ----------------------------------------------------------------------------- processes
 
+# How Proc starts a command: subprocess.Popen's signature (the test suite forks its
+# commands from a process that has imported TensorFlow, tests/forked_cli.py: popen).
+POPEN = subprocess.Popen
+
 
 class Proc:
     """A command in its own session, its merged stdout/stderr read by a thread into
@@ -94,9 +98,8 @@ class Proc:
         self.lines: List[tuple] = []
         self.eof = False
         self.cond = threading.Condition()
-        self.p = subprocess.Popen(self.cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                  start_new_session=True)
+        self.p = POPEN(self.cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 

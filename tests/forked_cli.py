@@ -61,7 +61,7 @@ MAX_SERVERS = 4
 START_TIMEOUT = 300  # seconds for a server's imports
 _MESSAGE = 1 << 20  # the largest request or reply (a command and its environment)
 
-PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
+PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
 
 _servers = {}  # start-up key -> _Server
 _lock = threading.Lock()
@@ -118,13 +118,13 @@ class _Server:
             if reply is None:
                 return
 
-    def spawn(self, argv, cwd, env, fds, nice):
+    def spawn(self, argv, cwd, env, fds, nice, new_session=False):
         """Starts the command with stdout, stderr on `fds`; returns its pid."""
         with self.send_lock:
             self.next_id += 1
             ident = self.next_id
             req = json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env,
-                              "nice": nice})
+                              "nice": nice, "new_session": new_session})
             socket.send_fds(self.sock, [req.encode()], fds)
         with self.changed:
             self.changed.wait_for(lambda: ident in self.pids or self.dead)
@@ -146,7 +146,7 @@ class _Server:
 class Process:
     """What `subprocess.Popen` gives for a command forked from a server."""
 
-    def __init__(self, server, argv, cwd, env, stdout, stderr, nice=0):
+    def __init__(self, server, argv, cwd, env, stdout, stderr, nice=0, new_session=False):
         self.args = [sys.executable, *argv]
         self.returncode = None
         self._server = server
@@ -164,10 +164,13 @@ class Process:
                 close.append(fd)
             elif how is None:  # this process's own (as a plain child inherits them)
                 fds.append(1 if name == "stdout" else 2)
+            elif how == STDOUT:  # stderr into stdout's file
+                assert name == "stderr"
+                fds.append(fds[0])
             else:
                 fds.append(how if isinstance(how, int) else how.fileno())
         try:
-            self.pid = server.spawn(argv, cwd, env, fds, nice)
+            self.pid = server.spawn(argv, cwd, env, fds, nice, new_session)
         finally:
             for fd in close:
                 os.close(fd)
@@ -250,18 +253,30 @@ def _server_for(env):
         return server
 
 
-def start(argv, cwd=REPO, env=None, stdout=None, stderr=None, nice=0):
+def start(argv, cwd=REPO, env=None, stdout=None, stderr=None, nice=0,
+          start_new_session=False):
     """`subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout,
-    stderr=stderr, text=True)` (stdout, stderr: PIPE, DEVNULL, None or an open file),
-    forked from the command server of env's start-up key; `nice` as os.nice in the child."""
+    stderr=stderr, text=True, start_new_session=start_new_session)` (stdout: PIPE,
+    DEVNULL, None or an open file; stderr: the same or STDOUT), forked from the command
+    server of env's start-up key; `nice` as os.nice in the child."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
     server = _server_for(env)
     if server is None:
         return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout,
-                                stderr=stderr, text=True,
+                                stderr=stderr, text=True, start_new_session=start_new_session,
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
-    return Process(server, argv, cwd, env, stdout, stderr, nice)
+    return Process(server, argv, cwd, env, stdout, stderr, nice, start_new_session)
+
+
+def popen(cmd, cwd=REPO, env=None, stdout=None, stderr=None, text=True, bufsize=-1,
+          start_new_session=False):
+    """`subprocess.Popen(cmd, ...)` for a `cmd` of this interpreter (`[sys.executable,
+    *argv]`, text mode), forked as `start` does: for code that takes a Popen to call
+    (bench/fault_injection.py's POPEN)."""
+    assert cmd[0] == sys.executable and text, cmd
+    return start(cmd[1:], cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                 start_new_session=start_new_session)
 
 
 def run(argv, cwd=REPO, timeout=300, env=None):
@@ -297,6 +312,8 @@ def run(argv, cwd=REPO, timeout=300, env=None):
 def _child(req, fds):
     """In the forked child: become `python <argv>`. Returns if the command ends without
     exiting; its SystemExit or exception propagates to the interpreter's own exit."""
+    if req.get("new_session"):
+        os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -305,7 +322,10 @@ def _child(req, fds):
     for fd in fds:
         os.close(fd)
     sys.stdin = open(0, closefd=False)
-    sys.stdout = open(1, "w", closefd=False)  # line-buffered only on a terminal, as python
+    # Line-buffered only on a terminal, as python, or where PYTHONUNBUFFERED asks (each
+    # line written as it ends, as `python -u` writes it).
+    sys.stdout = open(1, "w", closefd=False,
+                      buffering=1 if req["env"].get("PYTHONUNBUFFERED") else -1)
     sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                 signal.SIGCHLD):

@@ -388,7 +388,8 @@ def test_a_second_run_on_a_busy_model_dir_stops_and_the_first_saves_on_sigterm(
         tmp_path, base, data):
     """A second run on a directory a live run trains into: exit 1, one line naming the
     holder's pid, nothing trained. The first goes on, saves on SIGTERM and exits 75 with
-    the earlier checkpoints intact and its lease released; a rerun resumes there."""
+    the earlier checkpoints intact and its lease released; a rerun resumes there and
+    trains on."""
     d = _copy_run(base, tmp_path)
     log = str(tmp_path / "first.log")
     # Niced: a training process takes every core it finds, and the second run, which
@@ -420,13 +421,13 @@ def test_a_second_run_on_a_busy_model_dir_stops_and_the_first_saves_on_sigterm(
     assert fi.latest_step(d) == step and fi.checkpoint_problem(d) is None
     assert not os.path.exists(os.path.join(d, "lease.json"))  # released on the way out
 
-    # The same length: the rerun restores the SIGTERM checkpoint and has nothing left to
-    # train (the damaged-checkpoint tests above train on after a resume).
-    done = _pretrain(d, data, step)
+    # Two steps longer: the rerun restores the SIGTERM checkpoint and trains on from it
+    # (the Ctrl-C test below reruns the same length: nothing left to train).
+    done = _pretrain(d, data, step + 2)
     assert done.returncode == 0, _tail(done)
     assert f"Resumed from {d}/ckpt-{step} (step {step})\n" in done.stderr, _tail(done)
-    assert f"Already at step {step} of {step}: nothing to train" in done.stderr
-    assert fi.latest_step(d) == step
+    assert _steps(done.stderr) == [(step + 2, step + 2)]
+    assert fi.latest_step(d) == step + 2 and fi.checkpoint_problem(d) is None
 
 
 @pytest.mark.subprocess

@@ -273,21 +273,29 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         # -- 3. pre-train 4 steps, then resume to 6 (run_pretraining.py -> pretrain.run).
         pre = f"{root}/pretrain"
 
-        def pretrain_steps(steps):
+        def pretrain_steps(steps, **options):
             # One layer (the generator's too): tracing, per layer, is the cost here.
             cfg = load_config("tiny", {
                 "model.num_hidden_layers": "1", "train_batch_size": "8",
                 "num_train_steps": str(steps), "steps_per_loop": "2", "log_every_steps": "2",
-                "save_checkpoints_steps": "2", "warmup_steps": "2", "max_seq_length": "64"})
+                "save_checkpoints_steps": "2", "warmup_steps": "2", "max_seq_length": "64",
+                "max_eval_steps": "2", "eval_batch_size": "8"})
             # No XLA (a graph compiles in half the time); a given peak: no timed matmul.
             return pretrain.run(cfg, PretrainingOptions(
                 model_dir=pre, train_data=data, strategy="cpu", jit_compile=False,
-                peak_flops="1e12"))
+                peak_flops="1e12", **options))
 
-        first = pretrain_steps(4)
+        # The first run also evaluates and profiles steps 1..2: eval_results.json, the
+        # eval events and the profile land in ram:// too.
+        first = pretrain_steps(4, do_eval=True, eval_data=data, profile_steps="1,2")
         assert np.isfinite(first["loss"]) and first["disc_loss"] > 0
         assert tf.train.latest_checkpoint(pre) == f"{pre}/ckpt-4"
         assert not any("Resumed from" in r.getMessage() for r in caplog.records)
+        evaluated = fileio.read_json(f"{pre}/eval_results.json")
+        assert evaluated["step"] == 4 and evaluated["loss"] > 0
+        assert 0 <= evaluated["disc_auc"] <= 1
+        assert tf.io.gfile.glob(f"{pre}/eval/events.out.tfevents*")
+        assert tf.io.gfile.glob(f"{pre}/train/plugins/profile/*/*.xplane.pb")
         lap("pretrain 4 steps")
         second = pretrain_steps(6)
         resumed = [r.getMessage() for r in caplog.records if "Resumed from" in r.getMessage()]
@@ -302,10 +310,15 @@ def test_whole_flow_in_ram(tmp_path, monkeypatch, caplog):
         for name in ("checkpoint", "ckpt-6.index", "config.json",
                      "discriminator/checkpoint", "discriminator/model.ckpt.index"):
             assert tf.io.gfile.exists(f"{pre}/{name}"), name
+        assert not [n for n in tf.io.gfile.listdir(pre) if n.endswith(".tmp") or "_temp" in n]
+        export = dict(tf.train.list_variables(f"{pre}/discriminator"))
+        assert "electra/encoder/layer_0/output/dense/kernel" in export
+        assert not [n for n in export if n.startswith("generator")]
         config = fileio.read_json(f"{pre}/config.json")
         assert (config["model"]["hidden_size"], config["model"]["num_hidden_layers"]) == \
             (128, 1)
         assert config["train"]["num_train_steps"] == 6
+        assert config["train"]["train_batch_size"] == 8
         # Two event files: the first run logged steps 2 and 4, the resumed one only 6.
         steps = _event_steps(f"{pre}/train", "loss")
         assert sorted(steps.values()) == [[2, 4], [6]], steps

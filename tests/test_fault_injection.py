@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+import forked_cli
 from conftest import REPO
 
 _spec = importlib.util.spec_from_file_location(
@@ -19,7 +20,11 @@ _spec.loader.exec_module(fi)
 @pytest.mark.e2e
 @pytest.mark.subprocess
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path,
-                                                                         sample_build):
+                                                                         sample_build,
+                                                                         monkeypatch):
+    # The commands fork from a process that imported TensorFlow (each in its own session,
+    # as the harness kills process groups).
+    monkeypatch.setattr(fi, "POPEN", forked_cli.popen)
     setup = fi.PretrainSetup(data=sample_build[0], steps=6, batch=4, save=2, loop=2, seed=7)
     model_dir = str(tmp_path / "run")
     # SIGKILL as soon as the second checkpoint (ckpt-4) is seen being written

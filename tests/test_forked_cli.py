@@ -110,3 +110,28 @@ def test_started_commands_run_at_once_and_take_signals_as_popen_ones_do(tmp_path
     b.kill()
     assert b.wait(60) == -9 and b.poll() == -9
     assert (tmp_path / "b.log").read_text() == "started b\n"
+
+
+MERGED = """
+import os, sys
+print("out 1")
+print("err 2", file=sys.stderr)
+print("out 3")
+print("session leader", os.getsid(0) == os.getpid(), "group", os.getpgid(0) == os.getpid())
+"""
+
+
+def test_popen_merges_stderr_into_stdout_in_its_own_session():
+    """As `subprocess.Popen([python, ...], stdout=PIPE, stderr=STDOUT, text=True,
+    start_new_session=True)` with PYTHONUNBUFFERED=1 (bench/fault_injection.py's commands):
+    one stream in the order written, and a process group to signal."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    got = {}
+    for name, make in (("forked", forked_cli.popen), ("plain", subprocess.Popen)):
+        proc = make([sys.executable, "-c", MERGED], cwd=forked_cli.REPO, env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                    start_new_session=True)
+        got[name] = (proc.stdout.read(), proc.wait(60))
+        proc.stdout.close()
+    assert got["forked"] == got["plain"] == (
+        "out 1\nerr 2\nout 3\nsession leader True group True\n", 0)

@@ -16,12 +16,12 @@ import tensorflow as tf
 from electra_tf.configs import load_config
 from electra_tf.pretraining import flops, pretrain
 from electra_tf.pretraining.trainer import Pretrainer
-from electra_tf.training import checkpoints, hardware, loop, preemption
+from electra_tf.training import checkpoints, hardware, loop
 from electra_tf.training.loop import RunError, parse_profile_steps
 from electra_tf.training.options import PretrainingOptions
 
 import forked_cli
-from conftest import REPO, free_ports, sigterm_after
+from conftest import REPO, free_ports
 
 
 def _options(model_dir, data, **kw):
@@ -288,63 +288,6 @@ def _finish(procs, timeout=420):
                 p.kill()
 
 
-@pytest.mark.subprocess
-@pytest.mark.e2e
-def test_two_workers_equal_one_process(tmp_path, sample_build):
-    """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
-    its own file shards, end with the weights of one process that trains on the same
-    global batches (worker 0's rows, then worker 1's). Only the chief writes model_dir."""
-    from electra_tf.data.dataset import make_dataset
-    from electra_tf.data.files import resolve_files
-    from electra_tf.pretraining.trainer import Pretrainer
-
-    data = sample_build[0]
-    overrides = dict(NO_DROPOUT, train_batch_size=8, num_train_steps=4,
-                     save_checkpoints_steps=2, steps_per_loop=2, log_every_steps=2,
-                     warmup_steps=2)
-    override_text = ",".join(f"{k}={v}" for k, v in overrides.items())
-    model_dir = tmp_path / "mw"
-    procs = _start_workers(WORKER_SCRIPT, model_dir, data, override_text)
-    logs = _finish(procs)
-    for p, err in zip(procs, logs):
-        assert p.returncode == 0, err[-3000:]
-
-    # Each worker's input pipeline read its own half of the shards.
-    read = []
-    for index, err in enumerate(logs):
-        line = [ln for ln in err.splitlines() if f"Input pipeline {index} of 2:" in ln][0]
-        read.append(set(line.split("file(s), ")[1].split(", ")))
-    assert read[0] and read[1] and not read[0] & read[1]
-    # The chief alone wrote the run's outputs; the other worker's scratch copies are gone.
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
-    assert not os.path.exists(model_dir / ".workers" / "worker_1")
-    assert os.path.exists(model_dir / "discriminator" / "checkpoint")
-
-    # One process, one device, the same global batches.
-    cfg = load_config("tiny", {k: str(v) for k, v in overrides.items()})
-    one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
-    icfg = pretrain.input_config(resolve_files(data), cfg, 8, True)
-    halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2))
-              for w in range(2)]
-    global_batches = tf.data.Dataset.zip(tuple(halves)).map(
-        lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
-    loop = one.make_train_loop()
-    loop(iter(one.strategy.distribute_datasets_from_function(lambda ctx: global_batches)),
-         tf.constant(4))
-    reference = tf.train.Checkpoint(model=one.model).save(str(tmp_path / "one" / "ckpt"))
-
-    got, want = tf.train.load_checkpoint(str(model_dir)), tf.train.load_checkpoint(reference)
-    names = [n for n, _ in tf.train.list_variables(reference) if n.startswith("model/")]
-    assert len(names) > 20
-    start = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0")).model
-    moved = max(float(np.max(np.abs(a - b))) for a, b in
-                zip(start.get_weights(), one.model.get_weights()))
-    assert moved > 1e-4
-    for name in names:
-        np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), atol=1e-5,
-                                   err_msg=name)
-
-
 @pytest.mark.parametrize("on_nan, needle", [("stop", "on_nan=stop"),
                                             ("skip", "in a row, the run cannot recover")])
 @pytest.mark.e2e
@@ -364,28 +307,6 @@ def test_non_finite_steps_never_reach_a_checkpoint(tmp_path, sample_build, monke
     assert latest.endswith("ckpt-1")
     weights = _final_weights(out)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
-
-
-@pytest.mark.subprocess
-@pytest.mark.e2e
-def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, sample_build):
-    args = [f"--model_dir={tmp_path / 'pre'}", f"--train_data={sample_build[0]}",
-            "--num_train_steps=400", "--train_batch_size=8", "--steps_per_loop=2",
-            "--save_checkpoints_steps=1000", "--params_override=log_every_steps=2",
-            "--nojit_compile"]
-    proc = forked_cli.start(["run_pretraining.py", *args], cwd=REPO, stderr=forked_cli.PIPE)
-    _, rest = sigterm_after(proc, " step 4/400 ")
-    assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, rest[-2000:]
-    last = rest.strip().splitlines()[-1]
-    assert last.startswith("run_pretraining: SIGTERM at step ") and "rerun" in last, last
-    step = int(last.split("SIGTERM at step ")[1].split(":")[0])
-    assert step >= 4
-    assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step}")
-
-    done = _cli(*args[:2], f"--num_train_steps={step + 2}", *args[3:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"(step {step})" in done.stderr  # resumed from the preemption checkpoint
-    assert tf.train.latest_checkpoint(str(tmp_path / "pre")).endswith(f"ckpt-{step + 2}")
 
 
 @pytest.mark.e2e
@@ -413,33 +334,60 @@ def test_full_disk_when_saving_stops_with_the_last_good_checkpoint(tmp_path, sam
     assert tf.train.latest_checkpoint(str(run_dir)).endswith("ckpt-3")
 
 
+def _one_process_weights(cfg, data, steps, path):
+    """The weights one process on one device reaches over `steps` of the two-worker job's
+    global batches (worker 0's rows, then worker 1's), saved at `path`; and how far they
+    moved from the initial ones."""
+    from electra_tf.data.dataset import make_dataset
+    from electra_tf.data.files import resolve_files
+    from electra_tf.pretraining.trainer import Pretrainer
+
+    one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
+    start = [w.copy() for w in one.model.get_weights()]
+    icfg = pretrain.input_config(resolve_files(data), cfg, cfg.train.train_batch_size, True)
+    halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2)) for w in range(2)]
+    global_batches = tf.data.Dataset.zip(tuple(halves)).map(
+        lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
+    one.make_train_loop()(iter(one.strategy.distribute_datasets_from_function(
+        lambda ctx: global_batches)), tf.constant(steps))
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(start, one.model.get_weights()))
+    return tf.train.Checkpoint(model=one.model).save(path), moved
+
+
 @pytest.mark.subprocess
 @pytest.mark.e2e
-def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build):
-    """Multi-worker: SIGTERM to worker 1 -> the workers' notice flags, summed after each
-    host loop, make both save at the same step and exit 75; the same command then
-    finishes the run."""
+def test_a_preempted_two_worker_job_resumes_and_equals_one_process(tmp_path, sample_build):
+    """Two worker processes on localhost under MultiWorkerMirroredStrategy, each reading
+    its own file shards. SIGTERM to worker 1: the workers' notice flags, summed after each
+    host loop, make both save at the same step and exit 75, and only the chief writes
+    model_dir; the same command then finishes the run, and its weights are those of one
+    process that trains on the same global batches (worker 0's rows, then worker 1's)
+    straight through."""
     import signal
     import threading
 
-    overrides = ",".join(f"{k}={v}" for k, v in dict(
-        train_batch_size=8, num_train_steps=16, save_checkpoints_steps=16, steps_per_loop=2,
-        log_every_steps=2, warmup_steps=2).items())
+    data = sample_build[0]
+    steps = 12
+    overrides = dict(NO_DROPOUT, train_batch_size=8, num_train_steps=steps,
+                     save_checkpoints_steps=steps, steps_per_loop=2, log_every_steps=2,
+                     warmup_steps=2)
+    override_text = ",".join(f"{k}={v}" for k, v in overrides.items())
     model_dir = tmp_path / "mw"
 
     def start():
-        return _start_workers(PREEMPTIBLE_WORKER_SCRIPT, model_dir, sample_build[0],
-                              overrides, stdout=forked_cli.DEVNULL)
+        return _start_workers(PREEMPTIBLE_WORKER_SCRIPT, model_dir, data, override_text,
+                              stdout=forked_cli.DEVNULL)
 
     procs = start()
     # Drain the chief's stderr so that it never blocks on a full pipe.
-    chief_log = []
+    chief_log, worker_log = [], []
     reader = threading.Thread(target=lambda: chief_log.append(procs[0].stderr.read()),
                               daemon=True)
     reader.start()
     try:
         for line in procs[1].stderr:  # worker 1 under way: preempt it
-            if "step 4/16" in line:
+            worker_log.append(line)
+            if f"step 4/{steps}" in line:
                 procs[1].send_signal(signal.SIGTERM)
                 break
         procs[0].wait(timeout=240)
@@ -447,18 +395,39 @@ def test_preempted_worker_stops_the_whole_job_at_one_step(tmp_path, sample_build
     finally:
         rest = _finish(procs, timeout=240)[1]
     assert [p.returncode for p in procs] == [75, 75], rest[-2000:]
-    # The chief saved at the agreed step, between the periodic saves (every 16).
+    # The chief saved at the agreed step, between the periodic saves.
     stopped = int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
-    assert 4 <= stopped < 16
+    assert 4 <= stopped < steps
     assert f"SIGTERM at step {stopped}: saved " in rest, rest[-2000:]
     assert f"a preemption notice to another worker at step {stopped}: saved " \
         f"{model_dir}/ckpt-{stopped}" in "".join(chief_log), "".join(chief_log)[-2000:]
+
+    # Each worker's input pipeline read its own half of the shards.
+    read = []
+    for index, err in enumerate(("".join(chief_log), "".join(worker_log))):
+        line = [ln for ln in err.splitlines() if f"Input pipeline {index} of 2:" in ln][0]
+        read.append(set(line.split("file(s), ")[1].split(", ")))
+    assert read[0] and read[1] and not read[0] & read[1]
 
     procs = start()
     logs = _finish(procs)
     assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:]
     assert f"(step {stopped})" in logs[0]  # resumed where the preemption saved
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-16")
+    # The chief alone wrote the run's outputs; the other worker's scratch copies are gone.
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{steps}")
+    assert not os.path.exists(model_dir / ".workers" / "worker_1")
+    assert os.path.exists(model_dir / "discriminator" / "checkpoint")
+
+    # One process, one device, the same global batches, no stop.
+    cfg = load_config("tiny", {k: str(v) for k, v in overrides.items()})
+    reference, moved = _one_process_weights(cfg, data, steps, str(tmp_path / "one" / "ckpt"))
+    assert moved > 1e-4
+    got, want = tf.train.load_checkpoint(str(model_dir)), tf.train.load_checkpoint(reference)
+    names = [n for n, _ in tf.train.list_variables(reference) if n.startswith("model/")]
+    assert len(names) > 20
+    for name in names:
+        np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), atol=1e-5,
+                                   err_msg=name)
 
 
 def test_torn_checkpoint_writes_are_removed_and_never_loaded(tmp_path):
@@ -484,58 +453,6 @@ def ram_root():
     yield root
     if tf.io.gfile.exists(root):
         tf.io.gfile.rmtree(root)
-
-
-@pytest.mark.e2e
-def test_a_run_with_model_dir_and_data_on_a_remote_filesystem(tmp_path, sample_build,
-                                                              monkeypatch, ram_root):
-    """model_dir and the training data under ram:// (the filesystem layer gs:// goes
-    through): config.json, eval_results.json, checkpoints, TensorBoard events, the
-    profile and the discriminator export all land there, the rerun resumes from the
-    checkpoint there, and nothing at all is written to the working directory (no local
-    folder named "ram:")."""
-    data, model_dir = f"{ram_root}/data", f"{ram_root}/run"
-    tf.io.gfile.makedirs(data)
-    copied = 0
-    for name in tf.io.gfile.listdir(sample_build[0]):
-        src = os.path.join(sample_build[0], name)
-        if not tf.io.gfile.isdir(src):
-            tf.io.gfile.copy(src, f"{data}/{name}")
-            copied += 1
-    assert copied >= 17  # 16 shards, the manifest, the token counts
-    monkeypatch.chdir(tmp_path)
-    starts = []  # the global step each run's training starts from
-    real_train = pretrain.loop.train
-
-    def spy(trainer, *args, **kwargs):
-        starts.append(int(trainer.global_step.numpy()))
-        return real_train(trainer, *args, **kwargs)
-
-    monkeypatch.setattr(pretrain.loop, "train", spy)
-    for steps in (3, 6):  # the first run also evaluates and profiles (once is enough)
-        first = steps == 3
-        cfg = _cfg(num_train_steps=steps, max_eval_steps=2, eval_batch_size=8)
-        pretrain.run(cfg, _options(model_dir, data, do_eval=first, eval_data=data,
-                                profile_steps="1,2" if first else None))
-        config = json.loads(tf.io.gfile.GFile(f"{model_dir}/config.json").read())
-        assert config["train"]["num_train_steps"] == steps
-        assert config["model"]["hidden_size"] == 128
-        assert config["train"]["train_batch_size"] == 8
-        assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-{steps}"
-    assert starts == [0, 3]  # the rerun resumed from ram://.../ckpt-3
-    results = json.loads(tf.io.gfile.GFile(f"{model_dir}/eval_results.json").read())
-    assert results["step"] == 3 and results["loss"] > 0 and 0 <= results["disc_auc"] <= 1
-    names = set(tf.io.gfile.listdir(model_dir))
-    assert {"ckpt-3.index", "ckpt-6.index", "checkpoint", "config.json",
-            "eval_results.json"} <= names
-    assert not [n for n in names if n.endswith(".tmp") or "_temp" in n]
-    for sub in ("train", "eval"):
-        assert tf.io.gfile.glob(f"{model_dir}/{sub}/events.out.tfevents*"), sub
-    assert tf.io.gfile.glob(f"{model_dir}/train/plugins/profile/*/*.xplane.pb")
-    export = dict(tf.train.list_variables(f"{model_dir}/discriminator"))
-    assert "electra/encoder/layer_1/output/dense/kernel" in export
-    assert not [n for n in export if n.startswith("generator")]
-    assert os.listdir(tmp_path) == []
 
 
 def test_torn_checkpoint_writes_are_removed_on_a_remote_filesystem(ram_root):
