@@ -271,8 +271,11 @@ def test_two_stage_run_freezes_the_generator_and_starts_from_it(tmp_path, sample
                                "objective.objective": "two_stage",
                                "generator_hidden_size": "1.0", "tie_embeddings": "false"})
     out = tmp_path / "run"
+    # As a graph: the phases' XLA programs are compiled and run in
+    # test_one_compiled_step_changes_only_its_weights[two_stage-*]; this run checks what
+    # the host loop does at the switch (two programs here would be 2 x 8 s of compile).
     pretrain.run(cfg, PretrainingOptions(model_dir=str(out), train_data=sample_build[0],
-                                    strategy="cpu"))
+                                         strategy="cpu", jit_compile=False))
 
     def weights(step):
         reader = tf.train.load_checkpoint(str(out / f"ckpt-{step}"))
@@ -542,8 +545,10 @@ def test_fixed_generator_run_keeps_the_loaded_generator(tmp_path, sample_build):
                                "save_checkpoints_steps": "2", "steps_per_loop": "2",
                                "log_every_steps": "2", "warmup_steps": "0"})
     out = str(tmp_path / "fast")
+    # As a graph: the fixed-generator step under XLA is
+    # test_fixed_generator_step_trains_the_discriminator_only's; here the loaded generator.
     metrics = pretrain.run(cfg, PretrainingOptions(model_dir=out, train_data=sample_build[0],
-                                           strategy="cpu"))
+                                                   strategy="cpu", jit_compile=False))
     assert "masked_lm_accuracy" in metrics and np.isfinite(metrics["loss"])
     reader = tf.train.load_checkpoint(out)
     stored = {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(out)

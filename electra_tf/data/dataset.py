@@ -136,7 +136,7 @@ def make_dataset(config: InputConfig,
     ds = order.dataset(order_counts, read, position, repeat=config.repeat)
     # Parsing a whole batch in one parse_example call is much cheaper than per record.
     ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda s: parse_batch(s, config.max_seq_length),
+    ds = ds.map(files.traced(lambda s: parse_batch(s, config.max_seq_length)),
                 num_parallel_calls=tf.data.AUTOTUNE)
 
     options = tf.data.Options()

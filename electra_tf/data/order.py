@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from electra_tf.data.files import InputDataError
+from electra_tf.data.files import InputDataError, traced
 
 
 # The count a shard without a manifest is given (it is read to its end).
@@ -124,7 +124,7 @@ class StreamOrder:
             ds = tf.data.Dataset.from_tensor_slices(
                 (tf.boolean_mask(tf.gather(shards, rotation), keep),
                  tf.boolean_mask(tf.gather(skips, rotation), keep)))
-            return ds.interleave(lambda i, k: read(i).skip(k), cycle_length=c,
+            return ds.interleave(traced(lambda i, k: read(i).skip(k)), cycle_length=c,
                                  block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                                  deterministic=True)
 
@@ -141,8 +141,8 @@ class StreamOrder:
                 zero = tf.constant(0, tf.int64)
                 return shards, n, active, tf.where(first, r, zero), tf.where(first, j, zero)
 
-            ds = tf.data.Dataset.range(group, num_groups).map(group_args).flat_map(
-                group_records)
+            ds = tf.data.Dataset.range(group, num_groups).map(traced(group_args)).flat_map(
+                traced(group_records))
             if self.window > 1:
                 seed = self._epoch_seed(epoch)
 
@@ -151,7 +151,7 @@ class StreamOrder:
                         seed, tf.cast(k, tf.int32) + 1, alg="philox")
                     return tf.gather(records, self._permutation(tf.shape(records), s))
 
-                ds = ds.batch(self.window).enumerate(start=window).map(shuffle)
+                ds = ds.batch(self.window).enumerate(start=window).map(traced(shuffle))
                 ds = ds.prefetch(2).unbatch()  # windows ahead hide a group's opening reads
             return ds
 
@@ -162,5 +162,5 @@ class StreamOrder:
             return first if p.epoch == 0 else first.take(0)
         zero = tf.constant(0, tf.int64)
         rest = tf.data.Dataset.counter(p.epoch + 1).flat_map(
-            lambda e: epoch_records(e, zero, zero, zero, zero))
+            traced(lambda e: epoch_records(e, zero, zero, zero, zero)))
         return first.concatenate(rest)

@@ -19,7 +19,7 @@ from absl import logging
 
 from electra_tf.data.files import (BadShardError, InputDataError, RECORD_OVERHEAD,
                                    bad_shard, empty_file, manifest_counts, map_files,
-                                   shown)
+                                   shown, traced)
 
 # Large sequential reads amortize the per-request latency of GCS; harmless locally.
 _READ_BUFFER_BYTES = 8 << 20
@@ -173,7 +173,7 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
     # (one listing per epoch), so a missing one reads as no file at all.
     found = tf.io.matching_files(path)
     blocks = tf.data.TFRecordDataset(found, buffer_size=_READ_BUFFER_BYTES).ignore_errors()
-    blocks = blocks.batch(_CHECK_BLOCK).map(lambda r: (r, False)).concatenate(
+    blocks = blocks.batch(_CHECK_BLOCK).map(traced(lambda r: (r, False))).concatenate(
         tf.data.Dataset.from_tensors((tf.zeros([0], tf.string), True)))
 
     def count(state, element):
@@ -186,7 +186,7 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
         return (n, nbytes), (block, is_trailer, n, nbytes)
 
     zero = tf.constant(0, tf.int64)
-    counted = blocks.scan((zero, zero), count)
+    counted = blocks.scan((zero, zero), traced(count))
 
     def ended_early(p, n, e, nb, eb):
         return log.report(pipeline, ShardEnd(p.decode(), int(n), int(e), int(nb), int(eb)),
@@ -203,7 +203,8 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
         short = is_trailer & ((n < expected_records) | (nbytes < expected_bytes))
         return tf.cond(short, lambda: on_short(n, nbytes), lambda: ~is_trailer)
 
-    return counted.filter(keep).map(lambda block, is_trailer, n, nbytes: block).unbatch()
+    return counted.filter(traced(keep)).map(
+        traced(lambda block, is_trailer, n, nbytes: block)).unbatch()
 
 
 def explain_read_error(error: BaseException, files: Sequence[str],
