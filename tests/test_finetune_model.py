@@ -63,8 +63,9 @@ def test_the_optimizer_is_make_optimizers_over_the_trial():
     assert type(opt) is AdamW and ft.clip_norm == 1.0
     assert opt.learning_rate_fn.get_config() == dict(
         learning_rate=1e-3, total_steps=200, warmup_steps=50, end_learning_rate=0.0, power=1.0)
-    assert (opt.weight_decay, opt.beta_1, opt.beta_2, opt.epsilon,
-            opt.bias_correction) == (0.0, 0.9, 0.999, 1e-6, False)
+    h = opt.hyper
+    assert (h.kind, h.weight_decay, h.beta_1, h.beta_2, h.epsilon,
+            h.bias_correction) == ("adamw", 0.0, 0.9, 0.999, 1e-6, False)
 
 
 def test_optimizer_applies_the_layerwise_rates():

@@ -13,7 +13,6 @@ alone (a GPU machine has no TensorFlow)."""
 
 import dataclasses
 import queue
-import re
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -24,8 +23,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from electra_tf import rng
-from electra_tf.training.schedule import (DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY,
-                                          WarmupPolynomialDecay)
+from electra_tf.training import update
+from electra_tf.training.schedule import WarmupPolynomialDecay
 
 DATA_AXIS = "data"
 
@@ -53,17 +52,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateRule:
-    """AdamW / LAMB hyper-parameters and the per-variable flags of `optimization.py`'s
-    `_AdamFamily` (same names, same update): `decay[i]` weight decay applies to variable i,
-    `excluded[i]` its name matches exclude_from_weight_decay, `multipliers[i]` its learning
-    rate multiplier (1.0: none)."""
-    kind: str  # "adamw" or "lamb"
+    """`update.py`'s AdamW / LAMB over the step's lists of arrays: the hyper-parameters, the
+    schedule and each variable's flags (`decay[i]`: weight decay applies to variable i,
+    `excluded[i]`: its name matches the exclusions, `multipliers[i]`: its learning-rate
+    multiplier, 1.0 for none)."""
+    hyper: update.Hyper
     schedule: WarmupPolynomialDecay
-    weight_decay: float
-    beta_1: float
-    beta_2: float
-    epsilon: float
-    bias_correction: bool
     decay: Tuple[bool, ...]
     excluded: Tuple[bool, ...]
     multipliers: Tuple[float, ...]
@@ -71,24 +65,17 @@ class UpdateRule:
     @classmethod
     def of(cls, config, total_steps: int, names: Sequence[str],
            multipliers: Optional[Dict[str, float]] = None) -> "UpdateRule":
-        """From an `OptimizerConfig` (as `optimization.make_optimizer` reads it: LAMB always
-        bias-corrects) for the variables `names` (Keras paths), with `multipliers`
-        {name: learning-rate multiplier}."""
-        if config.optimizer not in ("adamw", "lamb"):
-            raise ValueError(f"optimizer={config.optimizer!r}: expected adamw or lamb")
+        """From an `OptimizerConfig` for the variables `names` (Keras paths), with
+        `multipliers` {name: learning-rate multiplier}."""
+        hyper = update.Hyper.of(config)
         schedule = WarmupPolynomialDecay(config.learning_rate, total_steps, config.warmup_steps,
                                          config.end_learning_rate, config.lr_decay_power)
-        excluded = tuple(any(re.search(p, n) for p in DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY)
-                         for n in names)
         multipliers = multipliers or {}
         unknown = sorted(set(multipliers) - set(names))
         if unknown:
             raise ValueError(f"lr multiplier for unknown variable name {unknown[0]!r}")
-        wd = float(config.weight_decay)
-        return cls(config.optimizer, schedule, wd, float(config.beta_1), float(config.beta_2),
-                   float(config.epsilon),
-                   True if config.optimizer == "lamb" else bool(config.bias_correction),
-                   tuple(wd != 0.0 and not e for e in excluded), excluded,
+        return cls(hyper, schedule, tuple(hyper.decays(n) for n in names),
+                   tuple(hyper.is_excluded(n) for n in names),
                    tuple(float(multipliers.get(n, 1.0)) for n in names))
 
     def learning_rate(self, step, lengths=None):
@@ -105,72 +92,18 @@ class UpdateRule:
         return self.schedule.lengths()
 
     def apply(self, params, grads, m, v, step, grad_scale, ok, lengths=None):
-        """-> (params, m, v) after one update from summed gradients; where `ok` is False
-        the old values (selects, not a branch)."""
-        f32 = jnp.float32
+        """-> (params, m, v) after one `update.new_values` per variable; where `ok` is
+        False the old values (selects, not a branch)."""
         lr = self.learning_rate(step, lengths)
-        b1, b2 = f32(self.beta_1), f32(self.beta_2)
-        if self.bias_correction:
-            t = jnp.asarray(step, f32) + 1.0
-            m_corr, v_corr = 1.0 - jnp.power(b1, t), 1.0 - jnp.power(b2, t)
+        c = dict(self.hyper.constants(), **update.bias_corrections(self.hyper, step))
         out_p, out_m, out_v = [], [], []
         for i, (p, g, m0, v0) in enumerate(zip(params, grads, m, v)):
-            dtype = p.dtype
-            g = g * grad_scale.astype(g.dtype)
-            g = jnp.where(ok, g, jnp.zeros([], g.dtype)).astype(dtype)
-            m1 = b1 * m0 + f32(1.0 - self.beta_1) * g
-            v1 = b2 * v0 + f32(1.0 - self.beta_2) * jnp.square(g)
-            m_hat, v_hat = (m1 / m_corr, v1 / v_corr) if self.bias_correction else (m1, v1)
-            update = m_hat / (jnp.sqrt(v_hat) + f32(self.epsilon))
-            if self.decay[i]:
-                update = update + f32(self.weight_decay) * p
-            rate = lr if self.multipliers[i] == 1.0 else lr * f32(self.multipliers[i])
-            if self.kind == "lamb" and not self.excluded[i]:
-                rate = rate * trust_ratio(p, update)
-            new_p = p - rate.astype(dtype) * update
-            out_p.append(jnp.where(ok, new_p, p))
-            out_m.append(jnp.where(ok, m1, m0))
-            out_v.append(jnp.where(ok, v1, v0))
+            rate = lr if self.multipliers[i] == 1.0 else lr * self.multipliers[i]
+            new = update.new_values(self.hyper, p, m0, v0, g, rate, c, decay=self.decay[i],
+                                    excluded=self.excluded[i], grad_scale=grad_scale, ok=ok)
+            for out, value in zip((out_p, out_m, out_v), new):
+                out.append(value)
         return out_p, out_m, out_v
-
-
-def trust_ratio(param, update):
-    """||param|| / ||update||, or 1 when either norm is 0 (LAMB)."""
-    w = jnp.linalg.norm(param.astype(jnp.float32))
-    r = jnp.linalg.norm(update.astype(jnp.float32))
-    ok = (w > 0.0) & (r > 0.0)
-    return jnp.where(ok, w / jnp.where(ok, r, 1.0), 1.0)
-
-
-def global_norm(grads) -> jax.Array:
-    """sqrt(sum of squares) over all gradients, in float32."""
-    total = jnp.zeros([], jnp.float32)
-    for g in grads:
-        total = total + jnp.sum(jnp.square(g.astype(jnp.float32)))
-    return jnp.sqrt(total)
-
-
-def clip_scale(norm, clip_norm: Optional[float]):
-    """min(1, clip_norm / norm) (1 without clipping), 0 for a non-finite norm."""
-    finite = jnp.isfinite(norm)
-    if clip_norm is None or clip_norm <= 0:
-        scale = jnp.ones([], jnp.float32)
-    else:
-        scale = f32c(clip_norm) / jnp.maximum(jnp.where(finite, norm, 1.0), f32c(clip_norm))
-    return jnp.where(finite, scale, 0.0)
-
-
-def f32c(x):
-    return jnp.asarray(x, jnp.float32)
-
-
-def update_loss_scale(scale, good_steps, finite, growth_interval: int = 2000):
-    """float16's dynamic loss scale: halve after a non-finite step (not below 1), double
-    after `growth_interval` finite steps in a row."""
-    good = jnp.where(finite, good_steps + 1, 0)
-    grow = good >= growth_interval
-    scale = jnp.where(finite, jnp.where(grow, scale * 2.0, scale), jnp.maximum(scale / 2.0, 1.0))
-    return scale, jnp.where(grow, jnp.zeros_like(good), good)
 
 
 # --------------------------------------------------------------------------- the state
@@ -185,7 +118,7 @@ def initial_state(trainable: Sequence, frozen: Sequence, float16: bool, base_see
         "m": [jnp.zeros_like(p) for p in params],
         "v": [jnp.zeros_like(p) for p in params],
         "step": jnp.zeros([], jnp.int32),
-        "loss_scale": jnp.asarray(2.0 ** 15 if float16 else 1.0, jnp.float32),
+        "loss_scale": jnp.asarray(update.initial_loss_scale(float16), jnp.float32),
         "good_steps": jnp.zeros([], jnp.int32),
         "base_seed": jnp.asarray(base_seed, jnp.int32),
     }
@@ -257,22 +190,16 @@ class StepBuilder:
             seed = rng.step_seed(state["base_seed"], state["step"], 0)
             context = self.context(batch)
             grads, loss, sums = self._accumulated(state, batch, seed, context, phase)
-            if self.float16:
-                grads = [g * (1.0 / state["loss_scale"]) for g in grads]
-            norm = global_norm(grads)
-            finite = jnp.isfinite(norm)
-            scale = clip_scale(norm, self.clip_norm)
+            grads, norm, finite, scale = update.prepare(grads, state["loss_scale"],
+                                                        self.clip_norm, self.float16)
             params, m, v = self.rule.apply(state["params"], grads, state["m"], state["v"],
                                            state["step"], scale, finite, lengths)
             new = dict(state, params=params, m=m, v=v,
                        step=state["step"] + finite.astype(jnp.int32))
             if self.float16:
-                new["loss_scale"], new["good_steps"] = update_loss_scale(
+                new["loss_scale"], new["good_steps"] = update.update_loss_scale(
                     state["loss_scale"], state["good_steps"], finite)
-            sums = dict(sums, loss_sum=loss, steps=jnp.ones([], jnp.float32),
-                        grad_norm_sum=jnp.where(finite, norm, 0.0),
-                        skipped=1.0 - finite.astype(jnp.float32))
-            return new, sums
+            return new, update.step_sums(sums, loss, norm, finite)
 
         return step
 

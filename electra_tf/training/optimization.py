@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import tensorflow as tf
 
 from electra_tf import compat
+from electra_tf.training import update
 
 from electra_tf.training.schedule import (  # noqa: F401 (re-exported)
     DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, WarmupPolynomialDecay)
@@ -94,24 +95,16 @@ class _AdamFamily(tf.Module):
         else:
             constant = float(learning_rate_fn)
             self.learning_rate_fn = lambda step: tf.constant(constant, tf.float32)
-        self.weight_decay = float(weight_decay)
-        self.beta_1 = float(beta_1)
-        self.beta_2 = float(beta_2)
-        self.epsilon = float(epsilon)
-        self.bias_correction = bool(self.BIAS_CORRECTION if bias_correction is None
-                                    else bias_correction)
-        self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
+        self.hyper = update.Hyper(
+            self.KIND, float(weight_decay), float(beta_1), float(beta_2), float(epsilon),
+            bool(self.BIAS_CORRECTION if bias_correction is None else bias_correction),
+            tuple(exclude_from_weight_decay or ()))
         self._state = _State()
         # Slots keyed by their TF1 names; tracked, so tf.train.Checkpoint saves them.
         self.adam_m: Dict[str, tf.Variable] = {}
         self.adam_v: Dict[str, tf.Variable] = {}
 
     # ------------------------------------------------------------------ build
-
-    def is_excluded(self, name: str) -> bool:
-        """Whether a variable name matches `exclude_from_weight_decay` (regex search, as the
-        official `_do_use_weight_decay`)."""
-        return any(re.search(pattern, name) for pattern in self.exclude_from_weight_decay)
 
     def build(self, variables: Iterable) -> "_AdamFamily":
         """Creates zero slots for each variable not built yet (a task head can come later)
@@ -126,7 +119,7 @@ class _AdamFamily(tf.Module):
             if name in state.by_name:
                 raise ValueError(f"two different variables are both named {name!r}; slot names "
                                  "must be unique")
-            excluded = self.is_excluded(name)
+            excluded = self.hyper.is_excluded(name)
             m = _zeros_like_variable(tf_var, f"{name}/adam_m")
             v = _zeros_like_variable(tf_var, f"{name}/adam_v")
             self.adam_m[f"{name}/adam_m"] = m
@@ -134,7 +127,7 @@ class _AdamFamily(tf.Module):
             state.by_id[id(tf_var)] = len(state.entries)
             state.by_name[name] = len(state.entries)
             state.entries.append(_Entry(tf_var, name, excluded,
-                                        decay=self.weight_decay != 0.0 and not excluded, m=m, v=v))
+                                        decay=self.hyper.decays(name), m=m, v=v))
         return self
 
     @property
@@ -221,19 +214,11 @@ class _AdamFamily(tf.Module):
                 distributed_update, tf.distribute.get_strategy(), grads, mults, scalars)
         return None
 
-    def _hyperparameters(self) -> Dict[str, float]:
-        return {"beta_1": self.beta_1, "1-beta_1": 1.0 - self.beta_1, "beta_2": self.beta_2,
-                "1-beta_2": 1.0 - self.beta_2, "epsilon": self.epsilon,
-                "weight_decay": self.weight_decay}
-
     def _step_scalars(self, step) -> Dict[str, tf.Tensor]:
-        # The hyperparameters as float32 constants once a step, not once per variable.
-        scalars = {k: tf.constant(v, tf.float32) for k, v in self._hyperparameters().items()}
+        # The hyper-parameters as float32 constants once a step, not once per variable.
+        scalars = {k: tf.constant(v, tf.float32) for k, v in self.hyper.constants().items()}
         scalars["lr"] = self.learning_rate(step)
-        if self.bias_correction:
-            t = tf.cast(step, tf.float32) + 1.0
-            scalars["m_correction"] = 1.0 - tf.pow(self.beta_1, t)
-            scalars["v_correction"] = 1.0 - tf.pow(self.beta_2, t)
+        scalars.update(update.bias_corrections(self.hyper, step))
         return scalars
 
     def _update_variable(self, entry: _Entry, var, grad, mult, scalars):
@@ -250,99 +235,43 @@ class _AdamFamily(tf.Module):
         var.assign(param)
 
     def _new_values(self, param, m_old, v_old, grad, mult, scalars, decay, excluded):
-        """-> (param, m, v) after the update (the old ones if not scalars["should_update"]);
-        the learning rate is scalars["lr"] times `mult` (None: 1)."""
-        dtype = param.dtype
+        """`update.new_values` with this step's scalars (the learning rate is
+        scalars["lr"] times `mult`, None: 1)."""
         lr = scalars["lr"] if mult is None else scalars["lr"] * mult
-        if "grad_scale" in scalars:  # as clip_by_global_norm: zeros where not finite
-            grad = grad * tf.cast(scalars["grad_scale"], grad.dtype)
-            if "should_update" in scalars:
-                grad = tf.where(scalars["should_update"], grad, tf.zeros([], grad.dtype))
-        grad = tf.cast(grad, dtype)
         # float32 variables take the step's constants; another dtype converts the Python
         # floats directly (not through float32: the same rounding as always).
-        c = scalars if dtype == tf.float32 else self._hyperparameters()
-        m = c["beta_1"] * m_old + c["1-beta_1"] * grad
-        v = c["beta_2"] * v_old + c["1-beta_2"] * tf.square(grad)
-        if self.bias_correction:
-            m_hat = m / tf.cast(scalars["m_correction"], dtype)
-            v_hat = v / tf.cast(scalars["v_correction"], dtype)
-        else:
-            m_hat, v_hat = m, v
-        update = m_hat / (tf.sqrt(v_hat) + c["epsilon"])
-        if decay:
-            update = update + c["weight_decay"] * param
-        new_param = param - self._step_size(excluded, param, update, tf.cast(lr, dtype)) * update
-        if "should_update" in scalars:
-            ok = scalars["should_update"]
-            return tf.where(ok, new_param, param), tf.where(ok, m, m_old), tf.where(ok, v, v_old)
-        return new_param, m, v
-
-    def _step_size(self, excluded: bool, param, update, lr):
-        return lr
+        c = scalars if param.dtype == tf.float32 else dict(scalars, **self.hyper.constants())
+        return update.new_values(self.hyper, param, m_old, v_old, grad, lr, c, decay=decay,
+                                 excluded=excluded, grad_scale=scalars.get("grad_scale"),
+                                 ok=scalars.get("should_update"))
 
 
 class AdamW(_AdamFamily):
-    """The official ELECTRA `AdamWeightDecayOptimizer`:
-
-        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-        update = m / (sqrt(v) + eps)        (m / (1 - b1^t), v / (1 - b2^t) if bias_correction)
-        update += weight_decay * param      (unless the name matches exclude_from_weight_decay)
-        param -= lr * update
-    """
-    NAME, BIAS_CORRECTION = "adamw", False
+    """The official ELECTRA `AdamWeightDecayOptimizer` (`update.py`'s rule, no bias
+    correction by default)."""
+    NAME = KIND = "adamw"
+    BIAS_CORRECTION = False
 
 
 class LAMB(_AdamFamily):
-    """LAMB (You et al. 2019, Algorithm 2) with the same m, v and bias correction:
-
-        r = m_hat / (sqrt(v_hat) + eps) + weight_decay * param   (decay unless excluded)
-        trust = ||param|| / ||r||   (1 if either norm is 0, and 1 for excluded variables)
-        param -= lr * trust * r
-    """
-    NAME, BIAS_CORRECTION = "lamb", True
-
-    def _step_size(self, excluded: bool, param, update, lr):
-        if excluded:
-            return lr
-        return lr * trust_ratio(param, update)
-
-
-def trust_ratio(param, update) -> tf.Tensor:
-    """||param|| / ||update||, or 1 when either norm is 0 (float32 norms)."""
-    w = tf.norm(tf.cast(param, tf.float32))
-    r = tf.norm(tf.cast(update, tf.float32))
-    ok = tf.logical_and(w > 0.0, r > 0.0)
-    return tf.cast(tf.where(ok, w / tf.where(ok, r, 1.0), 1.0), param.dtype)
+    """LAMB (You et al. 2019, Algorithm 2; `update.py`'s rule): AdamW's direction with bias
+    correction, scaled per variable by the trust ratio ||param|| / ||update||."""
+    NAME = KIND = "lamb"
+    BIAS_CORRECTION = True
 
 
 # --------------------------------------------------------------------------- gradients
 
 def global_norm(grads: Sequence) -> tf.Tensor:
-    """sqrt(sum of squares) over all non-None gradients, in float32."""
-    squares = []
-    for g in grads:
-        if g is None:
-            continue
-        values = g.values if isinstance(g, tf.IndexedSlices) else g
-        squares.append(tf.reduce_sum(tf.square(tf.cast(values, tf.float32))))
-    if not squares:
-        return tf.constant(0.0, tf.float32)
-    return tf.sqrt(tf.add_n(squares))
+    """`update.global_norm`, IndexedSlices taken by their values."""
+    return update.global_norm([g.values if isinstance(g, tf.IndexedSlices) else g
+                               for g in grads])
 
 
 def clip_scale(grads: Sequence, clip_norm: float = 1.0) -> Tuple[tf.Tensor, tf.Tensor]:
-    """-> (min(1, clip_norm / global norm), or 1 for clip_norm <= 0 or None, and 0 for a
-    non-finite norm; the norm): the factor `clip_by_global_norm` applies, or that
-    `apply_gradients(grad_scale=...)` applies inside the update (no pass of its own)."""
+    """-> (`update.clip_scale` of the gradients' global norm, the norm)."""
     norm = global_norm(grads)
-    finite = tf.math.is_finite(norm)
-    if clip_norm is None or clip_norm <= 0:
-        scale = tf.constant(1.0, tf.float32)
-    else:
-        safe_norm = tf.where(finite, norm, 1.0)
-        scale = float(clip_norm) / tf.maximum(safe_norm, float(clip_norm))
-    return tf.where(finite, scale, 0.0), norm
+    return update.clip_scale(norm, clip_norm), norm
 
 
 def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
@@ -397,20 +326,14 @@ def make_optimizer(config, total_steps: int) -> _AdamFamily:
     schedule.make_tf_lengths()
     common = dict(weight_decay=config.weight_decay, beta_1=config.beta_1, beta_2=config.beta_2,
                   epsilon=config.epsilon)
-    if config.optimizer == "adamw":
-        return AdamW(schedule, bias_correction=config.bias_correction, **common)
-    if config.optimizer == "lamb":
-        return LAMB(schedule, bias_correction=True, **common)
-    raise ValueError(f"optimizer={config.optimizer!r}: expected adamw or lamb")
+    hyper = update.Hyper.of(config)
+    kind = {"adamw": AdamW, "lamb": LAMB}[hyper.kind]
+    return kind(schedule, bias_correction=hyper.bias_correction, **common)
 
 
 def update_loss_scale(scale: tf.Variable, good_steps: tf.Variable, finite,
-                      growth_interval: int = 2000):
-    """Dynamic loss scaling (float16): halve `scale` after a non-finite step (not below 1),
-    double it after `growth_interval` finite steps in a row (`good_steps` counts them)."""
-    good = tf.where(finite, good_steps + 1, 0)
-    grow = good >= growth_interval
-    scale.assign(tf.where(finite, tf.where(grow, scale * 2.0, scale),
-                          tf.maximum(scale / 2.0, 1.0)))
-    good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
-
+                      growth_interval: int = update.GROWTH_INTERVAL):
+    """`update.update_loss_scale` on the runtime's variables, in place."""
+    new_scale, good = update.update_loss_scale(scale, good_steps, finite, growth_interval)
+    scale.assign(new_scale)
+    good_steps.assign(good)

@@ -13,10 +13,8 @@ from electra_tf import compat, rng
 from electra_tf.training import distribute
 from electra_tf.training.schedule import Phases
 from electra_tf.kernels import use_matvec_means
-from electra_tf.training.optimization import all_reduce_gradients, clip_scale, update_loss_scale
-
-# Keys of the step's metric sums that every replica reports identically (not shares).
-_PER_STEP = ("steps", "grad_norm_sum", "skipped")
+from electra_tf.training import update
+from electra_tf.training.optimization import all_reduce_gradients, update_loss_scale
 
 
 def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
@@ -67,7 +65,7 @@ class Trainer(Phases, abc.ABC):
             agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                            name="global_step", aggregation=agg)
-            self.loss_scale = tf.Variable(2.0 ** 15 if self.float16 else 1.0,
+            self.loss_scale = tf.Variable(update.initial_loss_scale(self.float16),
                                           trainable=False, name="loss_scale", aggregation=agg)
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="loss_scale_good_steps", aggregation=agg)
@@ -167,7 +165,7 @@ class Trainer(Phases, abc.ABC):
             slot.assign(tf.zeros_like(slot))
         for counter in (self.global_step, self.good_steps, self.data_batches):
             counter.assign(0)
-        self.loss_scale.assign(2.0 ** 15 if self.float16 else 1.0)
+        self.loss_scale.assign(update.initial_loss_scale(self.float16))
         self.base_seed.assign([seed, self.seed_stream])
 
     # ------------------------------------------------------------------ phases
@@ -214,25 +212,16 @@ class Trainer(Phases, abc.ABC):
         seed = self.step_seed(batch)
         context = self.step_context(batch)
         grads, loss, sums = self._accumulated_grads(batch, seed, context, phase)
-        grads = all_reduce_gradients(grads)
-        if self.float16:  # unscale (float32's loss scale is 1: nothing to undo)
-            inv_scale = 1.0 / tf.cast(self.loss_scale, tf.float32)
-            grads = [None if g is None else g * inv_scale for g in grads]
+        grads, norm, finite, scale = update.prepare(
+            all_reduce_gradients(grads), self.loss_scale, self.clip_norm, self.float16)
         # Clipping scales the gradients inside the update (no pass of its own).
-        scale, norm = clip_scale(grads, self.clip_norm)
-        finite = tf.math.is_finite(norm)
         self.optimizer.apply_gradients(zip(grads, self.variables), self.global_step,
                                        lr_multipliers=self.lr_multipliers,
                                        should_update=finite, grad_scale=scale)
         if self.float16:  # halve on overflow, double after 2000 good steps
             update_loss_scale(self.loss_scale, self.good_steps, finite)
         self.global_step.assign_add(tf.cast(finite, tf.int64))
-        sums = dict(sums)
-        sums["loss_sum"] = loss
-        sums["steps"] = tf.constant(1.0)
-        sums["grad_norm_sum"] = tf.where(finite, norm, 0.0)
-        sums["skipped"] = 1.0 - tf.cast(finite, tf.float32)
-        return sums
+        return update.step_sums(sums, loss, norm, finite)
 
     def _accumulated_grads(self, batch, seed, context, phase=0):
         """Gradients of the replica's batch in `grad_accum_steps` micro-batches, summed as
@@ -300,7 +289,7 @@ class Trainer(Phases, abc.ABC):
         # Replica losses are shares of the global loss (global denominators) and add up;
         # step counts and gradient norms are the same on every replica: undo the SUM.
         n = float(self.strategy.num_replicas_in_sync)
-        for key in _PER_STEP:
+        for key in update.PER_STEP:
             if key in sums:
                 sums[key] = sums[key] / n
         return sums
