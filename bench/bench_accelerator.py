@@ -1,8 +1,8 @@
 """Pre-training and fine-tuning throughput on whatever devices JAX sees, beside a PyTorch
 peer on the same device, with no TensorFlow (a GPU machine with only JAX and PyTorch).
 
-Ours: the JAX runtime's compiled train step (`training/jax_step.py`: masking, sampling,
-both networks, the losses, clipping and the AdamW update in one `jax.jit`, the state donated)
+Ours: the JAX runtime's compiled train step (`training/jax_runtime/step.py`: masking,
+sampling, both networks, the losses, clipping and the AdamW update in one `jax.jit`, the state donated)
 on a fixed batch already on the devices, again fed a host batch per step as the training
 loop does, and fed by a thread that places each batch two steps ahead ('ahead', in the row). Timed after a warm-up call, the step's outputs fetched at the end of each timed
 repetition; the best repetition is kept. Sequences/s; MFU against the device's published
@@ -189,7 +189,8 @@ def device_peak(device):
 
 class OursPretraining:
     """The JAX runtime's pre-training step for a config on `devices`, without TensorFlow:
-    the objective and model as `JaxPretrainer` builds them, `jax_step.StepBuilder`'s step."""
+    the objective and model as `PretrainingJob` builds them, `jax_runtime.step.StepBuilder`'s
+    step."""
 
     def __init__(self, cfg, precision: str):
         import keras
@@ -209,7 +210,7 @@ class OursPretraining:
         return self.objective.loss(self.model, batch, seed, context, training, phase)
 
     def builder(self, devices):
-        from electra_tf.training import jax_step
+        from electra_tf.training.jax_runtime import step as jax_step
         rule = jax_step.UpdateRule.of(self.cfg.optimizer, self.cfg.train.num_train_steps,
                                       jax_step.names_of(self.trainable))
         return jax_step.StepBuilder(self.trainable, self.frozen, self.loss,
@@ -220,7 +221,7 @@ class OursPretraining:
     def host_state(self):
         import jax
         import numpy as np
-        from electra_tf.training import jax_step
+        from electra_tf.training.jax_runtime import step as jax_step
         state = jax_step.initial_state(self.trainable, self.frozen, False,
                                        [self.cfg.train.seed, 0x5EED])
         return jax.tree.map(np.asarray, state)
@@ -310,7 +311,7 @@ def run_jax(case: dict) -> dict:
     # The same, the batches placed two steps ahead by a thread, as the training loop's
     # `jax_step.BatchesAhead` does: whether placing a batch costs the step loop itself
     # (the difference) or overlaps with the step.
-    from electra_tf.training import jax_step
+    from electra_tf.training.jax_runtime import step as jax_step
     ahead = jax_step.BatchesAhead((hosts[i % len(hosts)] for i in range(case["steps"])),
                                   steps.place_batch)
 

@@ -10,8 +10,9 @@ clipping 1.0, batch 32, 128 tokens, dropout 0.1 on. Each framework runs in its o
 subprocess, one after the other (`--repeats` alternates them), so they share the
 machine's state of the moment as closely as a sequential run can.
 
-Ours drives the library: `finetune.trainer.Finetuner` + `train_trial` (the compiled step
-in host loops of `--steps_per_loop`, checkpoint at the end) + `Finetuner.evaluate`, the
+Ours drives the library: the TensorFlow runtime (`training/tf_runtime/trainer.py`) with
+`finetune.trainer.FinetuningJob` + `train_trial` (the compiled step
+in host loops of `--steps_per_loop`, checkpoint at the end) + `finetune.trainer.evaluate`, the
 stages of `trainer.run`; each host loop is timed, so steady-state seq/s excludes the
 first loop, which holds the trace + compile time.
 PyTorch: `ElectraForSequenceClassification` (transformers' default attention), a plain
@@ -146,13 +147,14 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     from electra_tf.finetune import tasks
     from electra_tf.finetune import trainer as ft
     from electra_tf.text import TextEncoder
-    from electra_tf.training import distribute
+    from electra_tf.training import backends, runtime
+    from electra_tf.training.tf_runtime.trainer import TfRuntime
     t_imported = time.perf_counter()
 
     loops = []  # (steps, wall s, process CPU s) of every host loop
     started = {}  # seconds from the process's start to its first step
 
-    class TimedFinetuner(ft.Finetuner):
+    class TimedRuntime(TfRuntime):
         def make_train_loop(self, *args, **kwargs):
             loop = super().make_train_loop(*args, **kwargs)
 
@@ -170,7 +172,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
     init = os.path.join(workdir, "init_hf")
     model_config = source.resolve(init).config
     task = tasks.get_task("polarity", data_dir)
-    strategy = distribute.make_strategy("auto")
+    devices = backends.devices("auto")
     # --max_steps: the epochs that give exactly that many steps (trainer.num_train_steps)
     epochs = args.epochs
     t0 = time.perf_counter()
@@ -187,22 +189,23 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
         max_seq_length=args.max_seq_length, seed=args.seed, **extra))
     cfg = cfg.resolved(model_config, task).check()  # as run()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, precision=distribute.resolve_precision(cfg.train.precision, strategy)))
-    distribute.set_precision(cfg.train.precision)
+        cfg.train, precision=devices.resolve_precision(cfg.train.precision)))
+    runtime.set_precision(cfg.train.precision)
     steps = ft.num_train_steps(train.num_examples, cfg)
     jit = {"on": True, "off": False, "auto": None}[args.jit]
     t1 = time.perf_counter()
-    finetuner = TimedFinetuner(task, model_config, cfg, strategy, steps, init, args.seed, jit)
+    finetuner = TimedRuntime(ft.FinetuningJob(task, model_config, cfg, steps, init, args.seed),
+                             devices, jit)
     t_build = time.perf_counter() - t1
     trial_dir = tempfile.mkdtemp(prefix="trial_", dir=workdir)
     t2 = time.perf_counter()
     ft.train_trial(finetuner, train, trial_dir, args.seed)
     t_train = time.perf_counter() - t2
     t3 = time.perf_counter()
-    metrics = finetuner.evaluate(evals[0])
+    metrics = ft.evaluate(finetuner, evals[0])
     t_eval = time.perf_counter() - t3
     t4 = time.perf_counter()
-    finetuner.evaluate(evals[0])  # again: a retrace or recompile would show here
+    ft.evaluate(finetuner, evals[0])  # again: a retrace or recompile would show here
     t_eval2 = time.perf_counter() - t4
     t_end = time.perf_counter()
     row = _rates(loops, args.batch_size)
@@ -216,7 +219,7 @@ def measure_ours(args, workdir: str, t_start: float) -> dict:
         "e2e_s": t_tok + t_build + t_train + t_eval, "process_s": t_end - t_start,
         "train_loop_host_s": t_train - sum(t for _, t, _ in loops),
         "step_traces": finetuner.trace_count,
-        "eval_traces": finetuner.replica_eval().experimental_get_tracing_count(),
+        "eval_traces": finetuner.predict_step.experimental_get_tracing_count(),
         "dev_accuracy": metrics.get("accuracy"), "to_first_step_s": started["first_step"],
     })
     return row

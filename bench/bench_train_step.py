@@ -87,15 +87,16 @@ def _row(args, cfg, precision, jit, best, compile_s, traces, peak, source, backe
 
 
 def measure_one_jax(args, precision: str) -> dict:
-    """The JAX runtime's step (`JaxPretrainer`'s host loop: each batch sent from the host,
-    as in training) in a child process with KERAS_BACKEND=jax."""
+    """The JAX runtime's step (its host loop: each batch sent from the host, as in
+    training) in a child process with KERAS_BACKEND=jax."""
     import numpy as np
-    from electra_tf.training import distribute, hardware
-    from electra_tf.pretraining.jax_trainer import JaxPretrainer
+    from electra_tf.pretraining.trainer import make_pretrainer
+    from electra_tf.training import hardware, runtime
+    from electra_tf.training.jax_runtime.devices import jax_devices
     cfg = _config(args, precision)
-    distribute.set_precision(precision)
-    devices = distribute.jax_devices("auto")
-    trainer = JaxPretrainer(cfg, devices)
+    runtime.set_precision(precision)
+    devices = jax_devices("auto")
+    trainer = make_pretrainer(cfg, devices)
     batch = {k: np.asarray(v) for k, v in _batch(args.batch_size, args.max_seq_length,
                                                   cfg.model.vocab_size).items()}
 
@@ -125,13 +126,14 @@ def measure_one(args, precision: str, jit: bool) -> dict:
     """Runs in a child process: builds the trainer, warms up, times the best repetition."""
     import tensorflow as tf
 
-    from electra_tf.training import distribute, hardware
-    from electra_tf.pretraining.trainer import Pretrainer
+    from electra_tf.pretraining.trainer import make_pretrainer
+    from electra_tf.training import hardware, runtime
+    from electra_tf.training.tf_runtime.devices import TfDevices
     cfg = _config(args, precision)
-    distribute.set_precision(precision)
+    runtime.set_precision(precision)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_physical_devices(
         "GPU") else "/gpu:0")
-    trainer = Pretrainer(cfg, strategy, jit_compile=jit)
+    trainer = make_pretrainer(cfg, TfDevices(strategy), jit_compile=jit)
     batch = _batch(args.batch_size, args.max_seq_length, cfg.model.vocab_size)
     ds = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
@@ -149,7 +151,7 @@ def measure_one(args, precision: str, jit: bool) -> dict:
     if args.peak_flops:
         peak, source = args.peak_flops, "--peak_flops"
     else:
-        peak, source = hardware.peak_flops(strategy, precision)
+        peak, source = hardware.peak_flops(trainer.devices, precision)
     return _row(args, cfg, precision, jit, best, compile_s, trainer.trace_count, peak,
                 source, "tensorflow")
 

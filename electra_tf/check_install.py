@@ -82,7 +82,7 @@ def describe_packages() -> list:
 def run_a_step(strategy_name: str, tpu, tpu_zone, gcp_project) -> list:
     """Builds the strategy pre-training would and runs a 128 x 128 matmul on each replica."""
     import tensorflow as tf
-    from electra_tf.training import distribute
+    from electra_tf.training.tf_runtime import distribute
     try:
         strategy = distribute.make_strategy(strategy_name, tpu, tpu_zone, gcp_project)
     except distribute.StrategyError as e:
@@ -111,26 +111,26 @@ def run_a_jax_step(strategy_name: str) -> list:
     of a 1-layer ELECTRA on a batch split over all of them: finite, and applied."""
     import numpy as np
     from electra_tf.configs import load_config
-    from electra_tf.pretraining.jax_trainer import JaxPretrainer
-    from electra_tf.training import distribute
+    from electra_tf.pretraining.trainer import make_pretrainer
+    from electra_tf.training import backends, runtime
     try:
-        devices = distribute.jax_devices(strategy_name)
-    except distribute.StrategyError as e:
+        devices = backends.devices(strategy_name)
+    except runtime.StrategyError as e:
         raise InstallProblem(str(e)) from None
-    n = devices.num_replicas_in_sync
+    n = devices.num_replicas
     cfg = load_config("tiny", {"model.num_hidden_layers": "1", "model.vocab_size": "512",
                                "train.train_batch_size": str(2 * n),
                                "train.max_seq_length": "16", "train.num_train_steps": "10"})
-    trainer = JaxPretrainer(cfg, devices)
+    trainer = make_pretrainer(cfg, devices)
     rows = np.random.default_rng(0).integers(110, 512, (2 * n, 16)).astype(np.int32)
     rows[:, 0], rows[:, -1] = 101, 102
     batch = {"input_ids": rows, "input_mask": np.ones_like(rows),
              "segment_ids": np.zeros_like(rows)}
     sums = trainer.make_train_loop()(iter([batch]), 1)
     loss = float(sums["loss_sum"])
-    if not np.isfinite(loss) or int(trainer.global_step.numpy()) != 1:
+    if not np.isfinite(loss) or trainer.step != 1:
         raise InstallProblem(f"the JAX train step gave loss {loss} at step "
-                             f"{int(trainer.global_step.numpy())} on {devices.describe()}")
+                             f"{trainer.step} on {devices.describe()}")
     return [devices.describe(),
             f"one compiled train step of a 1-layer ELECTRA, batch {2 * n} split over "
             f"{n} device(s): loss {loss:.4f}, applied (global step 1)"]

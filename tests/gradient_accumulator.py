@@ -8,7 +8,7 @@ accumulators are replica-local (`ON_READ`), so accumulating needs no communicati
 
 import tensorflow as tf
 
-from electra_tf.training.optimization import variable_name
+from electra_tf.training.tf_runtime.optimizer import variable_name
 
 
 class GradientAccumulator:

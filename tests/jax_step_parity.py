@@ -32,7 +32,7 @@ def build(name, overrides):
 
 
 def step_builder(cfg, model, objective, devices=None, multipliers=None):
-    from electra_tf.training import jax_step
+    from electra_tf.training.jax_runtime import step as jax_step
 
     def loss(batch, seed, context, training, phase, step):
         objective.global_step = step
@@ -48,7 +48,7 @@ def step_builder(cfg, model, objective, devices=None, multipliers=None):
 
 
 def run_steps(builder, model, batches, base_seed, phase):
-    from electra_tf.training import jax_step
+    from electra_tf.training.jax_runtime import step as jax_step
     trainable = model.trainable_variables
     state = builder.place_state(jax_step.initial_state(trainable, model.non_trainable_variables,
                                                        False, base_seed))
@@ -82,7 +82,7 @@ def run_case(case):
         out["before"] = {v.path: np.asarray(v.numpy()) for v in model.trainable_variables}
         return out
     if case["kind"] == "program":  # runs of other lengths: one program, other lengths in
-        from electra_tf.training import jax_step
+        from electra_tf.training.jax_runtime import step as jax_step
         texts, rates = [], []
         for total, warmup in case["lengths"]:
             cfg, model, objective, phase = build(case["name"], {

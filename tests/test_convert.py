@@ -101,7 +101,7 @@ def test_shape_mismatch_is_refused(tmp_path):
 
 def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     from electra_tf.configs import load_config
-    from electra_tf.pretraining.trainer import Pretrainer
+    from runtimes import tf_pretrainer
     model, _, arrays = _ckpt(tmp_path, TINY)
     arrays["global_step"] = np.int64(77)
     m = "electra/encoder/layer_0/output/dense/kernel/adam_m"
@@ -117,7 +117,7 @@ def test_tf1_to_model_dir_resumes_and_exports_back(tmp_path):
     cfg = load_config(os.path.join(out, "config.json"))
     assert cfg.model == report.config and cfg.train.num_train_steps == 100
     assert cfg.train.max_seq_length == TINY.max_position_embeddings
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy())
+    trainer = tf_pretrainer(cfg, tf.distribute.get_strategy())
     ckpt = trainer.checkpoint()  # the object graph train.run restores
     ckpt.restore(tf.train.latest_checkpoint(out)).assert_existing_objects_matched()
     assert int(trainer.global_step.numpy()) == 77

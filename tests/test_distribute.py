@@ -1,4 +1,4 @@
-"""electra_tf/training/distribute.py: which TPU (if any) a run uses and how TensorFlow reaches it,
+"""electra_tf/training/tf_runtime/distribute.py: which TPU (if any) a run uses and how TensorFlow reaches it,
 decided by the pure `resolve_tpu_target` for every setup without a TPU; the real
 `make_strategy` and both CLIs refusing with one line on this CPU machine, without the
 network; the chief and its directories."""
@@ -13,8 +13,10 @@ import pytest
 import tensorflow as tf
 
 import forked_cli
-from electra_tf.training import distribute
-from electra_tf.training.distribute import (NO_TPU, TPU_GRPC, TPU_NODE, TPU_POD, TPU_VM,
+from electra_tf.training.jax_runtime.devices import jax_cluster
+from electra_tf.training.tf_runtime import distribute
+from electra_tf.training.tf_runtime.devices import TfDevices
+from electra_tf.training.tf_runtime.distribute import (NO_TPU, TPU_GRPC, TPU_NODE, TPU_POD, TPU_VM,
                                    StrategyError, TpuHost, resolve_tpu_target)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -355,14 +357,15 @@ WORKERS = {"worker": ["localhost:1", "localhost:2"]}
 ], ids=["one-device", "tpu-pod-slice", "worker0", "worker1", "chief", "worker0-with-chief"])
 def test_is_chief_and_worker_dir(strategy, chief, directory):
     assert distribute.is_chief(strategy) is chief
-    assert distribute.worker_dir("gs://b/run", strategy) == directory
+    assert TfDevices(strategy).is_chief() is chief
+    assert TfDevices(strategy).worker_dir("gs://b/run") == directory
 
 
 def test_resolve_precision():
-    assert distribute.resolve_precision("auto", tf.distribute.OneDeviceStrategy("/cpu:0")) \
+    assert TfDevices(tf.distribute.OneDeviceStrategy("/cpu:0")).resolve_precision("auto") \
         == "float32"
-    assert distribute.resolve_precision("auto", _FakeTPU()) == "bfloat16"
-    assert distribute.resolve_precision("float16", _FakeTPU()) == "float16"
+    assert TfDevices(_FakeTPU()).resolve_precision("auto") == "bfloat16"
+    assert TfDevices(_FakeTPU()).resolve_precision("float16") == "float16"
 
 
 def test_jax_cluster_from_tf_config_or_jax_variables():
@@ -374,24 +377,24 @@ def test_jax_cluster_from_tf_config_or_jax_variables():
                                       (("worker", 1), 2)):
         env = {"TF_CONFIG": json.dumps({"cluster": cluster,
                                         "task": {"type": kind, "index": index}})}
-        assert distribute.jax_cluster(env) == dict(
+        assert jax_cluster(env) == dict(
             coordinator_address="h0:2222", num_processes=3, process_id=process_id)
     workers = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                         "task": {"type": "worker", "index": 1}})}
-    assert distribute.jax_cluster(workers) == dict(coordinator_address="a:1",
+    assert jax_cluster(workers) == dict(coordinator_address="a:1",
                                                    num_processes=2, process_id=1)
-    assert distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "4",
+    assert jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "4",
                                    "JAX_PROCESS_ID": "3"}) == dict(
         coordinator_address="c:9", num_processes=4, process_id=3)
-    assert distribute.jax_cluster({}) == {}
-    assert distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9"}) == {}
+    assert jax_cluster({}) == {}
+    assert jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9"}) == {}
     with pytest.raises(distribute.StrategyError, match="TF_CONFIG: not a cluster"):
-        distribute.jax_cluster({"TF_CONFIG": json.dumps(
+        jax_cluster({"TF_CONFIG": json.dumps(
             {"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}})})
     with pytest.raises(distribute.StrategyError, match="TF_CONFIG: not a cluster"):
-        distribute.jax_cluster({"TF_CONFIG": "{not json"})
+        jax_cluster({"TF_CONFIG": "{not json"})
     with pytest.raises(distribute.StrategyError, match="together"):
-        distribute.jax_cluster({"JAX_NUM_PROCESSES": "2"})
+        jax_cluster({"JAX_NUM_PROCESSES": "2"})
     with pytest.raises(distribute.StrategyError, match="expected integers"):
-        distribute.jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "two",
+        jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "two",
                                 "JAX_PROCESS_ID": "0"})

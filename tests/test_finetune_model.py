@@ -18,7 +18,8 @@ from electra_tf.finetune.cli import find_config
 from electra_tf.finetune.model import (FinetuningModel, ModelMismatchError, init_encoder,
                                        layer_depth, layerwise_lr_multipliers, make_head)
 from electra_tf.finetune.tasks import TsvTask, TaskData
-from electra_tf.finetune.trainer import FinetuneConfig, Finetuner
+from electra_tf.finetune.trainer import FinetuneConfig, train_dataset
+from runtimes import tf_finetuner
 from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import (ElectraPretrainingModel, discriminator_variables,
                                        released_arrays, tf1_variables)
@@ -54,11 +55,11 @@ def test_layer_depths_and_multipliers_follow_the_formula():
 def test_the_optimizer_is_make_optimizers_over_the_trial():
     """Fine-tuning builds the optimizer section as pre-training does: the official AdamW
     (no bias correction, fine-tuning's weight decay 0), warmup the configured share."""
-    from electra_tf.training.optimization import AdamW
+    from electra_tf.training.tf_runtime.optimizer import AdamW
     task = TsvTask("t", ("sentence",), "label", labels=("0", "1"))
     cfg = apply_overrides(FinetuneConfig(), dict(learning_rate=1e-3, layerwise_lr_decay=0.5,
                                                  warmup_proportion=0.25))
-    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 200, None, 3)
+    ft = tf_finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 200, None, 3)
     opt = ft.optimizer
     assert type(opt) is AdamW and ft.clip_norm == 1.0
     assert opt.learning_rate_fn.get_config() == dict(
@@ -76,13 +77,13 @@ def test_optimizer_applies_the_layerwise_rates():
                                                  num_train_epochs=1, train_batch_size=4,
                                                  warmup_proportion=0.0, clip_norm=1e9,
                                                  epsilon=1e-12))
-    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 1000, None, 3)
+    ft = tf_finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), 1000, None, 3)
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(5, 120, (4, 8)).astype(np.int32),
              "input_mask": np.ones((4, 8), np.int32), "segment_ids": np.zeros((4, 8), np.int32),
              "label": np.array([0, 1, 1, 0], np.int32), "weight": np.ones(4, np.float32)}
     before = {v.path: v.numpy().copy() for v in ft.variables}
-    iterator = iter(ft.train_dataset(TaskData(batch, 4), seed=1))
+    iterator = iter(train_dataset(ft, TaskData(batch, 4), seed=1))
     ft.make_train_loop()(iterator, tf.constant(1))
     mults = dict((v.path, m) for v, m in ft.lr_multipliers)
     checked = 0

@@ -22,7 +22,8 @@ from electra_tf.finetune.model import FinetuningModel, answer_mask, make_head
 from electra_tf.finetune.qa_task import SquadTask
 from electra_tf.finetune.tasks import get_task
 from electra_tf.text import TextEncoder
-from electra_tf.finetune.trainer import FinetuneConfig, Finetuner, train_trial
+from electra_tf.finetune.trainer import FinetuneConfig, evaluate, predict, train_trial
+from runtimes import tf_finetuner
 
 from conftest import VOCAB
 from preprocessing_cases import PARAGRAPHS as CASE_PARAGRAPHS
@@ -179,7 +180,7 @@ def trained(task, data, tmp_path, steps, lr=2e-3, jit=None):
                                                  warmup_proportion=0.0, steps_per_loop=steps,
                                                  save_checkpoints_steps=10 ** 6))
     cfg = cfg.resolved(CFG, task)
-    ft = Finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), steps, None,
+    ft = tf_finetuner(task, CFG, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"), steps, None,
                    seed=3, jit_compile=xla_cpu_available() if jit is None else jit)
     batch = tensors(data.arrays)
     before = float(np.mean(task.loss(ft.model(batch, training=False), batch)))
@@ -194,10 +195,10 @@ def test_training_lowers_the_loss_and_evaluates(v2_data, tmp_path):
     ft, before, after = trained(task, train, tmp_path, steps=30)
     assert int(ft.global_step.numpy()) == 30
     assert after < before - 0.5, (before, after)
-    result = ft.evaluate(dev)
+    result = evaluate(ft, dev)
     assert all(type(v) is float for v in result.values())
     assert "loss" not in result  # dev features carry no gold positions
-    fetched = ft.predict(dev)
+    fetched = predict(ft, dev)
     assert set(fetched) == {"start_top_log_probs", "start_top_index", "end_top_log_probs",
                             "end_top_index", "null_logit"}
     assert fetched["start_top_index"].shape == (dev.num_examples, 5)

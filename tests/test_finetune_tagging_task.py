@@ -24,8 +24,9 @@ from electra_tf.finetune.tagging_task import TaggingTask
 from electra_tf.finetune.tasks import TaskData, get_task
 from electra_tf.text import TextEncoder
 from electra_tf.training.options import FinetuneOptions
-from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner,
-                                         num_train_steps, run, train_trial)
+from electra_tf.finetune.trainer import (FinetuneConfig, evaluate, num_train_steps, predict,
+                                         run, train_trial)
+from runtimes import tf_finetuner
 from conftest import VOCAB
 from preprocessing_cases import tagging_cases, tagging_digest
 
@@ -92,10 +93,10 @@ def trained(encoder, data_dir, tmp_path_factory):
     dev = task.eval_splits(data_dir, encoder, MAX_LEN)[0]
     cfg = _cfg()
     # 32 steps of 16. Graph mode without XLA: XLA's compile alone costs ~15 s on 2 cores.
-    finetuner = Finetuner(task, TINY, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"),
+    finetuner = tf_finetuner(task, TINY, cfg, tf.distribute.OneDeviceStrategy("/cpu:0"),
                           num_train_steps(train.num_examples, cfg), None, seed=1,
                           jit_compile=False)
-    init = finetuner.evaluate(dev)
+    init = evaluate(finetuner, dev)
     train_trial(finetuner, train, str(tmp_path_factory.mktemp("trial")), seed=1)
     return task, finetuner, train, dev, init
 
@@ -216,7 +217,7 @@ def test_training_reaches_entity_f1(trained):
     task, finetuner, _, dev, init = trained
     assert init["loss"] == pytest.approx(math.log(NUM_LABELS), abs=0.1)
     assert init["f1"] < 50
-    result = finetuner.evaluate(dev)
+    result = evaluate(finetuner, dev)
     assert result["f1"] >= 90.0, result
     assert result["accuracy"] >= 0.95, result
     assert result["loss"] < 0.5 * init["loss"]
@@ -241,7 +242,7 @@ def _python_tags(task, finetuner, encoder, sentences):
     # Unlabelled text: every word tagged 'O'.
     unlabelled = [Sentence(tuple(w), ("O",) * len(w), 0) for w in words]
     feats = task.features(unlabelled, encoder, MAX_LEN)
-    fetched = finetuner.predict(TaskData(feats.arrays(), len(feats)))
+    fetched = predict(finetuner, TaskData(feats.arrays(), len(feats)))
     return words, predictions_to_tags(feats, fetched["predictions"], task.label_map)
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import uuid
 
 import numpy as np
@@ -22,8 +23,9 @@ from electra_tf.finetune import DataError
 from electra_tf.finetune.tasks import GLUE, get_task, read_tsv
 from electra_tf.text import TextEncoder
 from electra_tf.training.options import FinetuneOptions
-from electra_tf.finetune.trainer import (FinetuneConfig, Finetuner, median_trial, pad_rows,
-                                         run)
+from electra_tf.finetune.trainer import FinetuneConfig, median_trial, predict, run
+from electra_tf.training.runtime import pad_rows
+from runtimes import tf_finetuner
 from electra_tf.training.preemption import PREEMPTED_EXIT_CODE
 from ram_paths import forget
 
@@ -195,11 +197,11 @@ def test_reinitialize_draws_a_fresh_trainers_state_and_keeps_one_trace(trained, 
     strategy = tf.distribute.get_strategy()
     train = task.train_split(f"{d}/data", TextEncoder(VOCAB), cfg.train.max_seq_length)
     small = apply_overrides(cfg, dict(steps_per_loop=4, save_checkpoints_steps=8))
-    ft = Finetuner(task, TINY, small, strategy, 8, None, 1)
+    ft = tf_finetuner(task, TINY, small, strategy, 8, None, 1)
     train_trial(ft, train, str(tmp_path / "a"), 1)
     assert int(ft.global_step.numpy()) == 8 and ft.trace_count == 1
     ft.reinitialize(5)
-    other = Finetuner(task, TINY, small, strategy, 8, None, 5)
+    other = tf_finetuner(task, TINY, small, strategy, 8, None, 5)
     assert len(ft.model.weights) == len(other.model.weights) > 10
     for mine, theirs in zip(ft.model.weights, other.model.weights):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), mine.path)
@@ -224,10 +226,10 @@ def test_predict_runs_a_short_last_batch_on_one_trace(trained):
     rows = {k: v[:9] for k, v in dev.arrays.items()}
     data = dataclasses.replace(dev, arrays=rows, num_examples=9)
     small = apply_overrides(cfg, dict(eval_batch_size=4))
-    ft = Finetuner(task, TINY, small, strategy, 8, None, 1)
+    ft = tf_finetuner(task, TINY, small, strategy, 8, None, 1)
     assert not ft.jit_compile
-    short = ft.predict(data)
-    full = ft.predict(dataclasses.replace(data, arrays=pad_rows(rows, 4), num_examples=12))
+    short = predict(ft, data)
+    full = predict(ft, dataclasses.replace(data, arrays=pad_rows(rows, 4), num_examples=12))
     assert ft.replica_eval().experimental_get_tracing_count() == 1
     assert set(short) == set(full) and {len(v) for v in short.values()} == {9}
     for k in short:
@@ -240,7 +242,7 @@ REQUESTS = ["the film was good", "", "awful " * 200, "very \udcff poor plot".enc
 
 def _in_memory_answers(trained):
     d, task, cfg, options, results = trained
-    ft = Finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
+    ft = tf_finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
     best = results["median_trial"]
     ft.restore(tf.train.latest_checkpoint(f"{d}/model/trial_{best}"))
     server = export_lib.TaskServer(task, ft.model, TextEncoder(VOCAB),
@@ -389,7 +391,7 @@ def test_export_to_ram_serves_like_the_local_export(trained, tmp_path, monkeypat
     root = f"ram://export_{uuid.uuid4().hex}"
     try:
         fileio.copy(os.path.join(REPO, VOCAB), f"{root}/vocab.txt")
-        ft = Finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
+        ft = tf_finetuner(task, TINY, cfg, tf.distribute.get_strategy(), 96, None, 1)
         ft.restore(tf.train.latest_checkpoint(
             f"{d}/model/trial_{results['median_trial']}"))
         paths = export_lib.export(task, ft.model, TextEncoder(f"{root}/vocab.txt"),
@@ -463,17 +465,17 @@ REPLICA_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     sys.path.insert(0, {tests!r})
-    from electra_tf.training.trainer import default_jit
-    from electra_tf.finetune.trainer import Finetuner
+    from electra_tf.training.tf_runtime.trainer import default_jit
+    from runtimes import tf_finetuner
     from test_finetune_trainer import STEP_CFG, NO_DROPOUT, run_steps, toy_batch
     task, batch = toy_batch({data!r})
-    one = Finetuner(task, NO_DROPOUT, STEP_CFG, tf.distribute.OneDeviceStrategy("/cpu:0"),
+    one = tf_finetuner(task, NO_DROPOUT, STEP_CFG, tf.distribute.OneDeviceStrategy("/cpu:0"),
                     10, None, 1, jit_compile=False)
     weights = one.model.get_weights()
     loss_one, _ = run_steps(one, batch, 1)
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     # jit_compile=None: the Finetuner's default, which is no XLA for Mirrored over CPUs.
-    two = Finetuner(task, NO_DROPOUT, STEP_CFG, mirrored, 10, None, 2)
+    two = tf_finetuner(task, NO_DROPOUT, STEP_CFG, mirrored, 10, None, 2)
     two.model.set_weights(weights)
     loss_two, skipped = run_steps(two, batch, 1)
     diff = max(float(np.max(np.abs(a - b))) for a, b in
@@ -510,20 +512,20 @@ def test_two_replicas_equal_one_device(tmp_path):
 @pytest.fixture
 def precision():
     """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
-    from electra_tf.training import distribute
-    yield distribute.set_precision
-    distribute.set_precision("float32")
+    from electra_tf.training import runtime
+    yield runtime.set_precision
+    runtime.set_precision("float32")
 
 
 @pytest.mark.slow
 def test_bfloat16_finetuning(tmp_path, precision):
     task, batch = toy_batch(str(tmp_path))
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    reference = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    reference = tf_finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
     weights = reference.model.get_weights()
     want, _ = run_steps(reference, batch, 1)
     precision("bfloat16")
-    ft = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    ft = tf_finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
     assert ft.model.electra.blocks[0].query.compute_dtype == "bfloat16"
     assert ft.model.head.classifier.compute_dtype == "bfloat16"
     assert ft.model.head.compute_dtype == "bfloat16"
@@ -599,7 +601,7 @@ def test_float16_finetuning_scales_the_loss(tmp_path, precision):
     task, batch = toy_batch(str(tmp_path))
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     precision("float16")
-    ft = Finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
+    ft = tf_finetuner(task, NO_DROPOUT, STEP_CFG, strategy, 10, None, 1)
     assert ft.model.electra.blocks[0].query.compute_dtype == "float16"
     assert float(ft.loss_scale.numpy()) == 2.0 ** 15
     first, skipped = run_steps(ft, batch, 3)
@@ -633,7 +635,7 @@ def test_resumed_trial_continues_at_its_data_position_after_skipped_steps(
     precision("float16")
 
     def trial(trial_dir):
-        ft = Finetuner(task, NO_DROPOUT, cfg, strategy, 8, None, 1, jit_compile=False)
+        ft = tf_finetuner(task, NO_DROPOUT, cfg, strategy, 8, None, 1, jit_compile=False)
         ft.loss_scale.assign(2.0 ** 40)  # the first steps overflow (restored on resume)
         trainer.train_trial(ft, data, str(trial_dir), seed=5)
         return ft
@@ -801,14 +803,14 @@ def test_mnli_run_writes_median_trial_predictions(glue_dir, encoder, tmp_path):
                                       for n in ("MNLI-m", "MNLI-mm", "AX")}
     # The median trial's model predicted them.
     best = results["median_trial"]
-    ft = Finetuner(task, TINY, cfg.resolved(TINY, task), tf.distribute.get_strategy(),
+    ft = tf_finetuner(task, TINY, cfg.resolved(TINY, task), tf.distribute.get_strategy(),
                    results["num_train_steps"], None, 1, jit_compile=False)
     ft.restore(tf.train.latest_checkpoint(os.path.join(model_dir, f"trial_{best}")))
     for data, (_, _, _, rows) in zip(task.test_splits(glue_dir, encoder, 16), TESTS["mnli"]):
         got = _read(os.path.join(out, f"{data.name}.tsv"))
         assert [r[0] for r in got] == [r[0] for r in rows]
         assert all(r[1] in ("entailment", "neutral", "contradiction") for r in got)
-        want = np.argmax(ft.predict(data)["logits"], -1)
+        want = np.argmax(predict(ft, data)["logits"], -1)
         assert [r[1] for r in got] == [task.labels[i] for i in want]
 
 
@@ -830,9 +832,11 @@ def test_stsb_run_writes_scores(glue_dir, tmp_path):
 def test_write_predictions_replaces_atomically(glue_dir, encoder, tmp_path):
     from electra_tf.finetune.trainer import write_predictions
 
-    class Fixed:
-        def predict(self, data):
-            return {"logits": np.tile([[0.0, 1.0]], [data.num_examples, 1])}
+    class Fixed:  # a runtime that predicts class 1 for every row
+        job = types.SimpleNamespace(cfg=FinetuneConfig())
+
+        def predict(self, arrays, batch_size):
+            return {"logits": np.tile([[0.0, 1.0]], [len(arrays["weight"]), 1])}
 
     task = get_task("sst2", glue_dir)
     (data,) = task.test_splits(glue_dir, encoder, 16)

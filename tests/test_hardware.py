@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.training import gce, hardware
+from electra_tf.training.tf_runtime.devices import TfDevices
 
 T = 1e12
 
@@ -58,21 +59,28 @@ def test_parse_flops_rejects(text):
         hardware.parse_flops(text)
 
 
-def _strategy(devices, replicas=None, name=None):
-    """A stand-in strategy: its devices, replicas and (for `device_name`) device name."""
+def _strategy(devices, replicas=None):
+    """A stand-in strategy: its devices and replicas."""
     return types.SimpleNamespace(extended=types.SimpleNamespace(worker_devices=tuple(devices)),
-                                 num_replicas_in_sync=replicas or len(devices), name=name)
+                                 num_replicas_in_sync=replicas or len(devices))
 
 
 def _devices(kind, n):
     return [f"/job:worker/replica:0/task:0/device:{kind}:{i}" for i in range(n)]
 
 
-def test_peaks_of_strategies(monkeypatch):
-    monkeypatch.setattr(hardware, "device_name", lambda strategy: strategy.name)
-    gpus = _strategy(_devices("GPU", 8), name="NVIDIA H100 80GB HBM3")
-    v3, v4 = _strategy(_devices("TPU", 8), name="v3-8"), _strategy(_devices("TPU", 4), name="v4-8")
-    t4 = _strategy(_devices("GPU", 2), name="Tesla T4")
+def _on(kind, n, replicas=None, name=None):
+    """The TensorFlow runtime's devices over a stand-in strategy, with the accelerator
+    `name` (what the devices would report) given."""
+    devices = TfDevices(_strategy(_devices(kind, n), replicas))
+    devices.accelerator_name = lambda: name
+    return devices
+
+
+def test_peaks_of_devices():
+    gpus = _on("GPU", 8, name="NVIDIA H100 80GB HBM3")
+    v3, v4 = _on("TPU", 8, name="v3-8"), _on("TPU", 4, name="v4-8")
+    t4 = _on("GPU", 2, name="Tesla T4")
     peak, where = hardware.peak_flops(gpus, "bfloat16")
     assert peak == pytest.approx(8 * 989.4 * T) and "H100 SXM bf16" in where
     # TF32 is TensorFlow's default for float32 matmuls.
@@ -91,11 +99,10 @@ def test_peaks_of_strategies(monkeypatch):
 
 def test_cpu_device_counts():
     # Logical CPU devices of one host share its cores: one host's peak.
-    assert hardware.num_devices(_strategy(_devices("CPU", 2))) == (1, "CPU host")
+    assert hardware.num_devices(_on("CPU", 2)) == (1, "CPU host")
     # Two workers with one CPU device each: each worker lists its own devices.
-    assert hardware.num_devices(_strategy(_devices("CPU", 1), replicas=2)) == (2, "CPU hosts")
-    peak, where = hardware.peak_flops(_strategy(_devices("CPU", 1), replicas=2), "float32",
-                                      override=1e11)
+    assert hardware.num_devices(_on("CPU", 1, replicas=2)) == (2, "CPU hosts")
+    peak, where = hardware.peak_flops(_on("CPU", 1, replicas=2), "float32", override=1e11)
     assert peak == 2e11 and where == "--peak_flops 100 GFLOP/s x 2 CPU hosts"
 
 
@@ -108,8 +115,8 @@ def _clock(monkeypatch, *durations):
 
 def test_cpu_peak_is_measured_once(monkeypatch):
     monkeypatch.setattr(hardware, "_MEASURED", {})
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    assert hardware.device_type(strategy) == "CPU" and hardware.device_name(strategy) is None
+    strategy = TfDevices(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    assert strategy.platform == "CPU" and strategy.accelerator_name() is None
     assert inspect.signature(hardware.peak_flops).parameters[
         "cpu_matmul_size"].default == hardware.RUN_MATMUL_SIZE
     # Three timed runs after the untimed warm-up: the best, 0.25 s, gives 2 * 64^3 / 0.25.
@@ -130,9 +137,9 @@ def test_tpu_name_from_the_metadata_server(monkeypatch):
     from the metadata server's instance attribute; an unreachable server gives None."""
     for var in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
         monkeypatch.delenv(var, raising=False)
-    strategy = _strategy(_devices("TPU", 8))
+    strategy = TfDevices(_strategy(_devices("TPU", 8)))
     monkeypatch.setattr(gce, "attribute", {"accelerator-type": "v4-8"}.get)
-    assert hardware.device_name(strategy) == "v4-8"
+    assert strategy.accelerator_name() == "v4-8"
     monkeypatch.undo()
     monkeypatch.setenv(gce.METADATA_HOST_ENV, "127.0.0.1:1")  # nothing listens there
     assert gce.attribute("accelerator-type") is None
@@ -140,6 +147,6 @@ def test_tpu_name_from_the_metadata_server(monkeypatch):
 
 def test_tpu_name_from_the_tpu_vm_environment(monkeypatch):
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
-    strategy = _strategy(_devices("TPU", 8))
-    assert hardware.device_name(strategy) == "v5litepod-8"
+    strategy = TfDevices(_strategy(_devices("TPU", 8)))
+    assert strategy.accelerator_name() == "v5litepod-8"
     assert hardware.peak_flops(strategy, "bfloat16")[0] == pytest.approx(8 * 197 * T)

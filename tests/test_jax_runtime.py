@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf import compat, rng
-from electra_tf.pretraining.trainer import Pretrainer
+from runtimes import tf_pretrainer
 
 import backend_parity as cases
 import forked_cli
@@ -53,7 +53,7 @@ def _tf_step(name):
     cfg = __import__("electra_tf.configs", fromlist=["load_config"]).load_config(
         "tiny", {**cases.SMALL, "objective.objective": objective, **base, **_overrides(extra)})
     counts = np.arange(cases.V, dtype=np.float64) % 17
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), None, counts, jit_compile=False)
+    trainer = tf_pretrainer(cfg, tf.distribute.get_strategy(), None, counts, jit_compile=False)
     cases.set_weights(trainer.model)
     by_path = {v.path: v for v in trainer.model.trainable_variables}
     trainer.lr_multipliers = [(by_path[p], m) for p, m in multipliers.items()] or None
@@ -195,11 +195,11 @@ def test_checkpoint_paths_of_the_jax_runtime_are_tensorflows(tmp_path):
     key for every variable, for the objectives whose models differ in shape (GDES deltas,
     ELECTRIC's heads, two-tower generators, HP heads, untied embeddings)."""
     pytest.importorskip("jax")
-    from electra_tf.training.jax_trainer import object_paths
+    from electra_tf.training.checkpoints import object_paths
     counts = np.arange(cases.V, dtype=np.float64) % 17
     for name in ("electra_gdes", "electric", "hp_dist", "two_stage_0",
                  "electra_untied_official_masking"):
-        trainer = Pretrainer(cases.objective_config(name), tf.distribute.get_strategy(),
+        trainer = tf_pretrainer(cases.objective_config(name), tf.distribute.get_strategy(),
                              None, counts)
         path = trainer.checkpoint().write(str(tmp_path / name))
         suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -219,7 +219,7 @@ def test_batches_ahead_keep_their_order_and_raise_where_the_source_did():
     pytest.importorskip("jax")
     import itertools
     import time
-    from electra_tf.training.jax_step import BatchesAhead
+    from electra_tf.training.jax_runtime.step import BatchesAhead
 
     def source():
         yield from (1, 2, 3)
@@ -456,20 +456,20 @@ import tensorflow as tf
 from electra_tf.configs import load_config
 from electra_tf.data.dataset import make_dataset
 from electra_tf.pretraining import pretrain
-from electra_tf.training import distribute
+from electra_tf.pretraining.trainer import make_pretrainer
+from electra_tf.training.jax_runtime.devices import jax_devices
 from electra_tf.training.options import PretrainingOptions
 out, data, overrides, steps = sys.argv[1:5]
 cfg = load_config("tiny", overrides)
 files, _, manifest = pretrain.resolve_data(PretrainingOptions(out, train_data=data), cfg)
 special, counts = pretrain.special_ids_and_counts(manifest, files, cfg)
-trainer = pretrain.make_trainer(cfg, distribute.jax_devices("cpu"), special, counts)
+trainer = make_pretrainer(cfg, jax_devices("cpu"), special, counts)
 icfg = pretrain.input_config(files, cfg, cfg.train.train_batch_size, True)
 halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2)) for w in range(2)]
 batches = tf.data.Dataset.zip(tuple(halves)).map(
     lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
 trainer.make_train_loop()(iter(batches), int(steps))
-trainer.before_save()
-trainer.checkpoint().write(out)
+trainer.checkpoint_manager(out, 1).save(int(steps))  # out/ckpt-<steps>
 """
 
 

@@ -144,7 +144,8 @@ def test_exported_tokenizer_gives_our_ids_but_where_keras_hub_case_folds(exporte
 def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
     from electra_tf.finetune.tasks import get_task
     from electra_tf.configs import FinetuneConfig, apply_overrides
-    from electra_tf.finetune.trainer import Finetuner, train_trial
+    from electra_tf.finetune.trainer import predict, train_trial
+    from runtimes import tf_finetuner
     config, task, encoder = finetune_tiny_model(), get_task("polarity"), TextEncoder(VOCAB)
     data = os.path.join(REPO, "data")
     cfg = apply_overrides(FinetuneConfig(), dict(
@@ -153,9 +154,9 @@ def test_fine_tuned_classifier_predicts_the_same_through_keras_hub(tmp_path):
     ).resolved(config, task).check()
     train = task.train_split(data, encoder, 32)
     dev = task.eval_splits(data, encoder, 32)[0]
-    ft = Finetuner(task, config, cfg, tf.distribute.get_strategy(), 40, None, 1)
+    ft = tf_finetuner(task, config, cfg, tf.distribute.get_strategy(), 40, None, 1)
     train_trial(ft, train, str(tmp_path / "trial"), 1)
-    ours = ft.predict(dev)["logits"]
+    ours = predict(ft, dev)["logits"]
     arrays = released_arrays(ft.model, ft.model.electra.trainable_variables)
     preset = _export(tmp_path, arrays, config, "ft")
     backbone = keras_hub.models.ElectraBackbone.from_preset(preset)

@@ -15,7 +15,9 @@ LAYERS = [
     ["electra_tf"],
     ["electra_tf.configs"],
     ["electra_tf.model", "electra_tf.text", "electra_tf.data"],
-    ["electra_tf.training"],
+    ["electra_tf.training"],  # what both runtimes share: the contract, update, loop, ...
+    ["electra_tf.training.tf_runtime", "electra_tf.training.jax_runtime"],
+    ["electra_tf.training.backends"],  # the one place that knows both runtimes
     ["electra_tf.conversion"],
     ["electra_tf.pretraining", "electra_tf.finetune"],
     ["tfrecord_builder"],

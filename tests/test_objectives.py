@@ -19,10 +19,11 @@ from electra_tf.configs import ConfigError, load_config
 from electra_tf.model.modeling import HEADS
 from electra_tf.objective_specs import LOG_GROUPS, SPECS
 from electra_tf.pretraining import objectives, pretrain
-from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.pretraining.trainer import PretrainingJob
+from runtimes import tf_pretrainer
 from electra_tf.training.loop import format_log_line
 from electra_tf.training.options import PretrainingOptions
-from electra_tf.training.trainer import LoopOutput
+from electra_tf.training.loop import LoopOutput
 
 
 def test_every_spec_has_a_class_and_every_class_a_spec():
@@ -61,7 +62,7 @@ def test_log_fields_are_the_specs_groups_the_run_reports():
 
     def fields(name, drop=()):
         job = types.SimpleNamespace(cfg=load_config("tiny", {"objective": name}))
-        return Pretrainer.log_fields(job, {k: v for k, v in metrics.items() if k not in drop})
+        return PretrainingJob.log_fields(job, {k: v for k, v in metrics.items() if k not in drop})
 
     mlm = "mlm_loss 6.1235 mlm_acc 0.1000"
     disc = "disc_loss 0.4000 disc_acc 0.8500 disc_auc 0.5500 replaced 0.139"
@@ -174,10 +175,10 @@ def batch():
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_loss_terms_at_initialisation(name, batch):
-    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
-    dens = trainer.objective.denominators(batch)
-    for phase in range(len(trainer.objective.phases())):
-        terms, sums = trainer.objective.loss_terms(trainer.model, batch, tf.constant([1, 2, 0]),
+    trainer = tf_pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
+    dens = trainer.job.objective.denominators(batch)
+    for phase in range(len(trainer.job.objective.phases())):
+        terms, sums = trainer.job.objective.loss_terms(trainer.model, batch, tf.constant([1, 2, 0]),
                                                    dens, False, phase)
         terms = {k: float(v) for k, v in terms.items()}
         gen = "generator" in terms and name != "adversarial"
@@ -225,10 +226,10 @@ def test_one_compiled_step_changes_only_its_weights(name, phase, batch):
     # Without dropout: which weights a step moves does not depend on it, and its draws are
     # most of what XLA compiles (a quarter of the compile time, docs/testing.md).
     no_dropout = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}
-    trainer = Pretrainer(_cfg(name, **no_dropout), tf.distribute.get_strategy(),
+    trainer = tf_pretrainer(_cfg(name, **no_dropout), tf.distribute.get_strategy(),
                          jit_compile=xla_cpu_available())
     if phase:
-        trainer.global_step.assign(trainer.objective.phases()[phase])
+        trainer.global_step.assign(trainer.job.objective.phases()[phase])
     before = _snapshot(trainer)
     ds = tf.data.Dataset.from_tensors(batch).repeat()
     sums = trainer.make_train_loop(phase)(iter(ds), tf.constant(1))
@@ -246,12 +247,12 @@ def test_one_compiled_step_changes_only_its_weights(name, phase, batch):
 
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - {"mlm"}))
 def test_no_discriminator_gradient_reaches_the_generator(name, batch):
-    trainer = Pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
-    dens = trainer.objective.denominators(batch)
+    trainer = tf_pretrainer(_cfg(name), tf.distribute.get_strategy(), jit_compile=False)
+    dens = trainer.job.objective.denominators(batch)
     gen_only = [v for v in trainer.variables if v.path.startswith(GEN_SIDE)]
-    phase = len(trainer.objective.phases()) - 1
+    phase = len(trainer.job.objective.phases()) - 1
     with tf.GradientTape() as tape:
-        terms, _ = trainer.objective.loss_terms(trainer.model, batch, tf.constant([4, 5, 0]),
+        terms, _ = trainer.job.objective.loss_terms(trainer.model, batch, tf.constant([4, 5, 0]),
                                                 dens, True, phase)
         # The terms computed from the discriminator's (or main MLM model's) output.
         main = terms.get("discriminator", 0.0) + terms.get("mlm", 0.0)
@@ -341,8 +342,8 @@ def test_electric_terms_recomposed_from_the_model(batch):
     """The generator term is the cloze cross-entropy over every maskable position; the
     discriminator term the NCE BCE whose logits add log q of the token the discriminator
     saw (the sample at a slot) and log k."""
-    trainer = Pretrainer(_cfg("electric"), tf.distribute.get_strategy(), jit_compile=False)
-    objective, model = trainer.objective, trainer.model
+    trainer = tf_pretrainer(_cfg("electric"), tf.distribute.get_strategy(), jit_compile=False)
+    objective, model = trainer.job.objective, trainer.model
     # Train the cloze model away from uniform so that log q varies by token.
     for v in model.generator_predictions.trainable_variables:
         v.assign(tf.random.stateless_normal(v.shape, [3, v.shape.rank], stddev=0.5))
@@ -386,7 +387,7 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
     tables and never a delta. At initialisation both networks embed with equal tables,
     and one compiled step updates tables, deltas and both LayerNorms."""
     cfg = _cfg("electra", **{"model.disentangled_embeddings": "true"})
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False)
+    trainer = tf_pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False)
     model = trainer.model
     deltas = model.embeddings.deltas
     tables = [model.generator.embeddings.word_embeddings,
@@ -394,9 +395,9 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
               model.generator.embeddings.token_type_embeddings]
     for folded, table in zip(model.embeddings.tables(), tables):
         np.testing.assert_array_equal(folded.numpy(), table.numpy())
-    dens = trainer.objective.denominators(batch)
+    dens = trainer.job.objective.denominators(batch)
     with tf.GradientTape(persistent=True) as tape:
-        terms, _ = trainer.objective.loss_terms(model, batch, tf.constant([4, 5, 0]), dens,
+        terms, _ = trainer.job.objective.loss_terms(model, batch, tf.constant([4, 5, 0]), dens,
                                                 True)
 
     def moved(term, variables):
@@ -410,7 +411,7 @@ def test_gdes_routes_each_loss_to_its_own_embeddings(batch):
     assert moved("generator", deltas) == [False, False, False]
     assert moved("discriminator", [model.embeddings.layer_norm.gamma]) == [True]
     assert moved("generator", [model.embeddings.layer_norm.gamma]) == [False]
-    compiled = Pretrainer(cfg, tf.distribute.get_strategy(),
+    compiled = tf_pretrainer(cfg, tf.distribute.get_strategy(),
                          jit_compile=xla_cpu_available())
     before = _snapshot(compiled)
     compiled.make_train_loop(0)(iter(tf.data.Dataset.from_tensors(batch).repeat()),
@@ -466,22 +467,22 @@ def test_fixed_generator_step_trains_the_discriminator_only(batch):
     compiled step changes every discriminator weight and no generator weight; the
     scheduled temperature follows the step counter without a retrace."""
     cfg = _cfg("electra", **FIXED, **{"objective.temperature_schedule": "exponential:4"})
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy(),
+    trainer = tf_pretrainer(cfg, tf.distribute.get_strategy(),
                          jit_compile=xla_cpu_available())
     model = trainer.model
     generator = {id(w) for w in model.generator.weights + model.generator_predictions.weights}
     assert generator and not generator & {id(v) for v in trainer.variables}
     slots = list(trainer.optimizer.slot_variables())
     assert slots and not any(k.startswith("generator") for k in slots)
-    terms, sums = trainer.objective.loss_terms(
-        model, batch, tf.constant([1, 2, 0]), trainer.objective.denominators(batch), True)
+    terms, sums = trainer.job.objective.loss_terms(
+        model, batch, tf.constant([1, 2, 0]), trainer.job.objective.denominators(batch), True)
     assert set(terms) == {"discriminator"} and "mlm_loss_sum" in sums
     weights = lambda: {w.path: w.numpy().copy() for w in model.weights}
     before = weights()
     loop = trainer.make_train_loop(0)
     temps = []
     for _ in range(3):
-        temps.append(float(trainer.objective.temperature()))
+        temps.append(float(trainer.job.objective.temperature()))
         loop(iter(tf.data.Dataset.from_tensors(batch).repeat()), tf.constant(2))
     assert trainer.trace_count == 1 and int(trainer.global_step.numpy()) == 6
     assert temps == pytest.approx([4.0, 4.0 * 0.25 ** 0.2, 4.0 * 0.25 ** 0.4], rel=1e-5)
@@ -516,7 +517,7 @@ def test_fixed_generator_loads_from_tf1_and_model_dirs(tmp_path):
         tf1_dir).get_variable_to_shape_map()  # tied: the generator reads electra/
     for path in (tf1_dir, model_dir):
         cfg = load_config("tiny", {**FIXED, "objective.generator_checkpoint": path})
-        model = Pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False).model
+        model = tf_pretrainer(cfg, tf.distribute.get_strategy(), jit_compile=False).model
         read = pretrain.load_fixed_generator(model, path)
         assert read.startswith(path)
         np.testing.assert_array_equal(model.generator.embeddings.word_embeddings.numpy(),
@@ -528,7 +529,7 @@ def test_fixed_generator_loads_from_tf1_and_model_dirs(tmp_path):
         assert not np.array_equal(model.electra.blocks[0].query.kernel.numpy(),
                                   source.electra.blocks[0].query.kernel.numpy())
     wrong = load_config("tiny", {**FIXED, "model.generator_hidden_size": "0.25"})
-    model = Pretrainer(wrong, tf.distribute.get_strategy(), jit_compile=False).model
+    model = tf_pretrainer(wrong, tf.distribute.get_strategy(), jit_compile=False).model
     for path in (tf1_dir, model_dir):  # one check for every source
         with pytest.raises(pretrain.RunError, match=r"generator/encoder/layer_0/attention/self/"
                            r"query/kernel has shape \[64, 64\], the configured generator's "
@@ -565,20 +566,20 @@ def test_official_masking_counts_duplicate_slots(batch):
     """With replacement: the same slots per row as without, duplicates among them; the
     MLM denominator counts slots, the discriminator's labels distinct replaced tokens;
     the ELECTRA loss at initialisation keeps its value."""
-    plain, official = (Pretrainer(_cfg("electra", **extra), tf.distribute.get_strategy(),
+    plain, official = (tf_pretrainer(_cfg("electra", **extra), tf.distribute.get_strategy(),
                                   jit_compile=False)
                        for extra in ({}, {"objective.mask_with_replacement": "true"}))
     seed = tf.constant([3, 1])
     for trainer in (plain, official):
         trainer.model.set_weights(plain.model.get_weights())
-    a, b = plain.objective.mask(batch, seed), official.objective.mask(batch, seed)
+    a, b = plain.job.objective.mask(batch, seed), official.job.objective.mask(batch, seed)
     np.testing.assert_array_equal(a["masked_weights"].numpy(), b["masked_weights"].numpy())
     w, pos = b["masked_weights"].numpy() > 0, b["masked_positions"].numpy()
     distinct = sum(len(set(p[m])) for p, m in zip(pos, w))
     assert distinct <= w.sum()
-    dens = official.objective.denominators(batch)
+    dens = official.job.objective.denominators(batch)
     assert float(dens["mlm"]) == w.sum()
-    terms, sums = official.objective.loss_terms(official.model, batch, tf.constant([3, 1, 0]),
+    terms, sums = official.job.objective.loss_terms(official.model, batch, tf.constant([3, 1, 0]),
                                                 dens, False)
     assert set(terms) == {"generator", "discriminator"}
     # At initialisation: MLM ~ ln V per slot, the discriminator ~ ln 2 per token (over 12

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf.training import optimization as opt_lib, update
+from electra_tf.training import update
+from electra_tf.training.tf_runtime import optimizer as opt_lib
 from electra_tf.compat import xla_cpu_available
 from electra_tf.configs import OptimizerConfig
 from gradient_accumulator import GradientAccumulator
@@ -495,7 +496,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     import numpy as np
-    from electra_tf.training import optimization as O
+    from electra_tf.training.tf_runtime import optimizer as O
     from gradient_accumulator import GradientAccumulator
 
     rng = np.random.RandomState(0)

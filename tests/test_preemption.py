@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from electra_tf.training.options import PretrainingOptions
 from electra_tf.pretraining import pretrain
+from electra_tf.training.tf_runtime.devices import TfDevices
 from electra_tf.training import gce, preemption
 from electra_tf.configs import load_config
 
@@ -90,7 +91,7 @@ def off_gce(monkeypatch):
     """A one-device strategy on a host that is not a GCE VM (signals are the only source)."""
     monkeypatch.delenv(gce.METADATA_HOST_ENV, raising=False)
     monkeypatch.setattr(gce, "on_gce", lambda: False)
-    return tf.distribute.OneDeviceStrategy("/cpu:0")
+    return TfDevices(tf.distribute.OneDeviceStrategy("/cpu:0"))
 
 
 def test_sigterm_is_a_notice_and_the_handler_is_restored(off_gce):
@@ -128,7 +129,7 @@ def test_ctrl_c_saves_and_exits_130_and_a_second_one_interrupts(off_gce):
 
 
 def test_maintenance_event_while_the_loop_runs(monkeypatch):
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = TfDevices(tf.distribute.OneDeviceStrategy("/cpu:0"))
     with metadata_server(monkeypatch, maintenance_event="NONE", preempted="FALSE") as fake:
         with preemption.PreemptionWatch(strategy) as watch:
             saved = []
@@ -153,7 +154,7 @@ def test_unreachable_metadata_server_is_no_notice(monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv(gce.METADATA_HOST_ENV, f"127.0.0.1:{port}")
     monkeypatch.setattr(preemption, "METADATA_POLL_SECONDS", 0.02)
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = TfDevices(tf.distribute.OneDeviceStrategy("/cpu:0"))
     with preemption.PreemptionWatch(strategy) as watch:
         threading.Event().wait(0.2)
         watch.stop_if_noticed(5, _saver([]))

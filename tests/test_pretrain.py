@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from electra_tf.configs import load_config
 from electra_tf.pretraining import flops, pretrain
-from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.training.tf_runtime.trainer import TfRuntime
 from electra_tf.training import checkpoints, hardware, loop
 from electra_tf.training.loop import RunError, parse_profile_steps
 from electra_tf.training.options import PretrainingOptions
@@ -57,14 +57,14 @@ def test_schedule_of_a_train_config():
 
 @pytest.mark.parametrize("asked, resolved", [("auto", "float32"), ("bfloat16", "bfloat16")])
 def test_setup_resolves_and_sets_the_precision(tmp_path, asked, resolved):
-    from electra_tf.training import distribute
+    from electra_tf.training import backends, runtime
     try:
-        strategy, cfg, chief = loop.setup(_options(tmp_path, None), _cfg(precision=asked))
-        assert chief and distribute.is_cpu_only(strategy)
-        assert cfg.train.precision == distribute.active_precision() == resolved
+        devices, cfg, chief = backends.setup(_options(tmp_path, None), _cfg(precision=asked))
+        assert chief and devices.platform == "CPU" and devices.backend == "tensorflow"
+        assert cfg.train.precision == runtime.active_precision() == resolved
         assert cfg.model == _cfg().model
     finally:
-        distribute.set_precision("float32")
+        runtime.set_precision("float32")
 
 
 def test_write_results_sorts_keys_and_checks_the_lease_first(tmp_path):
@@ -340,9 +340,9 @@ def _one_process_weights(cfg, data, steps, path):
     moved from the initial ones."""
     from electra_tf.data.dataset import make_dataset
     from electra_tf.data.files import resolve_files
-    from electra_tf.pretraining.trainer import Pretrainer
+    from runtimes import tf_pretrainer
 
-    one = Pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
+    one = tf_pretrainer(cfg, tf.distribute.OneDeviceStrategy("/cpu:0"))  # seeds, as run() does
     start = [w.copy() for w in one.model.get_weights()]
     icfg = pretrain.input_config(resolve_files(data), cfg, cfg.train.train_batch_size, True)
     halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2)) for w in range(2)]
@@ -492,7 +492,7 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
     middle one traced into train/plugins/profile; the log line, the scalars and the
     returned metrics carry the same FLOP/s and an MFU between 0 and 100%."""
     loop_steps = []
-    make_loop = Pretrainer.make_train_loop
+    make_loop = TfRuntime.make_train_loop
 
     def recording(self, phase=0):
         loop = make_loop(self, phase)
@@ -502,7 +502,7 @@ def test_profile_steps_trace_and_mfu(tmp_path, sample_build, monkeypatch, caplog
             return loop(iterator, num_steps)
         return run
 
-    monkeypatch.setattr(Pretrainer, "make_train_loop", recording)
+    monkeypatch.setattr(TfRuntime, "make_train_loop", recording)
     caplog.set_level(logging.INFO, logger="absl")
     cfg = _profile_cfg()
     out = tmp_path / "run"

@@ -12,8 +12,8 @@ import tensorflow as tf
 from electra_tf.data.dataset import InputConfig, make_dataset
 from electra_tf.configs import load_config
 from electra_tf.pretraining.losses import metrics_from_sums
-from electra_tf.pretraining.trainer import Pretrainer
-from electra_tf.training.trainer import summarize
+from runtimes import tf_pretrainer
+from electra_tf.training.loop import summarize
 
 from conftest import REPO
 import forked_cli
@@ -28,7 +28,7 @@ def _batch(directory, batch_size=16, seed=3):
 def _trainer(overrides="", strategy=None, jit_compile=None):
     cfg = load_config("tiny", "train_batch_size=16,num_train_steps=200,warmup_steps=10" +
                       ("," + overrides if overrides else ""))
-    return Pretrainer(cfg, strategy or tf.distribute.OneDeviceStrategy("/cpu:0"),
+    return tf_pretrainer(cfg, strategy or tf.distribute.OneDeviceStrategy("/cpu:0"),
                       jit_compile=jit_compile)
 
 
@@ -42,8 +42,8 @@ def _run_steps(trainer, batch, n):
 def test_losses_at_initialisation(sample_build):
     trainer = _trainer()
     batch = _batch(sample_build[0], 32)
-    dens = trainer.objective.denominators(batch)
-    loss, sums = trainer.objective.loss(trainer.model, batch, tf.constant([1, 2, 0]), dens,
+    dens = trainer.job.objective.denominators(batch)
+    loss, sums = trainer.job.objective.loss(trainer.model, batch, tf.constant([1, 2, 0]), dens,
                                         False)
     m = {k: float(v) for k, v in metrics_from_sums(sums).items()}
     assert abs(m["masked_lm_loss"] - math.log(30522)) < 0.5
@@ -150,9 +150,9 @@ def test_two_replicas_equal_one_device(sample_build):
 @pytest.fixture
 def precision():
     """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
-    from electra_tf.training import distribute
-    yield distribute.set_precision
-    distribute.set_precision("float32")
+    from electra_tf.training import runtime
+    yield runtime.set_precision
+    runtime.set_precision("float32")
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.compat import xla_cpu_available
-from electra_tf.training.trainer import default_jit, summarize
+from electra_tf.training.loop import summarize
+from electra_tf.training.tf_runtime.trainer import default_jit
 from toy_trainer import W0, NumpyAdamW, ToyTrainer, batch, distributed
 
 ROWS = 8
@@ -85,9 +86,9 @@ def test_host_loop_runs_exactly_num_steps():
 @pytest.fixture
 def precision():
     """Sets a run precision (the global Keras policy) and restores float32 afterwards."""
-    from electra_tf.training import distribute
-    yield distribute.set_precision
-    distribute.set_precision("float32")
+    from electra_tf.training import runtime
+    yield runtime.set_precision
+    runtime.set_precision("float32")
 
 
 def test_float16_overflow_skips_the_step_and_halves_the_scale(precision):
@@ -155,12 +156,12 @@ def test_reinitialize_starts_over_without_a_new_trace():
 def test_default_jit_choice():
     """On a CPU each job takes its measured choice: XLA for pre-training, graph execution
     for fine-tuning (README, Benchmarks)."""
-    from electra_tf.finetune.trainer import Finetuner
-    from electra_tf.pretraining.trainer import Pretrainer
+    from electra_tf.finetune.trainer import FinetuningJob
+    from electra_tf.pretraining.trainer import PretrainingJob
     cpu = tf.distribute.OneDeviceStrategy("/cpu:0")
     # The TPU build has no XLA:CPU: there every CPU-only step runs as a graph.
     assert default_jit(cpu) is xla_cpu_available() and default_jit(cpu, on_cpu=False) is False
-    assert Pretrainer.xla_on_cpu is True and Finetuner.xla_on_cpu is False
+    assert PretrainingJob.xla_on_cpu is True and FinetuningJob.xla_on_cpu is False
 
 
 def test_jit_compile_on_a_cpu_without_xla_cpu_is_one_line(monkeypatch):
@@ -168,7 +169,7 @@ def test_jit_compile_on_a_cpu_without_xla_cpu_is_one_line(monkeypatch):
     one line (what StrategyError reaches the CLIs as), not a NotFoundError from the step;
     left to the default, the step runs as a graph."""
     from electra_tf import compat
-    from electra_tf.training.distribute import StrategyError
+    from electra_tf.training.runtime import StrategyError
     monkeypatch.setattr(compat, "xla_cpu_available", lambda: False)
     with pytest.raises(StrategyError, match=r"^--jit_compile=true: this TensorFlow build "
                                             r"cannot XLA-compile for the CPU"):

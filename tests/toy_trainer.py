@@ -12,43 +12,53 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from electra_tf.training.optimization import AdamW
-from electra_tf.training.trainer import Trainer
+from electra_tf.configs import OptimizerConfig
+from electra_tf.training import runtime
+from electra_tf.training.tf_runtime.devices import TfDevices
+from electra_tf.training.tf_runtime.trainer import TfRuntime
 
 DIM = 3
 W0 = np.array([0.5, -1.0, 2.0], np.float32)
 LR, BETA_1, BETA_2, EPSILON = 0.1, 0.9, 0.999, 1e-6
 
 
-class ToyTrainer(Trainer):
-    """Linear regression on the core: AdamW without weight decay or bias correction, a
-    constant learning rate LR, initial weights W0."""
+class ToyJob(runtime.Job):
+    """Linear regression: AdamW without weight decay or bias correction, a constant
+    learning rate LR (the schedule's end rate is its start), initial weights W0."""
 
-    def __init__(self, global_batch: int, strategy=None, clip_norm: float = 1e9,
-                 grad_accum_steps: int = 1, jit_compile: Optional[bool] = False):
+    def __init__(self, global_batch: int, clip_norm: float, grad_accum_steps: int):
         self.global_batch = global_batch
+        optimizer = OptimizerConfig(learning_rate=LR, end_learning_rate=LR, warmup_steps=0,
+                                    weight_decay=0.0, beta_1=BETA_1, beta_2=BETA_2,
+                                    epsilon=EPSILON, bias_correction=False)
+        self.settings = runtime.Settings(optimizer, 1000, seed=0, seed_stream=0,
+                                         clip_norm=clip_norm, grad_accum_steps=grad_accum_steps)
 
-        def build_model():
-            return keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(
-                1, use_bias=False, kernel_initializer=keras.initializers.Constant(W0[:, None]),
-                name="w")], name="toy")
+    def build_model(self):
+        return keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(
+            1, use_bias=False, kernel_initializer=keras.initializers.Constant(W0[:, None]),
+            name="w")], name="toy")
 
-        super().__init__(strategy or tf.distribute.OneDeviceStrategy("/cpu:0"), build_model,
-                         lambda: AdamW(LR, weight_decay=0.0, beta_1=BETA_1, beta_2=BETA_2,
-                                       epsilon=EPSILON, bias_correction=False),
-                         seed=0, seed_stream=0, clip_norm=clip_norm,
-                         grad_accum_steps=grad_accum_steps, jit_compile=jit_compile)
-
-    def loss(self, batch, seed, context, training, phase=0):
-        err = tf.cast(self.model(batch["input_ids"])[:, 0], tf.float32) - batch["y"]
+    def loss(self, model, batch, seed, context, training, phase=0, step=None):
+        err = tf.cast(model(batch["input_ids"])[:, 0], tf.float32) - batch["y"]
         loss = tf.reduce_sum(0.5 * tf.square(err)) / self.global_batch
         return loss, {"abs_err_sum": tf.reduce_sum(tf.abs(err))}
 
-    def eval_step(self, batch, phase=0):
-        return {"prediction": self.model(batch["input_ids"])[:, 0]}
+    def fetches(self, batch, outputs):
+        return {"prediction": outputs[:, 0]}
 
     def log_fields(self, metrics):
         return [f"abs_err {metrics['abs_err_sum']:.3f}"]
+
+
+class ToyTrainer(TfRuntime):
+    """The toy job on the TensorFlow runtime (one CPU device unless a strategy is given)."""
+
+    def __init__(self, global_batch: int, strategy=None, clip_norm: float = 1e9,
+                 grad_accum_steps: int = 1, jit_compile: Optional[bool] = False):
+        super().__init__(ToyJob(global_batch, clip_norm, grad_accum_steps),
+                         TfDevices(strategy or tf.distribute.OneDeviceStrategy("/cpu:0")),
+                         jit_compile=jit_compile)
 
     def weights(self) -> np.ndarray:
         return self.variables[0].numpy()[:, 0]

@@ -13,7 +13,7 @@ from absl import logging
 from keras import ops
 
 from electra_tf import fileio
-from electra_tf.training import distribute, lease
+from electra_tf.training import backends, lease, runtime
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder,
                                        layerwise_lr_multipliers, make_head)
@@ -21,51 +21,48 @@ from electra_tf.finetune import export as export_lib
 from electra_tf.finetune.base_task import Task, TaskData
 from electra_tf.text import TextEncoder
 from electra_tf.training.checkpoints import newest_complete
-from electra_tf.training.optimization import make_optimizer
 from electra_tf.training import loop
 from electra_tf.training.options import FinetuneOptions
-from electra_tf.training.trainer import Trainer
+from electra_tf.training.runtime import Devices, Runtime
+
+SEED_STREAM = 0xF17E
 
 
-def pad_rows(arrays: Dict[str, np.ndarray], multiple: int) -> Dict[str, np.ndarray]:
-    """Pads every array to a multiple of `multiple` rows (copies of row 0, weight 0): one
-    batch shape, one XLA compilation."""
-    n = len(arrays["weight"])
-    extra = -n % multiple
-    if not extra:
-        return arrays
-    out = {k: np.concatenate([v, np.repeat(v[:1], extra, axis=0)]) for k, v in arrays.items()}
-    out["weight"][n:] = 0.0
-    return out
+class FinetuningJob(runtime.Job):
+    """Fine-tuning as a `runtime.Job`, the same on every runtime: the model (pre-trained
+    encoder, new head), the optimizer section with its warm-up share, layer-wise rates, the
+    weighted loss (keras.ops) and what prediction fetches."""
 
+    # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
+    # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
+    # with a cheaper first step (README, Benchmarks); pre-training's step, many small
+    # fused ops, is the other way round.
+    xla_on_cpu = False
 
-class FinetuningJob:
-    """Fine-tuning's part of either runtime's trainer (`Finetuner`, TensorFlow;
-    `jax_trainer.JaxFinetuner`): the model (pre-trained encoder, new head), the optimizer
-    config with its warm-up share, layer-wise rates, the weighted loss (keras.ops)."""
-
-    def _setup_job(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
-                   num_train_steps: int, init_checkpoint: Optional[str]):
-        self.task, self.cfg = task, cfg
-        self.num_train_steps = num_train_steps
-
-        def build_model():
-            head = make_head(task.kind, model_config, task.num_outputs(), **task.head_options())
-            model = FinetuningModel(model_config, head)
-            if init_checkpoint:
-                init_encoder(model.electra, init_checkpoint)
-            return model
-
+    def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
+                 num_train_steps: int, init_checkpoint: Optional[str], seed: int):
+        self.task, self.model_config, self.cfg = task, model_config, cfg
+        self.num_train_steps, self.init_checkpoint = num_train_steps, init_checkpoint
         optimizer = dataclasses.replace(  # warmup: a share of this run's steps
             cfg.optimizer, warmup_steps=int(round(cfg.warmup_proportion * num_train_steps)))
-        return build_model, optimizer
+        self.settings = runtime.Settings(optimizer, num_train_steps, seed, SEED_STREAM,
+                                         optimizer.clip_norm)
 
-    def layerwise_multipliers(self) -> Dict[str, float]:
-        return layerwise_lr_multipliers(self.model, self.cfg.layerwise_lr_decay,
+    def build_model(self):
+        task = self.task
+        head = make_head(task.kind, self.model_config, task.num_outputs(),
+                         **task.head_options())
+        model = FinetuningModel(self.model_config, head)
+        if self.init_checkpoint:
+            init_encoder(model.electra, self.init_checkpoint)
+        return model
+
+    def lr_multipliers(self, model) -> Dict[str, float]:
+        return layerwise_lr_multipliers(model, self.cfg.layerwise_lr_decay,
                                         self.cfg.official_lr_bug)
 
-    def loss(self, batch, seed, context, training, phase=0, step=None):
-        outputs = self.model(batch, training=training, seed=seed)
+    def loss(self, model, batch, seed, context, training, phase=0, step=None):
+        outputs = model(batch, training=training, seed=seed)
         per_example = self.task.loss(outputs, batch)
         batch_size = float(self.cfg.train.train_batch_size)
         return ops.sum(per_example * batch["weight"]) / batch_size, {}
@@ -77,14 +74,6 @@ class FinetuningJob:
             fetched["_loss"] = self.task.loss(outputs, batch)
         return fetched
 
-    def evaluate(self, data: TaskData) -> Dict[str, float]:
-        fetched = self.predict(data)
-        result = self.task.metrics(data, fetched)
-        if "_loss" in fetched:
-            weight = data.arrays["weight"][:data.num_examples]
-            result["loss"] = float(np.sum(fetched["_loss"] * weight) / max(weight.sum(), 1.0))
-        return result
-
     def train_batches(self, data: TaskData, seed: int, skip_batches: int = 0
                       ) -> tf.data.Dataset:
         """Shuffled (a fresh order each epoch, a function of the seed), repeated global
@@ -95,94 +84,48 @@ class FinetuningJob:
         return ds.prefetch(2)
 
 
-class Finetuner(FinetuningJob, Trainer):
-    """A trial's model (pre-trained encoder, new head), optimizer with layer-wise learning
-    rates and loss; `reinitialize(seed)` starts the next trial on the same compiled step."""
-
-    # On a CPU, graph execution (oneDNN kernels, TF's own Philox for dropout) beat the
-    # XLA step at every size measured (2 x 128, 6 x 384, 12 x 256) by 15-19% a step and
-    # with a cheaper first step (README, Benchmarks); pre-training's step, many small
-    # fused ops, is the other way round.
-    xla_on_cpu = False
-
-    def __init__(self, task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
-                 strategy: tf.distribute.Strategy, num_train_steps: int,
-                 init_checkpoint: Optional[str], seed: int, jit_compile: Optional[bool] = None):
-        build_model, optimizer = self._setup_job(task, model_config, cfg, num_train_steps,
-                                                 init_checkpoint)
-        super().__init__(strategy, build_model,
-                         lambda: make_optimizer(optimizer, num_train_steps), seed=seed,
-                         seed_stream=0xF17E, clip_norm=optimizer.clip_norm,
-                         jit_compile=jit_compile)
-        multipliers = self.layerwise_multipliers()
-        self.lr_multipliers = [(v, multipliers[v.path]) for v in self.variables]
-
-    def eval_step(self, batch, phase=0):
-        outputs = self.model(batch, training=False)
-        return self.fetches(batch, outputs)
-
-    def train_dataset(self, data: TaskData, seed: int, skip_batches: int = 0):
-        return self._distributed(self.train_batches(data, seed, skip_batches))
-
-    def _distributed(self, ds: tf.data.Dataset):
-        """`ds` spread over the replicas, without tf.data's autotuner: the splits are in
-        memory and the pipelines have nothing to tune. Where a strategy's multi-device
-        iterator owns a pipeline, releasing the iterator waits for the autotuner's thread to
-        wake by itself (up to a minute: 5-56 s after the last step in 7 of 12 fine-tuning
-        runs measured)."""
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return self.strategy.experimental_distribute_dataset(ds.with_options(options))
-
-    def predict(self, data: TaskData) -> Dict[str, np.ndarray]:
-        """Runs the model over a split (no dropout) and returns the fetched arrays."""
-        batch = self.cfg.train.eval_batch_size
-        # XLA and several replicas want one batch shape: padded rows (weight 0). Else the
-        # last batch stays short, on one trace for every batch size (no wasted rows).
-        padded = self.jit_compile or self.strategy.num_replicas_in_sync > 1
-        arrays = pad_rows(data.arrays, batch) if padded else data.arrays
-        ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch, drop_remainder=padded)
-        step = self.replica_eval()
-        if not padded:
-            step.get_concrete_function(ds.element_spec)  # batch dimension None
-        parts: Dict[str, List[np.ndarray]] = {}
-        for element in self._distributed(ds):
-            out = self.strategy.run(step, args=(element,))
-            for k, v in out.items():
-                parts.setdefault(k, []).append(self.strategy.gather(v, axis=0).numpy())
-        return {k: np.concatenate(v)[:data.num_examples] for k, v in parts.items()}
+def make_finetuner(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
+                   devices: Devices, steps: int, init_checkpoint: Optional[str], seed: int,
+                   jit_compile: Optional[bool] = None) -> Runtime:
+    """A trial's runtime: the job on the devices' runtime (`reinitialize(seed)` starts the
+    next trial on the same compiled step)."""
+    return devices.runtime(FinetuningJob(task, model_config, cfg, steps, init_checkpoint, seed),
+                           jit_compile)
 
 
-# --------------------------------------------------------------------------- the run
+def predict(finetuner: Runtime, data: TaskData) -> Dict[str, np.ndarray]:
+    """The model over a split (no dropout) -> the fetched arrays of its examples."""
+    out = finetuner.predict(data.arrays, finetuner.job.cfg.train.eval_batch_size)
+    return {k: v[:data.num_examples] for k, v in out.items()}
 
 
-def _on_jax(strategy) -> bool:
-    return hasattr(strategy, "process_count")  # distribute.jax_devices' JaxDevices
+def evaluate(finetuner: Runtime, data: TaskData) -> Dict[str, float]:
+    """The task's metrics of a split (and the weighted loss where it has labels)."""
+    fetched = predict(finetuner, data)
+    result = finetuner.job.task.metrics(data, fetched)
+    if "_loss" in fetched:
+        weight = data.arrays["weight"][:data.num_examples]
+        result["loss"] = float(np.sum(fetched["_loss"] * weight) / max(weight.sum(), 1.0))
+    return result
 
 
-def make_finetuner(task: Task, model_config: ModelConfig, cfg: FinetuneConfig, strategy,
-                   steps: int, init_checkpoint: Optional[str], seed: int,
-                   jit_compile: Optional[bool] = None):
-    """The backend's trainer: `Finetuner` (tf.distribute) or `JaxFinetuner` (JAX's
-    devices, always XLA: --jit_compile is not read there)."""
-    if not _on_jax(strategy):
-        return Finetuner(task, model_config, cfg, strategy, steps, init_checkpoint, seed,
-                         jit_compile)
-    from electra_tf.finetune.jax_trainer import JaxFinetuner
-    return JaxFinetuner(task, model_config, cfg, strategy, steps, init_checkpoint, seed)
+def train_dataset(finetuner: Runtime, data: TaskData, seed: int, skip_batches: int = 0):
+    """A trial's training batches spread over the runtime's replicas."""
+    return finetuner.devices.distribute(finetuner.job.train_batches(data, seed, skip_batches))
+
 
 def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
     return max(1, int(math.ceil(num_examples * cfg.num_train_epochs / cfg.train.train_batch_size)))
 
 
-def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
+def write_predictions(task: Task, finetuner: Runtime, tests: List[TaskData],
                       out_dir: str, chief: bool = True) -> Dict[str, str]:
     """`<out_dir>/<name>.tsv` (atomically) for each test split in the GLUE leaderboard's
     format: `index<TAB>prediction`, label strings or STS-B scores. Every worker calls it
     (prediction is collective); only the chief writes. Returns {name: path}."""
     paths = {}
     for data in tests:
-        labels = task.predicted_labels(data, finetuner.predict(data))
+        labels = task.predicted_labels(data, predict(finetuner, data))
         if not chief:
             continue
         fileio.makedirs(out_dir)
@@ -194,18 +137,17 @@ def write_predictions(task: Task, finetuner: Finetuner, tests: List[TaskData],
     return paths
 
 
-def train_trial(finetuner: Finetuner, train: TaskData, trial_dir: str, seed: int,
+def train_trial(finetuner: Runtime, train: TaskData, trial_dir: str, seed: int,
                 logdir: Optional[str] = None, profile_steps=None, chief: bool = True,
                 run_lease=None) -> None:
     """Trains one trial to its last step, checkpointing every `save_checkpoints_steps`
     and on a preemption notice (then raises Preempted); resumes from `trial_dir` at its
     data position. TensorBoard scalars and a --profile_steps trace go to `logdir`."""
     manager = loop.open_checkpoints(finetuner, trial_dir, max_to_keep=1)
-    skip = int(finetuner.data_batches.numpy())
-    iterator = iter(finetuner.train_dataset(train, seed, skip_batches=skip))
+    iterator = iter(train_dataset(finetuner, train, seed, finetuner.data_position))
     # A log line (and TensorBoard point) after every host loop.
     loop.train(finetuner, iterator, manager, loop.Schedule.of(
-                   finetuner.cfg.train, finetuner.num_train_steps, log_each_loop=True),
+                   finetuner.job.cfg.train, finetuner.job.num_train_steps, log_each_loop=True),
                writer=loop.summary_writer(logdir, chief and logdir is not None),
                profile_steps=profile_steps, profile_dir=logdir or "",
                chief=chief and logdir is not None, what="trial", lease=run_lease)
@@ -217,13 +159,13 @@ def median_trial(scores: List[float]) -> int:
     return order[(len(order) - 1) // 2]
 
 
-def _evaluate_all(finetuner: Finetuner, evals: List[TaskData]) -> Dict[str, float]:
+def _evaluate_all(finetuner: Runtime, evals: List[TaskData]) -> Dict[str, float]:
     """Metrics of every dev split; after the first, prefixed by the file name or tfds split
     (MNLI: `dev_mismatched/accuracy` or `validation_mismatched/accuracy`)."""
     result: Dict[str, float] = {}
     for i, data in enumerate(evals):
         prefix = os.path.splitext(data.name.rsplit(":", 1)[-1])[0]
-        for k, v in finetuner.evaluate(data).items():
+        for k, v in evaluate(finetuner, data).items():
             result[k if i == 0 else f"{prefix}/{k}"] = v
     return result
 
@@ -234,7 +176,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     median of the primary metric); the median trial is exported (export_dir) and predicts
     the test sets (do_predict, `write_predictions`). Returns the results."""
     cfg.train.check(model_config)
-    strategy, cfg, chief = loop.setup(options, cfg.resolved(model_config, task).check())
+    devices, cfg, chief = backends.setup(options, cfg.resolved(model_config, task).check())
     # Outputs first: a directory that cannot be written fails now, not after training.
     loop.check_writable(options.model_dir, "--model_dir")
     if options.export_dir and chief:
@@ -262,10 +204,9 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                          f"read from {task.labels_from}" if task.labels_from else "given",
                          ", ".join(labels))
         trials: List[Dict[str, float]] = []
-        finetuner: Optional[Finetuner] = None
+        finetuner: Optional[Runtime] = None
         for trial in range(cfg.num_trials):
-            trial_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"),
-                                              strategy)
+            trial_dir = devices.worker_dir(os.path.join(options.model_dir, f"trial_{trial}"))
             result_path = os.path.join(trial_dir, "result.json")
             if fileio.exists(result_path):  # written last: the trial is complete
                 trials.append(fileio.read_json(result_path))
@@ -273,7 +214,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                 continue
             seed = cfg.train.seed + trial
             if finetuner is None:
-                finetuner = make_finetuner(task, model_config, cfg, strategy, steps,
+                finetuner = make_finetuner(task, model_config, cfg, devices, steps,
                                            options.init_checkpoint, seed, options.jit_compile)
             else:  # the next seed on the same compiled step: compiles once per run
                 finetuner.reinitialize(seed)
@@ -301,17 +242,16 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                      ", ".join(f"{s:.4f}" for s in scores))
         if tests or (options.export_dir and chief):
             if finetuner is None:  # every trial was done by an earlier run
-                finetuner = make_finetuner(task, model_config, cfg, strategy, steps, None,
+                finetuner = make_finetuner(task, model_config, cfg, devices, steps, None,
                                            cfg.train.seed + best, options.jit_compile)
             # Each worker restores its own copy: predicting runs on all of them.
-            ckpt_dir = distribute.worker_dir(os.path.join(options.model_dir, f"trial_{best}"),
-                                             strategy)
+            ckpt_dir = devices.worker_dir(os.path.join(options.model_dir, f"trial_{best}"))
             best_checkpoint = newest_complete(ckpt_dir)
             finetuner.restore(best_checkpoint)
             if tests:
                 results["predictions"] = write_predictions(
                     task, finetuner, tests, os.path.join(options.model_dir, "predictions"), chief)
-            if options.export_dir and chief and _on_jax(strategy):
+            if options.export_dir and chief and not devices.saved_model_in_process:
                 from electra_tf.finetune.export_child import export_in_tensorflow
                 logging.info("The SavedModel export needs TensorFlow's Keras: exporting %s "
                              "in a TensorFlow process", best_checkpoint)

@@ -1,1 +1,1 @@
-"""Pre-training: the losses (pure functions), the objectives built from them, the Pretrainer (the training core's pre-training part), the run, and FLOP counting."""
+"""Pre-training: the losses (pure functions), the objectives built from them, the pre-training job (`trainer.PretrainingJob`, on either runtime), the run, and FLOP counting."""

@@ -1,6 +1,6 @@
 """A pre-training model_dir <-> a released (TF1, name-based) checkpoint. Importing one
 writes a model_dir that `run_pretraining.py` continues (weights, Adam slots, global_step:
-the Pretrainer's object graph, hence here). Reading either is `conversion.source`; the
+the TensorFlow runtime's object graph of a pre-training job, hence here). Reading either is `conversion.source`; the
 command line is `python -m electra_tf.conversion.convert {import-tf1,export-tf1}`."""
 
 import os
@@ -12,8 +12,9 @@ from electra_tf import fileio
 from electra_tf.conversion.formats import ConvertError, Report, pretraining_config
 from electra_tf.conversion.source import inspect_tf1, resolve
 from electra_tf.model.modeling import tf1_name, tf1_variables
-from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.pretraining.trainer import make_pretrainer
 from electra_tf.training import checkpoints
+from electra_tf.training.tf_runtime.devices import TfDevices
 
 
 def _named_variables(trainer) -> Dict[str, object]:
@@ -40,7 +41,7 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
                            f"(first: {report.missing[0]}); pass --allow_missing to keep their "
                            "random init")
     cfg = pretraining_config(report.config, base, overrides)
-    trainer = Pretrainer(cfg, tf.distribute.get_strategy())
+    trainer = make_pretrainer(cfg, TfDevices(tf.distribute.get_strategy()))
     src = resolve(ckpt_path, report.config)
     for name, var in _named_variables(trainer).items():
         if name in src.shapes:
@@ -51,9 +52,8 @@ def tf1_to_model_dir(ckpt_path: str, model_dir: str, base: Optional[str] = None,
     fileio.makedirs(model_dir)
     fileio.write_json_atomic(os.path.join(model_dir, "config.json"), cfg.to_json())
     # The checkpoint state file the manager writes after the checkpoint marks completion.
-    manager = tf.train.CheckpointManager(trainer.checkpoint(), model_dir,
-                                         max_to_keep=1, step_counter=trainer.global_step)
-    return report, manager.save(checkpoint_number=int(trainer.global_step.numpy()))
+    manager = trainer.checkpoint_manager(model_dir, max_to_keep=1)
+    return report, manager.save(checkpoint_number=trainer.step)
 
 
 def model_dir_to_tf1(model_dir: str, prefix: str, include_optimizer: bool = False) -> str:

@@ -15,18 +15,18 @@ from absl import logging
 from electra_tf import REPO_DATA, fileio, text
 from electra_tf.data import dataset, files as data_files, shards
 from electra_tf.pretraining import flops
-from electra_tf.training import distribute, hardware
+from electra_tf.training import backends, hardware
 from electra_tf.pretraining import losses as obj
 from electra_tf.configs import PretrainingConfig
 from electra_tf.conversion.source import resolve
 from electra_tf.training.checkpoints import save_tf1_checkpoint
 from electra_tf.model.modeling import discriminator_variables, tf1_variables
 from electra_tf.pretraining.objectives import BERT_SPECIAL_IDS
-from electra_tf.pretraining.trainer import Pretrainer
+from electra_tf.pretraining.trainer import make_pretrainer
 from electra_tf.training import lease, loop
-from electra_tf.training.loop import RunError
+from electra_tf.training.loop import RunError, summarize
 from electra_tf.training.options import PretrainingOptions
-from electra_tf.training.trainer import summarize
+from electra_tf.training.runtime import Devices, Runtime
 
 
 def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
@@ -55,7 +55,7 @@ def resolve_data(options: PretrainingOptions, cfg: PretrainingConfig):
 def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
                  skip_batches: int = 0) -> dataset.InputConfig:
     """The input pipeline of a run, deterministic for the seed so it can be resumed: tf.data's
-    shuffles also depend on TensorFlow's global seed, which `Pretrainer` sets from the same
+    shuffles also depend on TensorFlow's global seed, which the runtime sets from the same
     seed, so make the dataset after the trainer, as `run` does."""
     return dataset.InputConfig(
         file_pattern=",".join(files), max_seq_length=cfg.train.max_seq_length,
@@ -64,18 +64,12 @@ def input_config(files, cfg: PretrainingConfig, batch_size: int, training: bool,
         skip_batches=skip_batches, on_bad_shard=cfg.train.on_bad_shard)
 
 
-def _dataset(strategy, icfg: dataset.InputConfig, log: shards.ShardLog):
-    """The run's input over its replicas. On one CPU device the step reads the pipeline
-    itself (the same batches, as its one input pipeline) instead of through a strategy's
-    multi-device iterator. (Releasing either waited 18-37 s after the last step of some
-    runs for tf.data's autotuning thread, which `dataset.make_dataset` now turns off.)"""
-    if hasattr(strategy, "process_count"):  # JAX: this process's rows of each batch
-        n, i = strategy.process_count, strategy.process_index
-        return dataset.make_dataset(icfg, tf.distribute.InputContext(n, i, n), log)
-    if strategy.num_replicas_in_sync == 1 and distribute.is_cpu_only(strategy):
-        return dataset.make_dataset(icfg, tf.distribute.InputContext(1, 0, 1), log)
-    return strategy.distribute_datasets_from_function(
-        lambda ctx: dataset.make_dataset(icfg, ctx, log))
+def _dataset(devices: Devices, icfg: dataset.InputConfig, log: shards.ShardLog):
+    """The run's input over its replicas (`Devices.dataset`: this process's pipeline of its
+    share of each global batch). (Releasing a strategy's iterator waited 18-37 s after the
+    last step of some runs for tf.data's autotuning thread, which `dataset.make_dataset`
+    now turns off.)"""
+    return devices.dataset(lambda ctx: dataset.make_dataset(icfg, ctx, log))
 
 
 def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
@@ -100,23 +94,23 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
             hardware.parse_flops(options.peak_flops)
         except ValueError as e:
             raise RunError(f"--peak_flops={options.peak_flops}: {e}") from None
-    strategy, cfg, chief = loop.setup(options, cfg)
+    devices, cfg, chief = backends.setup(options, cfg)
     files, eval_files, manifest = resolve_data(options, cfg)
     special, counts = special_ids_and_counts(manifest, files, cfg)
     loop.check_writable(options.model_dir, "--model_dir")
     # One writer per run directory, from before its first write (lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
         tc = cfg.train
-        trainer = make_trainer(cfg, strategy, special, counts, options.jit_compile)
+        trainer = make_pretrainer(cfg, devices, special, counts, options.jit_compile)
         manager = loop.open_checkpoints(trainer, options.model_dir,
-                                        distribute.worker_dir(options.model_dir, strategy),
+                                        devices.worker_dir(options.model_dir),
                                         max_to_keep=tc.keep_checkpoint_max, clean=chief)
         # After the checkpoints are resolved (a directory none of whose checkpoints is
         # complete stops the run unchanged); a rename, so never a torn config.json.
         if chief:
             fileio.write_json_atomic(fileio.join(options.model_dir, "config.json"), cfg.to_json())
             record_vocab(options.model_dir, manifest, files)
-        if cfg.objective.generator == "fixed" and int(trainer.global_step.numpy()) == 0:
+        if cfg.objective.generator == "fixed" and trainer.step == 0:
             source = load_fixed_generator(trainer.model, cfg.objective.generator_checkpoint)
             trainer.model_changed()
             logging.info("Fixed generator (forward only) from %s", source)
@@ -126,15 +120,14 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
             # The data order is a function of the seed, so a resumed run continues it exactly
             # by passing over the batches its checkpoint has already consumed.
             inputs = ShardInputs(files)
-            train_ds = _dataset(strategy, input_config(
-                files, cfg, tc.train_batch_size, True, int(trainer.data_batches.numpy())),
-                inputs.log)
+            train_ds = _dataset(devices, input_config(
+                files, cfg, tc.train_batch_size, True, trainer.data_position), inputs.log)
             per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
             logdir = fileio.join(options.model_dir, "train")
             result = loop.train(
                 trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
                 writer=loop.summary_writer(logdir, chief), chief=chief,
-                perf=loop.Perf.of(per_step, strategy, tc.precision, options.peak_flops),
+                perf=loop.Perf.of(per_step, devices, tc.precision, options.peak_flops),
                 profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
                 metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
             if chief:
@@ -142,8 +135,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
                 trainer.sync_model()
                 export_discriminator(trainer.model, options.model_dir)
         if options.do_eval and eval_files:
-            result = evaluate(cfg, trainer, strategy, eval_files, options.model_dir, chief,
-                              run_lease)
+            result = evaluate(cfg, trainer, eval_files, options.model_dir, chief, run_lease)
         if not chief:
             fileio.rmtree(manager.directory)
         return result
@@ -158,20 +150,6 @@ def record_vocab(model_dir: str, manifest: Optional[dict], files: Sequence[str])
     if why:
         logging.warning("The run directory records no vocabulary (%s): give --vocab_file "
                         "(and --do_lower_case) to fine-tuning and conversion", why)
-
-
-def make_trainer(cfg: PretrainingConfig, strategy, special_ids, counts,
-                 jit_compile: Optional[bool] = None):
-    """The backend's trainer: `Pretrainer` (tf.distribute) or, on JAX's devices
-    (`distribute.jax_devices`), `JaxPretrainer` (always XLA: --jit_compile=false is
-    ignored there, so that a TensorFlow command line runs unchanged)."""
-    if not hasattr(strategy, "process_count"):
-        return Pretrainer(cfg, strategy, special_ids, counts, jit_compile=jit_compile)
-    if jit_compile is False:
-        logging.warning("--jit_compile=false: ignored on the JAX backend, whose step is "
-                        "always one XLA program")
-    from electra_tf.pretraining.jax_trainer import JaxPretrainer
-    return JaxPretrainer(cfg, strategy, special_ids, counts)
 
 
 def load_fixed_generator(model, path: str) -> str:
@@ -249,17 +227,17 @@ class ShardInputs(loop.InputWatch):
         return {"input/skipped_shards": self.reported}
 
 
-def evaluate(cfg, trainer: Pretrainer, strategy, files, model_dir, chief: bool = True,
+def evaluate(cfg, trainer: Runtime, files, model_dir, chief: bool = True,
              run_lease=None) -> Dict[str, float]:
     """The objective's metrics over held-out shards, no dropout, `max_eval_steps` batches."""
     tc = cfg.train
     inputs = ShardInputs(files)
-    ds = _dataset(strategy, input_config(files, cfg, tc.eval_batch_size, False), inputs.log)
+    ds = _dataset(trainer.devices, input_config(files, cfg, tc.eval_batch_size, False),
+                  inputs.log)
     eval_loop = trainer.make_eval_loop()
     with inputs.guard(None):
-        out = summarize(eval_loop(iter(ds), tf.constant(tc.max_eval_steps)),
-                        obj.metrics_from_sums)
-    step = int(trainer.global_step.numpy())
+        out = summarize(eval_loop(iter(ds), tc.max_eval_steps), obj.metrics_from_sums)
+    step = trainer.step
     metrics = dict(out.metrics, loss=out.loss)
     logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,
                  tc.eval_batch_size, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -1,2 +1,4 @@
-"""The training core that pre-training and fine-tuning share: the state and compiled
-step (`trainer.py`) and the outer loop (`loop.py`)."""
+"""The training core both jobs share: the runtime contract (`runtime.py`), the update
+(`update.py`), the schedule, the host loop (`loop.py`), checkpoints, the lease and
+preemption; each runtime in a package of its own (`tf_runtime/`, `jax_runtime/`), chosen
+once by `backends.py`."""

@@ -241,7 +241,7 @@ def remove_torn_checkpoints(directory: str) -> int:
     return freed
 
 
-def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
+def save_checkpoint(manager, step: int) -> str:
     """manager.save at `step`; a failed write (a full disk, a lost bucket) is one
     CheckpointError naming the directory and the last good checkpoint, which stays the
     newest (the checkpoint index is only updated after a complete write)."""
@@ -253,6 +253,165 @@ def save_checkpoint(manager: tf.train.CheckpointManager, step: int) -> str:
                               f"({reason}); last good checkpoint: "
                               f"{manager.latest_checkpoint or 'none'}; free space and rerun the "
                               "same command") from None
+
+
+# --- training checkpoints of host arrays (a runtime without TensorFlow state) -----------
+# The object graph of a training checkpoint (the TensorFlow runtime's `tf.train.Checkpoint`
+# of model, optimizer slots and counters) written from and read into {object path: array}:
+# the JAX runtime keeps its state on its devices and hands it here, so either runtime
+# resumes the other's run and every reader of a run reads both.
+
+# Keras' own bookkeeping attributes of a layer: not part of its object graph (TensorFlow's
+# tracking of Keras 3 layers leaves them out too).
+_KERAS_INTERNALS = frozenset({
+    "_layers", "_trainable_variables", "_non_trainable_variables", "_metrics",
+    "_seed_generators", "_tracker", "_inbound_nodes", "_outbound_nodes"})
+
+# The counters of a training checkpoint, as the TensorFlow runtime keeps them.
+COUNTERS = {"global_step": np.int64, "loss_scale": np.float32,
+            "loss_scale_good_steps": np.int64, "data_batches": np.int64}
+
+
+def object_paths(root, prefix: str) -> Dict[int, str]:
+    """{id(variable): its path in TensorFlow's object graph of `root`}, e.g.
+    `model/electra/layer_0/query/_kernel`: the attribute names from `root` to the variable
+    along the shortest path, the first in attribute order among equals (the breadth-first
+    walk of `tf.train.Checkpoint`). Read from the Keras objects, on any backend."""
+    import collections
+    import keras
+    out: Dict[int, str] = {}
+    seen = {id(root)}
+    queue = collections.deque([(root, prefix)])
+    tracked = lambda v: isinstance(v, (keras.Variable, keras.layers.Layer))  # noqa: E731
+
+    def children(obj):
+        if isinstance(obj, (list, tuple)):
+            items = [(str(i), v) for i, v in enumerate(obj)]
+        elif isinstance(obj, dict):
+            items = list(obj.items())
+        else:
+            items = [(k, v) for k, v in vars(obj).items() if k not in _KERAS_INTERNALS]
+        for name, value in items:
+            if tracked(value):
+                yield name, value
+            elif isinstance(value, (list, tuple, dict)) and value and all(
+                    tracked(v) for v in (value.values() if isinstance(value, dict) else value)):
+                yield name, value
+
+    while queue:
+        obj, path = queue.popleft()
+        for name, value in children(obj):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, keras.Variable):
+                out[id(value)] = f"{path}/{name}"
+            else:
+                queue.append((value, f"{path}/{name}"))
+    return out
+
+
+def slot_path(variable_path: str, slot: str) -> str:
+    """The object path of an optimizer slot ('adam_m', 'adam_v') of a variable."""
+    return f"optimizer/{slot}/{variable_path}/{slot}"
+
+
+class _Node(tf.__internal__.tracking.AutoTrackable):
+    """One object of the checkpoint's object graph (attributes set by name)."""
+
+
+def _tree(paths: Dict[str, tf.Variable]) -> _Node:
+    """A tree of `_Node`s holding `paths` {'root/a/b': variable} at those object paths
+    below the root."""
+    root = _Node()
+    nodes = {}
+    for path in sorted(paths):
+        parts = path.split("/")
+        parent = root
+        for i in range(1, len(parts) - 1):
+            key = "/".join(parts[:i + 1])
+            if key not in nodes:
+                nodes[key] = _Node()
+                setattr(parent, parts[i], nodes[key])
+            parent = nodes[key]
+        setattr(parent, parts[-1], paths[path])
+    return root
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One array of a training checkpoint: its object path, shape, dtype and variable name
+    (readers that build no model go by the names the TensorFlow runtime's variables have)."""
+    path: str
+    shape: tuple
+    dtype: object
+    name: str
+
+
+class ArrayCheckpoint:
+    """The training checkpoint's object graph over host copies: `entries` (model weights at
+    their object paths, the slots at `slot_path`, the counters at the root), written from
+    {path: array} and read back into one."""
+
+    def __init__(self, entries: Sequence[Entry]):
+        self.entries = list(entries)
+        self.variables = {e.path: tf.Variable(np.zeros(e.shape, e.dtype), trainable=False,
+                                              name=e.name) for e in self.entries}
+
+    def graph(self, data_position: bool = True) -> tf.train.Checkpoint:
+        """The object graph; without `data_position`, that of checkpoints written before
+        `data_batches` existed."""
+        items = self.variables.items()
+        optimizer = _Node()
+        for slot in ("adam_m", "adam_v"):
+            head = f"optimizer/{slot}/"
+            setattr(optimizer, slot, {p[len(head):]: v for p, v in items if p.startswith(head)})
+        state = dict(model=_tree({p: v for p, v in items if p.startswith("model/")}),
+                     optimizer=optimizer)
+        for name in COUNTERS:
+            if name in self.variables and (data_position or name != "data_batches"):
+                state[name] = self.variables[name]
+        return tf.train.Checkpoint(**state)
+
+    def assign(self, values: Dict[str, np.ndarray]):
+        for path, value in values.items():
+            self.variables[path].assign(value)
+
+    def read(self, path: str) -> Dict[str, np.ndarray]:
+        """A training checkpoint of either runtime -> {object path: array}; one written
+        before data positions existed has none (the caller resumes the input at the step)."""
+        reader = tf.compat.v1.train.NewCheckpointReader(path)
+        saved = {name.split("/")[0] for name in reader.get_variable_to_shape_map()}
+        data_position = "data_batches" in saved
+        self.graph(data_position).restore(path).assert_existing_objects_matched()
+        return {p: v.numpy() for p, v in self.variables.items()
+                if p != "data_batches" or data_position}
+
+    def manager(self, directory: str, max_to_keep: int, values) -> "ArrayCheckpointManager":
+        return ArrayCheckpointManager(self, directory, max_to_keep, values)
+
+
+class ArrayCheckpointManager:
+    """`tf.train.CheckpointManager`'s `save`, `latest_checkpoint` and `directory` for an
+    `ArrayCheckpoint`: `values()` -> {object path: array} is read at every save."""
+
+    def __init__(self, checkpoint: ArrayCheckpoint, directory: str, max_to_keep: int, values):
+        self.checkpoint, self.values = checkpoint, values
+        self._manager = tf.train.CheckpointManager(
+            checkpoint.graph(), directory, max_to_keep=max_to_keep,
+            step_counter=checkpoint.variables["global_step"])
+
+    @property
+    def directory(self) -> str:
+        return self._manager.directory
+
+    @property
+    def latest_checkpoint(self) -> Optional[str]:
+        return self._manager.latest_checkpoint
+
+    def save(self, checkpoint_number: int) -> str:
+        self.checkpoint.assign(self.values())
+        return self._manager.save(checkpoint_number=checkpoint_number)
 
 
 # --- name-based checkpoints in the released TF1 layout --------------------------------

@@ -1,21 +1,18 @@
 """Peak FLOP/s of the devices a run trains on (what MFU divides by): a table of
 accelerators' published dense peaks (NVIDIA's sheets quote "with sparsity": the table holds
-half), the device kind of a strategy, and a timed matmul where no table applies (CPU).
+half), the devices' accelerator (`runtime.Devices`), and a timed matmul where no table
+applies (CPU).
 float32 matmuls run in TensorFloat-32 by default: the TF32 column on A100/H100/H200, one
 bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32 (TPU: HIGHEST).
-TensorFlow is imported only where a TensorFlow device is asked about: the table and the JAX
-runtime's peaks need none (a GPU machine with only JAX).
+TensorFlow is imported only by the CPU's timed matmul: the table needs none.
 """
 
 import dataclasses
-import os
 import re
 import time
 from typing import Dict, Optional, Tuple, Union
 
-from absl import logging
 
-from electra_tf.training import gce
 
 T = 1e12
 
@@ -87,49 +84,12 @@ def lookup(device_name: str) -> Optional[Chip]:
 # ----------------------------------------------------------------------------- devices
 
 
-def device_type(strategy) -> str:
-    """'TPU', 'GPU' or 'CPU': what the strategy's replicas run on."""
-    devices = " ".join(strategy.extended.worker_devices).upper()
-    return next((t for t in ("TPU", "GPU") if f"{t}:" in devices), "CPU")
-
-
-def _tpu_name(strategy) -> Optional[str]:
-    """The accelerator type of a TPU ('v4-8'): the TPU VM's environment, the Cloud TPU
-    API of the strategy's resolver, or the GCE metadata server."""
-    for var in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
-        if os.environ.get(var):
-            return os.environ[var]
-    client = getattr(getattr(strategy, "cluster_resolver", None), "_cloud_tpu_client", None)
-    try:
-        if client is not None and client.api_available():
-            return client.accelerator_type()
-    except Exception as e:  # noqa: BLE001 - no API access: try the next source
-        logging.info("Cloud TPU API gave no accelerator type: %s", e)
-    return gce.attribute("accelerator-type")
-
-
-def device_name(strategy) -> Optional[str]:
-    """The accelerator's name as the table knows it (GPU: the CUDA device name; TPU: its
-    accelerator type); None on CPU or when it cannot be found."""
-    kind = device_type(strategy)
-    if kind == "GPU" and getattr(strategy, "device_kind", None):  # JAX's devices
-        return strategy.device_kind
-    if kind == "GPU":
-        import tensorflow as tf
-        gpus = tf.config.list_physical_devices("GPU")
-        return tf.config.experimental.get_device_details(gpus[0]).get("device_name") \
-            if gpus else None
-    if kind == "TPU":
-        return _tpu_name(strategy)
-    return None
-
-
-def num_devices(strategy) -> Tuple[int, str]:
+def num_devices(devices) -> Tuple[int, str]:
     """(devices a peak is multiplied by, their name): replicas on accelerators, hosts on
-    CPU (a host's logical CPU devices, its `worker_devices`, share its cores)."""
-    kind, n = device_type(strategy), strategy.num_replicas_in_sync
+    CPU (a host's CPU devices share its cores). `devices`: a `runtime.Devices`."""
+    kind, n = devices.platform, devices.num_replicas
     if kind == "CPU":
-        n = max(1, n // max(1, len(strategy.extended.worker_devices)))
+        n = devices.hosts
         return n, "CPU host" + ("s" if n > 1 else "")
     return n, f"{kind} device" + ("s" if n > 1 else "")
 
@@ -202,38 +162,27 @@ def format_flops(x: float) -> str:
     return f"{x:.3g} FLOP/s"
 
 
-def tf32_enabled(strategy) -> bool:
-    """Whether float32 matmuls may run in TensorFloat-32 (one bf16 pass on TPU): JAX's
-    default matmul precision unless set to 'highest'/'float32'; TensorFlow's switch."""
-    if getattr(strategy, "device_kind", None) is not None:  # JAX's devices
-        import jax
-        return str(jax.config.jax_default_matmul_precision or "default").lower() not in (
-            "highest", "float32")
-    import tensorflow as tf
-    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
-
-
-def peak_flops(strategy, precision: str, override: Union[None, str, float] = None,
+def peak_flops(devices, precision: str, override: Union[None, str, float] = None,
                cpu_matmul_size: int = RUN_MATMUL_SIZE) -> Tuple[Optional[float], str]:
-    """(peak FLOP/s of all the strategy's devices, where it comes from): `override` (one
+    """(peak FLOP/s of all the devices (`runtime.Devices`), where it comes from): `override` (one
     device's) times the devices, else the table's entry, or on CPU a timed matmul in the
     compute dtype; an accelerator the table does not know gives None (no MFU)."""
-    count, unit = num_devices(strategy)
+    count, unit = num_devices(devices)
     if override is not None:
         per_device = parse_flops(override)
         return per_device * count, (f"--peak_flops {format_flops(per_device)} x {count} "
                                     f"{unit}")
-    kind = device_type(strategy)
+    kind = devices.platform
     if kind == "CPU":
         per_host = measure_matmul_flops(cpu_matmul_size, precision)  # the compute dtype
         return per_host * count, (f"measured: {cpu_matmul_size}^2 {precision} matmul "
                                   f"{format_flops(per_host)} x {count} {unit}")
-    name = device_name(strategy)
+    name = devices.accelerator_name()
     chip = lookup(name) if name else None
     if chip is None:
         return None, (f"unknown {kind} {name or '(no device name)'}: pass --peak_flops "
                       "for MFU")
-    per_chip, column = chip.peak(precision, tf32_enabled(strategy))
+    per_chip, column = chip.peak(precision, devices.tf32_enabled())
     per_device = per_chip / chip.devices_per_chip
     return per_device * count, (f"{name}: {chip.name} {column} {format_flops(per_chip)}/chip "
                                 f"({chip.source}) x {count / chip.devices_per_chip:g} chip(s)")

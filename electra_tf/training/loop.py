@@ -7,19 +7,19 @@ import dataclasses
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-import tensorflow as tf
+import tensorflow as tf  # TensorBoard's summaries
 from absl import logging
 
 from electra_tf import configs, fileio
-from electra_tf.backend import BackendError, current as backend
+from electra_tf.backend import BackendError
 from electra_tf.data import files, manifest
 from electra_tf.text import VocabError
-from electra_tf.training import distribute, hardware
+from electra_tf.training import hardware
 from electra_tf.training.checkpoints import (CheckpointError, newest_complete,
                                              remove_torn_checkpoints, save_checkpoint)
 from electra_tf.training.lease import LeaseError
 from electra_tf.training.preemption import PreemptionWatch
-from electra_tf.training.trainer import Trainer, summarize
+from electra_tf.training.runtime import Devices, Runtime, StrategyError
 
 
 class RunError(ValueError):
@@ -28,7 +28,7 @@ class RunError(ValueError):
 
 # What a CLI reports as one line (exit code 1) rather than a traceback; a job adds its own.
 USER_ERRORS = (configs.ConfigError, RunError, files.InputDataError, VocabError,
-               manifest.ManifestError, distribute.StrategyError, CheckpointError, LeaseError,
+               manifest.ManifestError, StrategyError, CheckpointError, LeaseError,
                BackendError)
 
 
@@ -61,17 +61,6 @@ class Schedule:
                    train.save_checkpoints_steps, train.on_nan, log_each_loop)
 
 
-def setup(options, cfg):
-    """-> (the strategy `options` name, `cfg` with its precision resolved for it and set as
-    the Keras dtype policy, whether this process is the chief: it writes the outputs)."""
-    strategy = distribute.make_strategy(options.strategy, options.tpu, options.tpu_zone,
-                                        options.gcp_project, backend=backend())
-    precision = distribute.resolve_precision(cfg.train.precision, strategy)
-    distribute.set_precision(precision)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    return strategy, cfg, distribute.is_chief(strategy)
-
-
 def check_writable(path: str, flag: str):
     """Fails at the start of a run, not after training, if `path` cannot be written."""
     problem = fileio.writable_dir_problem(path)
@@ -95,6 +84,27 @@ def parse_profile_steps(value) -> Optional[Tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------- logging
+
+
+@dataclasses.dataclass
+class LoopOutput:
+    """What one or more host loops report (Python numbers)."""
+    loss: float
+    metrics: Dict[str, float]
+    grad_norm: float
+    skipped_steps: int
+
+
+def summarize(sums: Dict, metrics_from_sums: Callable = lambda sums: sums) -> LoopOutput:
+    """Metric sums of one or more steps (`update.step_sums`' keys and the job's) -> the
+    reported numbers (`metrics_from_sums` turns the job's own sums into its metrics)."""
+    sums = dict(sums)
+    steps = max(float(sums.pop("steps")), 1.0)
+    loss = float(sums.pop("loss_sum")) / steps
+    skipped = int(round(float(sums.pop("skipped", 0.0))))
+    norm = float(sums.pop("grad_norm_sum", 0.0)) / max(steps - skipped, 1.0)
+    metrics = {k: float(v) for k, v in metrics_from_sums(sums).items()}
+    return LoopOutput(loss, metrics, norm, skipped)
 
 
 def format_time(seconds: float) -> str:
@@ -169,9 +179,9 @@ class Perf:
     peak: Optional[float]
 
     @classmethod
-    def of(cls, flops_per_step: float, strategy, precision: str,
+    def of(cls, flops_per_step: float, devices: Devices, precision: str,
            peak_override=None) -> "Perf":
-        peak, where = hardware.peak_flops(strategy, precision, peak_override)
+        peak, where = hardware.peak_flops(devices, precision, peak_override)
         logging.info("Train step: %.4g FLOPs (hardware convention); peak %s (%s)",
                      flops_per_step, "unknown" if peak is None else hardware.format_flops(peak),
                      where)
@@ -190,8 +200,10 @@ class ProfileWindow:
     Profile tab). Every worker ends its host loops at START and END (`n_until_boundary`:
     the loops are collective); only the chief traces."""
 
-    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, enabled: bool):
+    def __init__(self, steps: Optional[Tuple[int, int]], logdir: str, enabled: bool,
+                 devices: Optional[Devices] = None):
         self.steps, self.logdir, self.enabled = steps, logdir, enabled and steps is not None
+        self.devices = devices
         self.active = False
 
     def n_until_boundary(self, step: int, n: int) -> int:
@@ -204,8 +216,8 @@ class ProfileWindow:
         if not self.enabled or self.active or not self.steps[0] <= step < self.steps[1]:
             return
         try:
-            _profiler_start(self.logdir)
-        except (tf.errors.AlreadyExistsError, RuntimeError):  # a trace is under way here
+            self.devices.profiler_start(self.logdir)
+        except RuntimeError:  # a trace is under way here
             logging.warning("--profile_steps: a profiler is already running; no trace")
             self.enabled = False
             return
@@ -220,7 +232,7 @@ class ProfileWindow:
 
     def stop(self):
         if self.active:
-            _profiler_stop()
+            self.devices.profiler_stop()
             self.active, self.enabled = False, False
 
     def __enter__(self):
@@ -228,23 +240,6 @@ class ProfileWindow:
 
     def __exit__(self, *exc):  # training ended before END, or failed: keep what ran
         self.stop()
-
-
-def _profiler_start(logdir: str):
-    """The backend's profiler into <logdir>/plugins/profile (jax.profiler on JAX)."""
-    if backend() == "jax":
-        import jax
-        jax.profiler.start_trace(logdir)
-    else:
-        tf.profiler.experimental.start(logdir)
-
-
-def _profiler_stop():
-    if backend() == "jax":
-        import jax
-        jax.profiler.stop_trace()
-    else:
-        tf.profiler.experimental.stop()
 
 
 class InputWatch:
@@ -261,9 +256,8 @@ class InputWatch:
 # ----------------------------------------------------------------------------- the loop
 
 
-def open_checkpoints(trainer: Trainer, directory: str, save_dir: Optional[str] = None,
-                     max_to_keep: int = 1, clean: bool = True
-                     ) -> tf.train.CheckpointManager:
+def open_checkpoints(trainer: Runtime, directory: str, save_dir: Optional[str] = None,
+                     max_to_keep: int = 1, clean: bool = True):
     """Resumes `trainer` from the newest complete checkpoint in `directory`; -> the manager
     saving to `save_dir` (default `directory`; a non-chief worker's scratch copy).
     `clean` (the directory's owner): delete what a killed write left and set newer damaged
@@ -274,13 +268,11 @@ def open_checkpoints(trainer: Trainer, directory: str, save_dir: Optional[str] =
     latest = newest_complete(directory, set_aside=clean)
     if latest:
         trainer.restore(latest)
-        logging.info("Resumed from %s (step %d)", latest, int(trainer.global_step.numpy()))
-    return tf.train.CheckpointManager(trainer.checkpoint(), save_dir or directory,
-                                      max_to_keep=max_to_keep,
-                                      step_counter=trainer.global_step)
+        logging.info("Resumed from %s (step %d)", latest, trainer.step)
+    return trainer.checkpoint_manager(save_dir or directory, max_to_keep)
 
 
-def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
+def train(trainer: Runtime, iterator, manager,
           schedule: Schedule, *, writer, perf: Optional[Perf] = None,
           profile_steps: Optional[Tuple[int, int]] = None, profile_dir: str = "",
           chief: bool = True, inputs: Optional[InputWatch] = None,
@@ -293,15 +285,11 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     s = schedule
     total = s.num_train_steps
     inputs = inputs or InputWatch()
-    step = int(trainer.global_step.numpy())
+    step = trainer.step
     if step >= total:
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
-    if backend() == "jax":
-        logging.info("Train step: XLA-compiled (one jax.jit program)")
-    else:
-        logging.info("Train step: %s (--jit_compile to choose)",
-                     "XLA-compiled" if trainer.jit_compile else "graph execution, no XLA")
+    logging.info("Train step: %s", trainer.describe_step())
     progress = Progress(step, total, s.batch_size)
     last_saved = step  # a loop of only skipped (non-finite) steps does not save again
     out_metrics: Dict[str, float] = {}
@@ -311,10 +299,9 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
     def save(at: int) -> str:
         if lease is not None:
             lease.check()
-        trainer.before_save()
         return save_checkpoint(manager, at)
-    with (PreemptionWatch(trainer.strategy, what=what) as preemption,
-          ProfileWindow(profile_steps, profile_dir, chief) as profile):
+    with (PreemptionWatch(trainer.devices, what=what) as preemption,
+          ProfileWindow(profile_steps, profile_dir, chief, trainer.devices) as profile):
         while step < total:
             # Stop each host loop at the next log, checkpoint, phase or profile boundary.
             n = profile.n_until_boundary(step, min(
@@ -326,10 +313,10 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
             trainer.enter_phase(step)
             profile.before_loop(step)
             with inputs.guard(manager):
-                loop_sums = host_loop(iterator, tf.constant(n))
-            trainer.data_batches.assign_add(n)
+                loop_sums = host_loop(iterator, n)
+            trainer.advance_data(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
-            step = int(trainer.global_step.numpy())  # waits for the loop's steps
+            step = trainer.step  # waits for the loop's steps
             profile.after_loop(step)
             input_scalars = inputs.after_loop()
             skipped = int(round(float(loop_sums["skipped"])))
@@ -343,7 +330,7 @@ def train(trainer: Trainer, iterator, manager: tf.train.CheckpointManager,
             if step % s.log_every_steps == 0 or step >= total or s.log_each_loop:
                 out, sums = summarize(sums, metrics_from_sums), None
                 seqs_per_s, eta = progress.rates(step)
-                lr = float(trainer.optimizer.learning_rate(step))
+                lr = trainer.learning_rate(step)
                 rates = perf.rates(seqs_per_s, s.batch_size) if perf else {}
                 logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
                                              rates.get("perf/flops_per_second"),

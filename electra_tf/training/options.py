@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 from electra_tf.configs.schema import knob, one_of
 
-STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # electra_tf.training.distribute's
+STRATEGIES = ("auto", "tpu", "gpu", "multi_worker", "cpu")  # tf_runtime.distribute's, jax_runtime.devices'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,10 +10,9 @@ import signal
 import threading
 from typing import Callable, List, Optional
 
-import tensorflow as tf
 from absl import logging
 
-from electra_tf.training import distribute, gce
+from electra_tf.training import gce
 
 # EX_TEMPFAIL: the job was asked to stop (preemption) and can be resumed by a rerun.
 PREEMPTED_EXIT_CODE = 75
@@ -48,19 +47,13 @@ class PreemptionWatch:
     """A context for a training loop: collects preemption notices while it is open;
     `what` names the loop in messages."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, what: str = ""):
+    def __init__(self, devices, what: str = ""):
         self.what = what
         self.notices: List[str] = []
-        # Multi-worker: the number of workers with a notice, summed over the cluster.
-        self._count_workers = None
-        if hasattr(strategy, "sum_over_processes"):  # JAX's processes
-            if distribute.task(strategy)[0] is not None:
-                self._count_workers = strategy.sum_over_processes
-        elif distribute.task(strategy)[0] is not None:
-            reduce = tf.function(lambda flag: strategy.reduce(
-                tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)),
-                axis=None))
-            self._count_workers = lambda flag: int(reduce(tf.constant(flag)))
+        # Multi-worker: the number of workers with a notice, summed over the cluster
+        # (`runtime.Devices.sum_over_workers`, a collective).
+        self._count_workers = (devices.sum_over_workers if devices.task()[0] is not None
+                               else None)
         self._previous_handlers = {}  # signal -> the handler to put back on exit
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None

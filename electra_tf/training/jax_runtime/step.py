@@ -7,7 +7,7 @@ state is replicated on a 1-D `data` mesh of every device (every process's, under
 `jax.distributed`), the batch is split over it by rows, and XLA inserts the gradient
 all-reduce. The state is passed in and out and donated, so its memory is not doubled.
 
-`jax_trainer.py` puts the host loop, checkpoints and input around it (the batches placed
+`trainer.py` puts the host loop, checkpoints and input around it (the batches placed
 ahead by `BatchesAhead`); `bench/` times it
 alone (a GPU machine has no TensorFlow)."""
 

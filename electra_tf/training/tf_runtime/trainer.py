@@ -1,20 +1,19 @@
-"""The training state (the checkpoint's object graph) and the compiled step both jobs
-share: the job's loss in micro-batches, then one step tail (all-reduce, unscale, clip, skip a
-non-finite step, update, float16 loss scaling); host loops return replica-reduced sums."""
+"""The TensorFlow runtime (`runtime.Runtime`): the state as variables (the checkpoint's
+object graph), one compiled step per phase under `tf.distribute` (the job's loss in
+micro-batches, then `update.py`'s step tail: all-reduce, unscale, clip, skip a non-finite
+step, update, float16 loss scaling) and host loops that return replica-reduced sums."""
 
-import abc
-import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from electra_tf import compat, rng
-from electra_tf.training import distribute
-from electra_tf.training.schedule import Phases
-from electra_tf.kernels import use_matvec_means
-from electra_tf.training import update
-from electra_tf.training.optimization import all_reduce_gradients, update_loss_scale
+from electra_tf import compat, kernels, rng
+from electra_tf.training import runtime, update
+from electra_tf.training.tf_runtime import distribute
+from electra_tf.training.tf_runtime.optimizer import (all_reduce_gradients, make_optimizer,
+                                                      update_loss_scale)
 
 
 def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
@@ -29,38 +28,25 @@ def default_jit(strategy: tf.distribute.Strategy, on_cpu: bool = True) -> bool:
     return on_cpu and compat.xla_cpu_available()
 
 
-@dataclasses.dataclass
-class LoopOutput:
-    """What one host loop returns to the host (Python numbers)."""
-    loss: float
-    metrics: Dict[str, float]
-    grad_norm: float
-    skipped_steps: int
+class TfRuntime(runtime.Runtime):
+    """A job on TensorFlow: its model, optimizer and counters as variables under the
+    strategy's scope, built after the global seed is set (every rerun and worker starts from
+    the same model), and its compiled step, eval step and host loops, one per phase."""
 
-
-class Trainer(Phases, abc.ABC):
-    """A run's state and compiled functions. `build_model()` and `build_optimizer()` run
-    under the strategy's scope after the global seed is set (every rerun and worker starts
-    from the same model); `seed_stream` tells this job's random streams from another's."""
-
-    # XLA on a CPU-only run without --jit_compile; a job's measured choice (README).
-    xla_on_cpu = True
-
-    def __init__(self, strategy: tf.distribute.Strategy, build_model: Callable,
-                 build_optimizer: Callable, *, seed: int, seed_stream: int, clip_norm: float,
-                 grad_accum_steps: int = 1, jit_compile: Optional[bool] = None):
-        self.strategy = strategy
-        # The model's precision (distribute.set_precision); float16 scales the loss.
-        self.float16 = distribute.active_precision() == "float16"
-        self.clip_norm = clip_norm
-        self.grad_accum_steps = grad_accum_steps
-        self.seed_stream = seed_stream
-        self._build_model = build_model
-        keras.utils.set_random_seed(seed)
+    def __init__(self, job: runtime.Job, devices: runtime.Devices,
+                 jit_compile: Optional[bool] = None):
+        self.job, self.devices = job, devices
+        self.strategy = strategy = devices.strategy
+        s = job.settings
+        # The model's precision (runtime.set_precision); float16 scales the loss.
+        self.float16 = runtime.active_precision() == "float16"
+        self.clip_norm = s.clip_norm
+        self.grad_accum_steps = s.grad_accum_steps
+        keras.utils.set_random_seed(s.seed)
         with strategy.scope():
-            self.model = build_model()
+            self.model = job.build_model()
             self.variables = list(self.model.trainable_variables)
-            self.optimizer = build_optimizer()
+            self.optimizer = make_optimizer(s.optimizer, s.total_steps)
             self.optimizer.build(self.variables)
             agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -76,47 +62,65 @@ class Trainer(Phases, abc.ABC):
             # Masks and dropout are a function of this, the step and the row, so a resumed
             # run redraws the same. Not checkpointed (from the flags); a variable so that
             # `reinitialize` can change it under the compiled step.
-            self.base_seed = tf.Variable([seed, seed_stream], dtype=tf.int32,
+            self.base_seed = tf.Variable([s.seed, s.seed_stream], dtype=tf.int32,
                                          trainable=False, name="base_seed", aggregation=agg)
         # CPU-only runs take the CPU-friendly LayerNorm statistics (modeling docs).
-        use_matvec_means(distribute.is_cpu_only(strategy))
-        self.jit_compile = (default_jit(strategy, self.xla_on_cpu) if jit_compile is None
+        kernels.use_matvec_means(distribute.is_cpu_only(strategy))
+        self.jit_compile = (default_jit(strategy, job.xla_on_cpu) if jit_compile is None
                             else jit_compile)
         if (self.jit_compile and distribute.is_cpu_only(strategy)
                 and not compat.xla_cpu_available()):
-            raise distribute.StrategyError(
+            raise runtime.StrategyError(
                 "--jit_compile=true: this TensorFlow build cannot XLA-compile for the CPU (the "
                 "TPU build has no XLA:CPU backend): drop the flag, or run on the TPU")
-        self.lr_multipliers = None  # or (variable, multiplier) pairs: layer-wise rates
+        multipliers = job.lr_multipliers(self.model)
+        # None, or (variable, multiplier) pairs: layer-wise rates
+        self.lr_multipliers = (None if multipliers is None else
+                               [(v, multipliers[v.path]) for v in self.variables])
         # One compiled step, eval step and host loop per phase, made on first use.
         self._replica_steps: Dict[int, Callable] = {}
         self._replica_evals: Dict[int, Callable] = {}
         self._train_loops: Dict[int, Callable] = {}
+        self._eval_loops: Dict[int, Callable] = {}
+        self.predict_step = None
         self.trace_count = 0
+
+    def describe_step(self) -> str:
+        return (f"{'XLA-compiled' if self.jit_compile else 'graph execution, no XLA'} "
+                "(--jit_compile to choose)")
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    @property
+    def data_position(self) -> int:
+        return int(self.data_batches.numpy())
+
+    def advance_data(self, batches: int):
+        self.data_batches.assign_add(batches)
+
+    def learning_rate(self, step: int) -> float:
+        return float(self.optimizer.learning_rate(step))
 
     # ------------------------------------------------------------------ the job's part
 
-    @abc.abstractmethod
     def loss(self, batch, seed, context, training: bool, phase: int = 0):
-        """-> (float32 loss, additive float32 metric sums) of this replica's (micro-)batch,
-        over global denominators: replicas and micro-batches add up to the global batch's."""
+        """The job's loss of this replica's (micro-)batch on this runtime's model."""
+        return self.job.loss(self.model, batch, seed, context, training, phase,
+                             self.global_step)
 
     def step_context(self, batch) -> Dict[str, tf.Tensor]:
-        """Whatever `loss` needs from the whole replica batch before it is split into
-        micro-batches (pre-training: global loss denominators). Default: nothing."""
-        return {}
+        """The job's denominators of the whole global batch (summed over replicas)."""
+        return {k: kernels.cross_replica_sum(v) for k, v in self.job.denominators(batch).items()}
 
-    @abc.abstractmethod
     def eval_step(self, batch, phase: int = 0):
-        """One replica's evaluation outputs (a dict of tensors)."""
-
-    def on_phase_start(self, phase: int):
-        """Called (eagerly, before its first step) when phase `phase` > 0 begins."""
-
-    def log_fields(self, metrics: Dict[str, float]) -> List[str]:
-        """The job's groups of the log line, between the loss and the learning rate, from
-        a host loop's metrics (`LoopOutput.metrics`). Default: none."""
-        return []
+        """One replica's evaluation sums: the loss without dropout, evaluation's draws."""
+        loss, sums = self.loss(batch, self.step_seed(batch, offset=1),
+                               self.step_context(batch), False, phase)
+        return dict(sums, loss_sum=loss, steps=tf.constant(1.0))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -129,6 +133,10 @@ class Trainer(Phases, abc.ABC):
             state["data_batches"] = self.data_batches
         return tf.train.Checkpoint(**state)
 
+    def checkpoint_manager(self, directory: str, max_to_keep: int):
+        return tf.train.CheckpointManager(self.checkpoint(), directory, max_to_keep=max_to_keep,
+                                          step_counter=self.global_step)
+
     def restore(self, path: str):
         """Restores a training checkpoint (one without data_batches resumes the input at
         global_step). The prefix's own reader: list_variables takes a ram:// one for a dir."""
@@ -139,43 +147,25 @@ class Trainer(Phases, abc.ABC):
         if not data_position:
             self.data_batches.assign(self.global_step)
 
-    def before_save(self):
-        """Nothing: the variables a checkpoint saves are the state (the JAX runtime copies
-        its device state into them here)."""
-
     def sync_model(self):
-        """Nothing: the model's variables are the state (see `jax_trainer.JaxTrainer`)."""
+        """Nothing: the model's variables are the state."""
 
     def model_changed(self):
-        """Nothing: the compiled step reads the model's variables (see `before_save`)."""
+        """Nothing: the compiled step reads the model's variables."""
 
     def reinitialize(self, seed: int):
-        """Puts the trainer where a new one built with `seed` would start (weights, zero
-        slots and counters, loss scale, random streams), keeping its compiled functions:
-        several trials (fine-tuning seeds) trace once."""
         keras.utils.set_random_seed(seed)
         with self.strategy.scope():
-            fresh = self._build_model()
-        new, old = fresh.weights, self.model.weights
-        if [w.path for w in new] != [w.path for w in old]:
-            raise ValueError("build_model made a different model on reinitialize")
-        for target, value in zip(old, new):
+            fresh = self.job.build_model()
+        runtime.check_same_model(fresh, self.model)
+        for target, value in zip(self.model.weights, fresh.weights):
             target.assign(value)
         for slot in self.optimizer.slot_variables().values():
             slot.assign(tf.zeros_like(slot))
         for counter in (self.global_step, self.good_steps, self.data_batches):
             counter.assign(0)
         self.loss_scale.assign(update.initial_loss_scale(self.float16))
-        self.base_seed.assign([seed, self.seed_stream])
-
-    # ------------------------------------------------------------------ phases
-
-    def enter_phase(self, step: int):
-        """Runs the phase-start hook when `step` is the first of a phase > 0 (idempotent:
-        the hook's effect does not depend on when it ran before)."""
-        starts = self.phases()
-        if step in starts[1:]:
-            self.on_phase_start(starts.index(step))
+        self.base_seed.assign([seed, self.job.settings.seed_stream])
 
     # ------------------------------------------------------------------ compiled steps
 
@@ -251,11 +241,17 @@ class Trainer(Phases, abc.ABC):
 
     def make_train_loop(self, phase: int = 0):
         """The tf.function (one per phase) running `num_steps` steps of `phase` from a
-        distributed iterator -> metric sums over replicas and steps. A loop must not cross
-        a phase boundary (`steps_left_in_phase`)."""
+        distributed iterator -> metric sums over replicas and steps."""
         if phase not in self._train_loops:
             self._train_loops[phase] = self._host_loop(self.replica_step(phase))
         return self._train_loops[phase]
+
+    def make_eval_loop(self, phase: Optional[int] = None):
+        if phase is None:
+            phase = self.phase_at(self.step)
+        if phase not in self._eval_loops:
+            self._eval_loops[phase] = self._host_loop(self.replica_eval(phase))
+        return self._eval_loops[phase]
 
     def _host_loop(self, step_fn):
         # No autograph: the loop, the step and the model are written with TF control
@@ -281,7 +277,11 @@ class Trainer(Phases, abc.ABC):
                                     (tf.constant(0), sums))
             return sums
 
-        return loop
+        def host_loop(iterator, num_steps):
+            return loop(iterator, tf.constant(num_steps)
+                        if isinstance(num_steps, int) else num_steps)
+
+        return host_loop
 
     def _reduce(self, per_replica):
         sums = {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
@@ -294,22 +294,31 @@ class Trainer(Phases, abc.ABC):
                 sums[key] = sums[key] / n
         return sums
 
+    # ------------------------------------------------------------------ prediction
+
+    def predict(self, arrays: Dict[str, np.ndarray], batch_size: int) -> Dict[str, np.ndarray]:
+        """XLA and several replicas want one batch shape: padded rows (weight 0). Else the
+        last batch stays short, on one trace for every batch size (no wasted rows)."""
+        rows = len(arrays["weight"])
+        padded = self.jit_compile or self.strategy.num_replicas_in_sync > 1
+        if padded:
+            arrays = runtime.pad_rows(arrays, batch_size)
+        ds = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size, drop_remainder=padded)
+        if self.predict_step is None:
+            self.predict_step = tf.function(
+                lambda batch: self.job.fetches(batch, self.model(batch, training=False)),
+                jit_compile=self.jit_compile, autograph=False)
+        step = self.predict_step
+        if not padded:
+            step.get_concrete_function(ds.element_spec)  # batch dimension None
+        return runtime.concat_rows(
+            ({k: self.strategy.gather(v, axis=0).numpy() for k, v in
+              self.strategy.run(step, args=(element,)).items()}
+             for element in self.devices.distribute(ds)), rows)
+
 
 def first_row(batch):
     """Global index of this replica's first row (replicas hold equal, ordered shares)."""
     ctx = tf.distribute.get_replica_context()
     replica = ctx.replica_id_in_sync_group if ctx is not None else 0
     return replica * tf.shape(batch["input_ids"])[0]
-
-
-def summarize(sums: Dict[str, tf.Tensor],
-              metrics_from_sums: Callable = lambda sums: sums) -> LoopOutput:
-    """Metric sums of one or more steps -> the reported numbers (`metrics_from_sums`
-    turns the job's own sums into its metrics)."""
-    sums = dict(sums)
-    steps = max(float(sums.pop("steps")), 1.0)
-    loss = float(sums.pop("loss_sum")) / steps
-    skipped = int(round(float(sums.pop("skipped", 0.0))))
-    norm = float(sums.pop("grad_norm_sum", 0.0)) / max(steps - skipped, 1.0)
-    metrics = {k: float(v) for k, v in metrics_from_sums(sums).items()}
-    return LoopOutput(loss, metrics, norm, skipped)

@@ -9,14 +9,14 @@ import json
 import math
 import os
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Mapping, Optional
 
-import keras
 import tensorflow as tf
 from absl import logging
 
 from electra_tf.compat import module_exists, tpu_chips  # TensorFlow-free probes of this host
 from electra_tf.training import gce
+from electra_tf.training.runtime import StrategyError  # noqa: F401 (re-exported)
 from electra_tf.training.options import STRATEGIES  # the --strategy values
 
 # resolve_tpu_target's kinds
@@ -30,10 +30,6 @@ TPU_GRPC = "tpu_grpc"    # a TPU worker address, grpc://HOST:PORT
 # v5p (4 chips of 2), chips on v5e and v6e (8 of 1); a smaller slice is one host.
 _ACCELERATOR_TYPE = re.compile(r"^v(\d+)([a-z]*)-(\d+)$")
 _UNITS_PER_HOST = 8
-
-
-class StrategyError(ValueError):
-    """The requested strategy cannot run here; the message is one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,14 +244,10 @@ def _tpu_strategy(target: TpuTarget) -> tf.distribute.TPUStrategy:
 
 
 def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optional[str] = None,
-                  gcp_project: Optional[str] = None, backend: str = "tensorflow"
-                  ) -> tf.distribute.Strategy:
-    """Builds the strategy; call once, before creating any variable. On the JAX backend,
-    the devices JAX sees (`jax_devices`) in the strategy's place."""
+                  gcp_project: Optional[str] = None) -> tf.distribute.Strategy:
+    """Builds the strategy; call once, before creating any variable."""
     if name not in STRATEGIES:
         raise StrategyError(f"--strategy={name}: expected one of {', '.join(STRATEGIES)}")
-    if backend == "jax":
-        return jax_devices(name)
     host = probe_tpu_host() if name in ("auto", "tpu") else TpuHost()
     target = resolve_tpu_target(name, tpu, tpu_zone, gcp_project, os.environ, host)
     if target.kind != NO_TPU:
@@ -291,87 +283,8 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     return strategy
 
 
-def jax_cluster(environ) -> Dict[str, Any]:
-    """`jax.distributed.initialize`'s arguments for --strategy=multi_worker from the
-    environment: TF_CONFIG, as the TensorFlow runtime reads it (the chief, then the
-    workers, in order: process i is the i-th task, the coordinator the first task's
-    address), else JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID, else {}
-    (JAX finds the cluster itself: Cloud TPU slices, SLURM, Open MPI, Kubernetes)."""
-    if environ.get("TF_CONFIG"):
-        try:
-            spec = json.loads(environ["TF_CONFIG"])
-            cluster, task = spec["cluster"], spec["task"]
-            tasks = [(kind, i) for kind in ("chief", "worker")
-                     for i in range(len(cluster.get(kind, [])))]
-            addresses = [cluster[kind][i] for kind, i in tasks]
-            process_id = tasks.index((task["type"], int(task["index"])))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise StrategyError(f"TF_CONFIG: not a cluster with this task among its chief "
-                                f"and workers ({type(e).__name__}: {e})") from None
-        return dict(coordinator_address=addresses[0], num_processes=len(addresses),
-                    process_id=process_id)
-    given = [environ.get(k) for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")]
-    if any(given):
-        if not all(given) or not environ.get("JAX_COORDINATOR_ADDRESS"):
-            raise StrategyError("--strategy=multi_worker: set JAX_COORDINATOR_ADDRESS, "
-                                "JAX_NUM_PROCESSES and JAX_PROCESS_ID together")
-        try:
-            num, index = int(given[0]), int(given[1])
-        except ValueError:
-            raise StrategyError(f"JAX_NUM_PROCESSES={given[0]!r}, JAX_PROCESS_ID="
-                                f"{given[1]!r}: expected integers") from None
-        return dict(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
-                    num_processes=num, process_id=index)
-    return {}
-
-
-def jax_devices(name: str):
-    """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
-    cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
-    (`jax.distributed.initialize()` first, with the cluster of `jax_cluster`: TF_CONFIG as
-    on TensorFlow, or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; Cloud
-    TPU slices and SLURM describe it themselves). -> `jax_trainer.JaxDevices`."""
-    from electra_tf.backend import require_jax
-    jax = require_jax()
-    try:  # TensorFlow feeds the input on the host: it must not claim an accelerator
-        tf.config.set_visible_devices([], "GPU")
-        tf.config.set_visible_devices([], "TPU")
-    except (RuntimeError, ValueError) as e:  # its devices were initialised already
-        logging.info("TensorFlow's devices stay visible to it (%s): it holds no "
-                     "accelerator memory unless it runs ops there", e)
-    from electra_tf.training.jax_trainer import JaxDevices
-    cluster = jax_cluster(os.environ) if name in ("auto", "multi_worker") else {}
-    if name == "auto" and cluster.get("num_processes", 1) > 1:
-        name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
-    if name == "multi_worker":
-        if cluster:
-            logging.info("JAX cluster: process %d of %d, coordinator %s",
-                         cluster["process_id"], cluster["num_processes"],
-                         cluster["coordinator_address"])
-        try:
-            jax.distributed.initialize(**cluster)
-        except (RuntimeError, ValueError) as e:
-            raise StrategyError(f"--strategy=multi_worker: jax.distributed.initialize() "
-                                f"failed: {str(e).splitlines()[0]}") from None
-        name = "auto"
-    devices = None
-    if name in ("cpu", "gpu", "tpu"):
-        try:
-            devices = jax.devices(name)
-        except RuntimeError:
-            devices = []
-        if not devices:
-            raise StrategyError(f"--strategy={name}: JAX sees no {name.upper()} device "
-                                f"(it has: {', '.join(sorted({d.platform for d in jax.devices()}))})")
-    found = JaxDevices(devices)
-    logging.info("JAX devices: %s", found.describe())
-    return found
-
-
 def task(strategy: tf.distribute.Strategy):
     """(task_type, task_id) of this process in a multi-worker cluster, else (None, None)."""
-    if hasattr(strategy, "process_count"):  # JAX's processes (jax_trainer.JaxDevices)
-        return strategy.task()
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None, None
@@ -383,42 +296,9 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     without one; always true outside multi-worker training (on TPU one program drives every
     host)."""
     task_type, task_id = task(strategy)
-    if hasattr(strategy, "process_count"):  # JAX: process 0 writes
-        return task_id in (None, 0)
     return task_type in (None, "chief") or (
         task_type == "worker" and task_id == 0
         and not strategy.cluster_resolver.cluster_spec().as_dict().get("chief"))
-
-
-def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
-    """Where this process saves checkpoints: `model_dir` for the chief; for the other
-    workers (a save is a collective) a scratch directory nobody reads."""
-    if is_chief(strategy):
-        return model_dir
-    task_type, task_id = task(strategy)
-    return os.path.join(model_dir, ".workers", f"{task_type}_{task_id}")
-
-
-def resolve_precision(precision: str, strategy: tf.distribute.Strategy) -> str:
-    """precision=auto -> bfloat16 on TPU, float32 elsewhere; others as they are."""
-    if precision != "auto":
-        return precision
-    on_tpu = (isinstance(strategy, tf.distribute.TPUStrategy)
-              or getattr(strategy, "platform", None) == "TPU")  # JAX's TPU devices
-    return "bfloat16" if on_tpu else "float32"
-
-
-def set_precision(precision: str):
-    """Sets the Keras dtype policy: variables stay float32, compute in the given type."""
-    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16",
-              "float16": "mixed_float16"}[precision]
-    keras.mixed_precision.set_dtype_policy(policy)
-
-
-def active_precision() -> str:
-    """The compute precision models are built with now (`set_precision`'s)."""
-    return {"float16": "float16", "bfloat16": "bfloat16"}.get(
-        keras.mixed_precision.global_policy().compute_dtype, "float32")
 
 
 def is_cpu_only(strategy: tf.distribute.Strategy) -> bool:
@@ -428,4 +308,3 @@ def is_cpu_only(strategy: tf.distribute.Strategy) -> bool:
     except RuntimeError:  # the default strategy: wherever TensorFlow places ops
         return not tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
     return all("CPU" in d.upper() for d in devices)
-

@@ -1,0 +1,190 @@
+"""The JAX runtime's devices (`runtime.Devices`): a 1-D mesh of every device JAX sees (every
+process's, under `jax.distributed`), the process's place among them, and the cluster the
+environment describes (`jax_cluster`: TF_CONFIG, or JAX's own variables). JAX is imported
+where it is used: `jax_cluster` reads the environment only."""
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from absl import logging
+
+from electra_tf.backend import require_jax
+from electra_tf.training import runtime
+from electra_tf.training.runtime import StrategyError
+
+
+class JaxDevices(runtime.Devices):
+    """The devices of a JAX run: the mesh the step is split over and this process's place
+    among `jax.distributed`'s processes."""
+
+    backend = "jax"
+
+    def __init__(self, devices: Optional[List] = None):
+        import jax
+        from electra_tf.training.jax_runtime.step import make_mesh
+        self.mesh = make_mesh(devices)
+        devices = list(self.mesh.devices.flat)
+        self.num_replicas = len(devices)
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+        self._platform = devices[0].platform.upper()
+        self.device_kind = devices[0].device_kind
+
+    @property
+    def platform(self) -> str:
+        return self._platform
+
+    @property
+    def hosts(self) -> int:
+        return self.process_count
+
+    def accelerator_name(self) -> Optional[str]:
+        if self.platform == "GPU":
+            return self.device_kind
+        if self.platform == "TPU":
+            import os
+            for var in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
+                if os.environ.get(var):
+                    return os.environ[var]
+            from electra_tf.training import gce
+            return gce.attribute("accelerator-type")
+        return None
+
+    def tf32_enabled(self) -> bool:
+        """JAX's default matmul precision unless set to 'highest' or 'float32'."""
+        import jax
+        return str(jax.config.jax_default_matmul_precision or "default").lower() not in (
+            "highest", "float32")
+
+    def task(self):
+        """('worker', i) under several processes, else (None, None)."""
+        return ("worker", self.process_index) if self.process_count > 1 else (None, None)
+
+    def is_chief(self) -> bool:
+        """Process 0 writes."""
+        return self.process_index == 0
+
+    def sum_over_workers(self, value: int) -> int:
+        if self.process_count == 1:
+            return int(value)
+        from jax.experimental import multihost_utils
+        return int(np.sum(multihost_utils.process_allgather(np.int32(value))))
+
+    def describe(self) -> str:
+        import jax
+        return (f"JAX {jax.__version__}: {self.num_replicas} {self.platform} "
+                f"device(s) ({self.device_kind}), {self.process_count} process(es)")
+
+    def dataset(self, make):
+        """This process's rows of each global batch, from its own input pipeline."""
+        import tensorflow as tf  # tf.data: the input
+        n, i = self.process_count, self.process_index
+        return make(tf.distribute.InputContext(n, i, n))
+
+    def distribute(self, dataset):
+        return dataset
+
+    def profiler_start(self, logdir: str):
+        import jax
+        jax.profiler.start_trace(logdir)
+
+    def profiler_stop(self):
+        import jax
+        jax.profiler.stop_trace()
+
+    def runtime(self, job, jit_compile: Optional[bool] = None):
+        """The JAX runtime's trainer; its step is always one XLA program, so
+        `jit_compile=False` is ignored (a TensorFlow command line runs unchanged)."""
+        if jit_compile is False:
+            logging.warning("--jit_compile=false: ignored on the JAX backend, whose step is "
+                            "always one XLA program")
+        from electra_tf.training.jax_runtime.trainer import JaxRuntime
+        return JaxRuntime(job, self)
+
+
+def _keep_tensorflow_off_accelerators():
+    """TensorFlow feeds the input on the host (tf.data) where it is installed: it must not
+    claim an accelerator."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return
+    try:
+        tf.config.set_visible_devices([], "GPU")
+        tf.config.set_visible_devices([], "TPU")
+    except (RuntimeError, ValueError) as e:  # its devices were initialised already
+        logging.info("TensorFlow's devices stay visible to it (%s): it holds no "
+                     "accelerator memory unless it runs ops there", e)
+
+
+def jax_cluster(environ) -> Dict[str, Any]:
+    """`jax.distributed.initialize`'s arguments for --strategy=multi_worker from the
+    environment: TF_CONFIG, as the TensorFlow runtime reads it (the chief, then the
+    workers, in order: process i is the i-th task, the coordinator the first task's
+    address), else JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID, else {}
+    (JAX finds the cluster itself: Cloud TPU slices, SLURM, Open MPI, Kubernetes)."""
+    if environ.get("TF_CONFIG"):
+        try:
+            spec = json.loads(environ["TF_CONFIG"])
+            cluster, task = spec["cluster"], spec["task"]
+            tasks = [(kind, i) for kind in ("chief", "worker")
+                     for i in range(len(cluster.get(kind, [])))]
+            addresses = [cluster[kind][i] for kind, i in tasks]
+            process_id = tasks.index((task["type"], int(task["index"])))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise StrategyError(f"TF_CONFIG: not a cluster with this task among its chief "
+                                f"and workers ({type(e).__name__}: {e})") from None
+        return dict(coordinator_address=addresses[0], num_processes=len(addresses),
+                    process_id=process_id)
+    given = [environ.get(k) for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")]
+    if any(given):
+        if not all(given) or not environ.get("JAX_COORDINATOR_ADDRESS"):
+            raise StrategyError("--strategy=multi_worker: set JAX_COORDINATOR_ADDRESS, "
+                                "JAX_NUM_PROCESSES and JAX_PROCESS_ID together")
+        try:
+            num, index = int(given[0]), int(given[1])
+        except ValueError:
+            raise StrategyError(f"JAX_NUM_PROCESSES={given[0]!r}, JAX_PROCESS_ID="
+                                f"{given[1]!r}: expected integers") from None
+        return dict(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
+                    num_processes=num, process_id=index)
+    return {}
+
+
+def jax_devices(name: str):
+    """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
+    cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
+    (`jax.distributed.initialize()` first, with the cluster of `jax_cluster`: TF_CONFIG as
+    on TensorFlow, or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; Cloud
+    TPU slices and SLURM describe it themselves). -> `JaxDevices`."""
+    jax = require_jax()
+    _keep_tensorflow_off_accelerators()
+    cluster = jax_cluster(os.environ) if name in ("auto", "multi_worker") else {}
+    if name == "auto" and cluster.get("num_processes", 1) > 1:
+        name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
+    if name == "multi_worker":
+        if cluster:
+            logging.info("JAX cluster: process %d of %d, coordinator %s",
+                         cluster["process_id"], cluster["num_processes"],
+                         cluster["coordinator_address"])
+        try:
+            jax.distributed.initialize(**cluster)
+        except (RuntimeError, ValueError) as e:
+            raise StrategyError(f"--strategy=multi_worker: jax.distributed.initialize() "
+                                f"failed: {str(e).splitlines()[0]}") from None
+        name = "auto"
+    devices = None
+    if name in ("cpu", "gpu", "tpu"):
+        try:
+            devices = jax.devices(name)
+        except RuntimeError:
+            devices = []
+        if not devices:
+            raise StrategyError(f"--strategy={name}: JAX sees no {name.upper()} device "
+                                f"(it has: {', '.join(sorted({d.platform for d in jax.devices()}))})")
+    found = JaxDevices(devices)
+    logging.info("JAX devices: %s", found.describe())
+    return found
+
+
