@@ -1,7 +1,7 @@
 """Gradients accumulated over micro-batches, for tests/test_optimization.py.
 
 Test-only: the train step accumulates its micro-batches itself
-(`training.trainer.Trainer._accumulated_grads`). This one checks that AdamW and LAMB need
+(`training.tf_runtime.trainer.TfRuntime._accumulated_grads`). This one checks that AdamW and LAMB need
 nothing but the mean gradient, on one device and under MirroredStrategy, where the
 accumulators are replica-local (`ON_READ`), so accumulating needs no communication.
 """

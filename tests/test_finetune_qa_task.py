@@ -1,5 +1,5 @@
 """Tests of electra_tf.finetune.qa_task: SQuAD data, loss, training and metrics through the
-Finetuner, and the in-graph serving path checked against the Python postprocessing."""
+fine-tuning runtime, and the in-graph serving path checked against the Python postprocessing."""
 
 import json
 import math

@@ -230,7 +230,7 @@ def test_predict_runs_a_short_last_batch_on_one_trace(trained):
     assert not ft.jit_compile
     short = predict(ft, data)
     full = predict(ft, dataclasses.replace(data, arrays=pad_rows(rows, 4), num_examples=12))
-    assert ft.replica_eval().experimental_get_tracing_count() == 1
+    assert ft.predict_step.experimental_get_tracing_count() == 1
     assert set(short) == set(full) and {len(v) for v in short.values()} == {9}
     for k in short:
         np.testing.assert_allclose(short[k], full[k][:9], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -474,7 +474,7 @@ REPLICA_SCRIPT = textwrap.dedent("""
     weights = one.model.get_weights()
     loss_one, _ = run_steps(one, batch, 1)
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    # jit_compile=None: the Finetuner's default, which is no XLA for Mirrored over CPUs.
+    # jit_compile=None: the TensorFlow runtime's default, which is no XLA for Mirrored over CPUs.
     two = tf_finetuner(task, NO_DROPOUT, STEP_CFG, mirrored, 10, None, 2)
     two.model.set_weights(weights)
     loss_two, skipped = run_steps(two, batch, 1)
@@ -545,7 +545,7 @@ def test_bfloat16_finetuning(tmp_path, precision):
     assert moved > 1e-4
     assert rest < first
     # Evaluation after training: the loss on the fixed batch fell below the initial one.
-    assert ft.task.loss(ft.model(batch, training=False), batch).numpy().mean() < first
+    assert ft.job.task.loss(ft.model(batch, training=False), batch).numpy().mean() < first
 
 
 # ----------------------------------------------------------------------------- SIGTERM

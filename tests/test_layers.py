@@ -40,8 +40,9 @@ def owner(module: str):
     return best
 
 
-def imports(source: str, module: str):
-    """Every module `source` imports, with its line: absolute and relative, at any depth."""
+def imports(source: str, module: str, modules=()):
+    """Every module `source` imports, with its line: absolute and relative, at any depth.
+    `modules`: names that are modules besides the files on disk."""
     package = module.rsplit(".", 1)[0]  # (no package __init__ of ours imports relatively)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -54,7 +55,8 @@ def imports(source: str, module: str):
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"  # `from pkg import submodule` names the module
-                yield node.lineno, full if owner(full) and _is_module(full) else base
+                yield node.lineno, full if owner(full) and (full in modules or _is_module(full)) \
+                    else base
 
 
 def _is_module(name: str) -> bool:
@@ -136,3 +138,54 @@ def test_imports_down_and_within_a_package_are_allowed():
         "tfrecord_builder.build": "from electra_tf.data import manifest",
         "electra_tf.conversion.convert": "from electra_tf.pretraining import model_dir",
     }) == []
+
+
+def import_cycles(sources):
+    """Every cycle of imports among our modules (the layers above forbid one across
+    packages; this finds one inside a package): strongly connected components of the import
+    graph (Tarjan's algorithm), each a sorted list of its modules. A module's import of a
+    package it lies in is no edge: Python has run that package's __init__ before it."""
+    graph = {m: sorted({t for _, t in imports(s, m, sources)
+                        if t in sources and t != m and not m.startswith(t + ".")})
+             for m, s in sources.items()}
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    assert import_cycles(package_sources()) == []
+
+
+def test_a_cycle_inside_a_package_is_found():
+    assert import_cycles({
+        "electra_tf.finetune.trainer": "from electra_tf.finetune import jax_trainer",
+        "electra_tf.finetune.jax_trainer": "def f():\n    from electra_tf.finetune import tasks",
+        "electra_tf.finetune.tasks": "from . import trainer",
+        "electra_tf.finetune.model": "from electra_tf.finetune import tasks",
+    }) == [["electra_tf.finetune.jax_trainer", "electra_tf.finetune.tasks",
+            "electra_tf.finetune.trainer"]]

@@ -1,4 +1,5 @@
-"""electra_tf.training.optimization: schedule, AdamW/LAMB against numpy, clipping, the mean of
+"""The TensorFlow runtime's optimizer (electra_tf.training.tf_runtime.optimizer, over
+`training/update.py`): schedule, AdamW/LAMB against numpy, clipping, the mean of
 accumulated micro-batch gradients, XLA and MirroredStrategy (the latter in a subprocess
 with 2 logical CPU devices)."""
 
@@ -101,7 +102,8 @@ def test_schedule_without_warmup_and_in_xla():
     assert float(schedule(0)) == pytest.approx(1e-3)
     assert float(schedule(100)) == pytest.approx(5e-4)
     assert float(schedule(200)) == 0.0
-    fn = tf.function(schedule, jit_compile=xla_cpu_available())  # a graph under the TPU build
+    # autograph off, as the runtime traces (a graph under the TPU build)
+    fn = tf.function(schedule, jit_compile=xla_cpu_available(), autograph=False)
     assert float(fn(tf.constant(50, tf.int64))) == pytest.approx(7.5e-4)
 
 
@@ -252,47 +254,66 @@ def test_build_required_in_tf_function():
 
 # --------------------------------------------------------------------------- clipping
 
-def test_clip_by_global_norm():
+def clipped(grads, clip_norm=1.0):
+    """The gradients times `update.clip_scale` of their global norm (finite norms), and the
+    norm: clipping as a pass of its own, which the step folds into the update."""
+    norm = update.global_norm(grads)
+    scale = update.clip_scale(norm, clip_norm)
+    return [None if g is None else g * scale for g in grads], norm
+
+
+def test_global_norm_and_clip_scale():
     grads = [tf.constant([3.0, 0.0]), None, tf.constant([[4.0]])]
-    clipped, norm = opt_lib.clip_by_global_norm(grads, 1.0)
+    out, norm = clipped(grads, 1.0)
     assert float(norm) == pytest.approx(5.0)
-    assert clipped[1] is None
-    np.testing.assert_allclose(clipped[0].numpy(), [0.6, 0.0], rtol=1e-6)
-    np.testing.assert_allclose(clipped[2].numpy(), [[0.8]], rtol=1e-6)
-    assert float(opt_lib.global_norm(clipped)) == pytest.approx(1.0)
-    same, norm = opt_lib.clip_by_global_norm([tf.constant([0.3, 0.4])], 1.0)  # below: unchanged
+    assert out[1] is None
+    np.testing.assert_allclose(out[0].numpy(), [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(out[2].numpy(), [[0.8]], rtol=1e-6)
+    assert float(update.global_norm(out)) == pytest.approx(1.0)
+    same, norm = clipped([tf.constant([0.3, 0.4])], 1.0)  # below: unchanged
     assert float(norm) == pytest.approx(0.5)
     np.testing.assert_allclose(same[0].numpy(), [0.3, 0.4])
-    sparse = tf.IndexedSlices(tf.constant([[3.0, 4.0]]), tf.constant([1]), tf.constant([3, 2]))
-    out, norm = opt_lib.clip_by_global_norm([sparse, tf.constant([0.0])], 2.5)
-    assert float(norm) == pytest.approx(5.0)
-    assert isinstance(out[0], tf.IndexedSlices)
-    np.testing.assert_allclose(out[0].values.numpy(), [[1.5, 2.0]], rtol=1e-6)
+    assert float(update.clip_scale(norm, 0.0)) == 1.0  # clip_norm <= 0: no clipping
+    # a sparse gradient is densified by the all-reduce before its norm is taken
+    sparse = tf.IndexedSlices(tf.constant([[3.0, 4.0], [0.0, 1.0]]), tf.constant([1, 1]),
+                              tf.constant([3, 2]))
+    dense = opt_lib.all_reduce_gradients([sparse])[0]
+    np.testing.assert_array_equal(dense.numpy(), [[0, 0], [3, 5], [0, 0]])
+    assert float(update.global_norm([dense])) == pytest.approx(np.sqrt(34.0))
     # matches tf.clip_by_global_norm on finite input
     rng = np.random.RandomState(0)
-    dense = [tf.constant(rng.randn(5, 3).astype(np.float32)), tf.constant(rng.randn(7))]
-    dense[1] = tf.cast(dense[1], tf.float32)
-    ours, n1 = opt_lib.clip_by_global_norm(dense, 1.0)
+    dense = [tf.constant(rng.randn(5, 3).astype(np.float32)),
+             tf.constant(rng.randn(7).astype(np.float32))]
+    ours, n1 = clipped(dense, 1.0)
     theirs, n2 = tf.clip_by_global_norm(dense, 1.0)
     assert float(n1) == pytest.approx(float(n2), rel=1e-6)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
+def test_a_non_finite_norm_gives_a_zero_clip_factor():
+    norm = update.global_norm([tf.constant([np.inf, 1.0]), tf.constant([2.0])])
+    assert not np.isfinite(float(norm))
+    assert float(update.clip_scale(norm, 1.0)) == 0.0
+    assert float(update.clip_scale(norm, 0.0)) == 0.0  # not finite: 0 even without clipping
+    assert np.isnan(float(update.global_norm([tf.constant([np.nan])])))
+
+
 @pytest.mark.parametrize("family", [opt_lib.AdamW, opt_lib.LAMB])
 def test_grad_scale_is_clipping_first(family):
-    """apply_gradients(grad_scale=clip_scale's) gives clip_by_global_norm-then-update's
-    numbers exactly; a non-finite norm with should_update=False changes nothing."""
+    """apply_gradients(grad_scale=clip_scale's) gives clip-then-update's numbers exactly; a
+    non-finite norm with should_update=False changes nothing."""
     grads = [[g * 3.0 for g in step] for step in make_grads(3, seed=5)]  # norms above 1
-    clipped = []
+    steps = []
     for step in grads:
-        out, _ = opt_lib.clip_by_global_norm([tf.constant(g) for g in step], 1.0)
-        clipped.append([g.numpy() for g in out])
-    want = run_tf(family(1e-2, weight_decay=0.01), make_variables(), clipped)
+        out, _ = clipped([tf.constant(g) for g in step], 1.0)
+        steps.append([g.numpy() for g in out])
+    want = run_tf(family(1e-2, weight_decay=0.01), make_variables(), steps)
     variables = make_variables()
     optimizer = family(1e-2, weight_decay=0.01).build(variables)
     for s, step in enumerate(grads):
-        scale, norm = opt_lib.clip_scale([tf.constant(g) for g in step], 1.0)
+        norm = update.global_norm([tf.constant(g) for g in step])
+        scale = update.clip_scale(norm, 1.0)
         assert 0.0 < float(scale) < 1.0
         optimizer.apply_gradients(zip([tf.constant(g) for g in step], variables),
                                   tf.constant(s, tf.int64), grad_scale=scale,
@@ -300,7 +321,8 @@ def test_grad_scale_is_clipping_first(family):
     for got, w in zip(variables, want):
         np.testing.assert_array_equal(got.numpy(), w)
     bad = [np.full_like(g, np.inf) for g in grads[0]]
-    scale, norm = opt_lib.clip_scale([tf.constant(g) for g in bad], 1.0)
+    norm = update.global_norm([tf.constant(g) for g in bad])
+    scale = update.clip_scale(norm, 1.0)
     assert float(scale) == 0.0 and not np.isfinite(float(norm))
     optimizer.apply_gradients(zip([tf.constant(g) for g in bad], variables),
                               tf.constant(3, tf.int64), grad_scale=scale,
@@ -309,16 +331,6 @@ def test_grad_scale_is_clipping_first(family):
         np.testing.assert_array_equal(got.numpy(), w)
     for slot in optimizer.slot_variables().values():
         assert np.all(np.isfinite(slot.numpy()))
-
-
-def test_clip_non_finite_gives_zeros():
-    clipped, norm = opt_lib.clip_by_global_norm([tf.constant([np.inf, 1.0]),
-                                                 tf.constant([2.0])], 1.0)
-    assert not np.isfinite(float(norm))
-    for g in clipped:
-        np.testing.assert_array_equal(g.numpy(), np.zeros_like(g.numpy()))
-    _, norm = opt_lib.clip_by_global_norm([tf.constant([np.nan])], 1.0)
-    assert np.isnan(float(norm))
 
 
 # --------------------------------------------------------------------------- accumulation
@@ -430,12 +442,12 @@ def test_train_step_under_jit_compile():
         def step(s):
             with tf.GradientTape() as tape:
                 loss = _loss(variables, x, y) + 0.1 * tf.reduce_sum(variables[1])
-            grads, norm = opt_lib.clip_by_global_norm(tape.gradient(loss, variables), 1.0)
+            grads, norm = clipped(tape.gradient(loss, variables), 1.0)
             optimizer.apply_gradients(zip(grads, variables), s,
                                       should_update=tf.math.is_finite(norm))
             return norm
 
-        fn = tf.function(step, jit_compile=True) if jit else step
+        fn = tf.function(step, jit_compile=True, autograph=False) if jit else step
         for s in range(3):
             fn(tf.constant(s, tf.int64))
         results.append([v.numpy() for v in variables])
@@ -465,7 +477,8 @@ def test_the_runs_length_is_an_input_of_the_compiled_step_not_a_constant():
     optimizer = opt_lib.make_optimizer(OptimizerConfig(warmup_steps=3), 12)
     schedule = optimizer.learning_rate_fn
     np.testing.assert_array_equal(schedule.lengths(), np.array([12, 3], np.float32))
-    rate = tf.function(optimizer.learning_rate, jit_compile=xla_cpu_available())
+    rate = tf.function(optimizer.learning_rate, jit_compile=xla_cpu_available(),
+                       autograph=False)
     steps = [0, 1, 2, 5, 11, 12]
     got = [float(rate(tf.constant(s, tf.int64))) for s in steps]
     assert got == pytest.approx([closed_form_lr(s, 5e-4, 12, 3) for s in steps], rel=1e-6,
@@ -496,6 +509,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     import numpy as np
+    from electra_tf.training import update
     from electra_tf.training.tf_runtime import optimizer as O
     from gradient_accumulator import GradientAccumulator
 
@@ -522,8 +536,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
             return tape.gradient(loss, vs), loss
         grads, loss = acc.accumulate_microbatches(grad_fn, (xb, yb))
         grads = O.all_reduce_gradients(grads)
-        grads, norm = O.clip_by_global_norm(grads, 1.0)
-        opt.apply_gradients(zip(grads, vs), s)
+        norm = update.global_norm(grads)
+        opt.apply_gradients(zip(grads, vs), s, grad_scale=update.clip_scale(norm, 1.0))
         return norm
 
     out = {}

@@ -1,4 +1,4 @@
-"""electra_tf.training.trainer on a toy linear model (toy_trainer.py): the step tail
+"""The TensorFlow runtime (electra_tf.training.tf_runtime.trainer) on a toy linear model (toy_trainer.py): the step tail
 (all-reduce, unscale, clip, a non-finite step skipped and counted, the update), gradient
 accumulation, the host loop, checkpoints and reinitialize, against numpy's arithmetic."""
 

@@ -263,10 +263,6 @@ class Runtime(Phases, abc.ABC):
         """Restores a training checkpoint of either runtime (one without a data position
         resumes the input at the step)."""
 
-    def before_save(self):
-        """Brings the checkpointed state up to date (a runtime whose state lives on the
-        devices copies it out here). Default: nothing."""
-
     # ------------------------------------------------------------------ the model
 
     @abc.abstractmethod

@@ -1,6 +1,6 @@
 """The learning-rate schedule and the weight-decay exclusions, shared by the TensorFlow
-runtime's optimizer (`optimization.py`) and the JAX runtime's update (`jax_step.py`); no
-TensorFlow at import."""
+runtime's optimizer (`tf_runtime/optimizer.py`) and the JAX runtime's update
+(`jax_runtime/step.py`); no TensorFlow at import."""
 
 from typing import Any, Callable, Dict, List, Optional
 

@@ -92,7 +92,7 @@ def new_values(hyper: Hyper, param, m_old, v_old, grad, lr, c: Mapping, *, decay
     `c`: `Hyper.constants()` and `bias_corrections()`, as numbers or the runtime's float32
     scalars; `grad_scale`: the clip factor the gradient is multiplied by first."""
     dtype = param.dtype
-    if grad_scale is not None:  # as clip_by_global_norm: zeros where not finite
+    if grad_scale is not None:  # zeros where the norm is not finite (0 * inf is NaN)
         grad = grad * ops.cast(grad_scale, grad.dtype)
         if ok is not None:
             grad = ops.where(ok, grad, ops.zeros([], grad.dtype))

@@ -1,15 +1,14 @@
 """The JAX runtime's compiled train step, without TensorFlow: the job's loss in micro-batches,
-then the step tail of the TensorFlow runtime (`training/trainer.py`) with the same semantics:
-unscale, clip by the global norm, skip a non-finite step (counted, nothing applied), AdamW
-without bias correction or LAMB (`training/optimization.py`'s update rules), layer-wise
-learning-rate multipliers, float16 loss scaling. One `jax.jit` over the global batch: the
+then the step tail both runtimes share: unscale, clip by the global norm, skip a non-finite
+step (counted, nothing applied), AdamW without bias correction or LAMB with layer-wise
+learning-rate multipliers, float16 loss scaling, every formula `training/update.py`'s (the
+TensorFlow runtime calls the same functions). One `jax.jit` over the global batch: the
 state is replicated on a 1-D `data` mesh of every device (every process's, under
 `jax.distributed`), the batch is split over it by rows, and XLA inserts the gradient
 all-reduce. The state is passed in and out and donated, so its memory is not doubled.
 
 `trainer.py` puts the host loop, checkpoints and input around it (the batches placed
-ahead by `BatchesAhead`); `bench/` times it
-alone (a GPU machine has no TensorFlow)."""
+ahead by `BatchesAhead`); `bench/` times it alone (a GPU machine has no TensorFlow)."""
 
 import dataclasses
 import queue

@@ -1,6 +1,7 @@
-"""Learning-rate schedule, AdamW and LAMB as explicit update rules, clipping: plain
-TensorFlow, so a whole train step is one XLA-compilable function under any strategy. Slots
-are `<var>/adam_m` and `<var>/adam_v`, as in the official TF1 checkpoints."""
+"""The TensorFlow runtime's optimizer: AdamW and LAMB as `update.py`'s rule applied per
+variable under any `tf.distribute` strategy (slot variables `<var>/adam_m` and
+`<var>/adam_v`, as in the official TF1 checkpoints; one XLA kernel per variable where the
+step runs outside XLA), the schedule read from a variable, and the gradients' all-reduce."""
 
 import dataclasses
 import functools
@@ -261,43 +262,6 @@ class LAMB(_AdamFamily):
 
 
 # --------------------------------------------------------------------------- gradients
-
-def global_norm(grads: Sequence) -> tf.Tensor:
-    """`update.global_norm`, IndexedSlices taken by their values."""
-    return update.global_norm([g.values if isinstance(g, tf.IndexedSlices) else g
-                               for g in grads])
-
-
-def clip_scale(grads: Sequence, clip_norm: float = 1.0) -> Tuple[tf.Tensor, tf.Tensor]:
-    """-> (`update.clip_scale` of the gradients' global norm, the norm)."""
-    norm = global_norm(grads)
-    return update.clip_scale(norm, clip_norm), norm
-
-
-def clip_by_global_norm(grads: Sequence, clip_norm: float = 1.0) -> Tuple[List, tf.Tensor]:
-    """-> (the gradients times `clip_scale`, the norm); IndexedSlices stay so. A non-finite
-    norm gives zeros (not tf.clip_by_global_norm's NaNs), which still move AdamW/LAMB
-    weights: to skip the step, pass `should_update=tf.math.is_finite(norm)` to
-    `apply_gradients`."""
-    grads = list(grads)
-    scale, norm = clip_scale(grads, clip_norm)
-    finite = tf.math.is_finite(norm)
-
-    def _scale(values):
-        scaled = values * tf.cast(scale, values.dtype)
-        # 0 * inf = NaN: select zeros (a broadcast scalar) when the norm is not finite.
-        return tf.where(finite, scaled, tf.zeros([], values.dtype))
-
-    out = []
-    for g in grads:
-        if g is None:
-            out.append(None)
-        elif isinstance(g, tf.IndexedSlices):
-            out.append(tf.IndexedSlices(_scale(g.values), g.indices, g.dense_shape))
-        else:
-            out.append(_scale(g))
-    return out, norm
-
 
 def all_reduce_gradients(grads: Sequence) -> List:
     """Sums gradients over replicas (nothing to sum outside `strategy.run` or with one
