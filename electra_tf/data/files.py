@@ -12,8 +12,7 @@ from absl import logging
 from google.protobuf.message import DecodeError
 
 from electra_tf.data import manifest as manifest_lib
-
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+from electra_tf.data.records import FEATURE_NAMES  # noqa: F401 (the schema, re-exported)
 
 # Files a build directory holds beside its shards (its vocabulary: text.RUN_VOCAB_FILES).
 _SIDE_FILES = frozenset({manifest_lib.MANIFEST_NAME, "token_counts.txt", "vocab.txt",

@@ -1,0 +1,268 @@
+"""TFRecord files and the pre-training Example schema without TensorFlow.
+
+The framing of a TFRecord file, record after record: the data's length (uint64, little
+endian), the masked CRC-32C of those 8 bytes (uint32), the data, the masked CRC-32C of the
+data (uint32). `read_records` checks both checksums and names the file, the record and its
+byte offset where a file is truncated or corrupted; `frame` writes the same bytes
+TensorFlow's writer does.
+
+`parse_examples` turns a batch of serialised `tf.train.Example`s whose features are int64
+lists (the builder's `input_ids`, `input_mask`, `segment_ids`) into int32 arrays of one
+length, in NumPy: the Example's few headers walked in Python, every value decoded in one
+vectorised pass. Packed and unpacked int64 lists are both read, the features in any order.
+
+Nothing here imports TensorFlow: this is what a runtime without it reads the builder's
+shards with. tests/test_records.py holds it to TensorFlow's writer, reader and
+`tf.io.parse_example`."""
+
+import struct
+from typing import BinaryIO, Dict, Iterable, Iterator, List, Sequence, Tuple
+
+import numpy as np
+
+try:  # the C implementation (google-crc32c: a dependency of Google's cloud clients)
+    from google_crc32c import value as _crc32c_c
+except ImportError:  # pragma: no cover - taken where the package is missing
+    _crc32c_c = None
+
+FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
+
+
+class RecordError(ValueError):
+    """A file that is not whole, intact TFRecords, or an Example outside the schema asked
+    for: one line naming the file, the record and its byte offset."""
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def _crc32c_table() -> List[int]:
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C of `data` (the C implementation where installed, else Python's loop:
+    about 5 MB/s, enough for tests and the odd file, not for a run's input)."""
+    if _crc32c_c is not None:
+        return _crc32c_c(bytes(data))
+    crc = _U32
+    for byte in bytes(data):
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ _U32
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked checksum: the CRC rotated right by 15 bits plus a constant, so
+    that a checksum of data that holds checksums is not degenerate."""
+    crc = crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def frame(data: bytes) -> bytes:
+    """One record as a TFRecord file holds it."""
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", masked_crc32c(length)) + data +
+            struct.pack("<I", masked_crc32c(data)))
+
+
+def write_records(stream: BinaryIO, records: Iterable[bytes]) -> int:
+    """Writes `records` framed to a binary stream -> the bytes written."""
+    written = 0
+    for data in records:
+        framed = frame(data)
+        stream.write(framed)
+        written += len(framed)
+    return written
+
+
+def read_records(stream: BinaryIO, name: str, verify: bool = True) -> Iterator[bytes]:
+    """The records of a TFRecord file, in order; a RecordError naming `name`, the record
+    and its offset where the file ends inside a record or a checksum does not match (with
+    `verify`; without, only the framing is checked)."""
+    offset, index = 0, 0
+    while True:
+        header = stream.read(_HEADER.size)
+        if not header:
+            return
+        where = f"{name}: record {index} at byte {offset}"
+        if len(header) < _HEADER.size:
+            raise RecordError(f"{where}: truncated (the file ends inside the record's "
+                              f"length, {len(header)} of {_HEADER.size} bytes)")
+        length, length_crc = _HEADER.unpack(header)
+        if verify and masked_crc32c(header[:8]) != length_crc:
+            raise RecordError(f"{where}: corrupted (the length's checksum does not match): "
+                              "not a TFRecord file, or damaged")
+        body = stream.read(length + 4)
+        if len(body) < length + 4:
+            raise RecordError(f"{where}: truncated (the file ends inside a record of "
+                              f"{length} bytes)")
+        data = body[:length]
+        if verify and masked_crc32c(data) != struct.unpack("<I", body[length:])[0]:
+            raise RecordError(f"{where}: corrupted (the data's checksum does not match)")
+        yield data
+        offset += _HEADER.size + length + 4
+        index += 1
+
+
+# --------------------------------------------------------------------------- Examples
+
+
+def _varint(buf: bytes, i: int) -> Tuple[int, int]:
+    """The unsigned varint at buf[i] -> (value, the index after it)."""
+    value, shift = 0, 0
+    while True:
+        if i >= len(buf):
+            raise IndexError("a varint runs past the end")
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than 10 bytes")
+
+
+def _skip(buf: bytes, i: int, wire: int) -> int:
+    """The index after a field's value of wire type `wire` at buf[i]."""
+    if wire == 0:
+        return _varint(buf, i)[1]
+    if wire == 1:
+        return i + 8
+    if wire == 2:
+        n, i = _varint(buf, i)
+        return i + n
+    if wire == 5:
+        return i + 4
+    raise ValueError(f"wire type {wire} is not one an Example holds")
+
+
+def _fields(buf: bytes, start: int, end: int) -> Iterator[Tuple[int, int, int, int]]:
+    """(field number, wire type, value start, value end) of a message's fields in
+    buf[start:end]; a length-delimited value's span excludes its length."""
+    i = start
+    while i < end:
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 2:
+            n, i = _varint(buf, i)
+            yield number, wire, i, i + n
+            i += n
+        else:
+            after = _skip(buf, i, wire)
+            yield number, wire, i, after
+            i = after
+        if i > end:
+            raise ValueError("a field runs past its message")
+
+
+def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List[Tuple]]:
+    """For one Example in `buf`: {feature name: [(kind, start, end)]} of its int64 values,
+    offsets plus `base`; kind "packed" (a varint run) or "one" (a single varint)."""
+    out: Dict[str, List[Tuple]] = {}
+    for number, wire, fs, fe in _fields(buf, 0, len(buf)):
+        if number != 1 or wire != 2:  # Example.features
+            continue
+        for n2, w2, es, ee in _fields(buf, fs, fe):
+            if n2 != 1 or w2 != 2:  # Features.feature: a map entry
+                continue
+            key, value = None, None
+            for n3, w3, s, e in _fields(buf, es, ee):
+                if n3 == 1 and w3 == 2:
+                    key = bytes(buf[s:e]).decode("utf-8", "replace")
+                elif n3 == 2 and w3 == 2:
+                    value = (s, e)
+            if key not in wanted or value is None:
+                continue
+            spans = []
+            for n4, w4, s, e in _fields(buf, *value):
+                if n4 != 3 or w4 != 2:  # Feature.int64_list
+                    kind = {1: "bytes_list", 2: "float_list"}.get(n4, f"field {n4}")
+                    raise ValueError(f"feature {key!r} is a {kind}, not an int64 list")
+                for n5, w5, vs, ve in _fields(buf, s, e):
+                    if n5 != 1:
+                        continue
+                    spans.append(("packed" if w5 == 2 else "one", base + vs, base + ve))
+            out[key] = spans  # a repeated map key: the last wins, as in protobuf
+    return out
+
+
+def _decode_varints(data: np.ndarray) -> np.ndarray:
+    """Consecutive unsigned varints in uint8 `data` -> their int64 values (two's
+    complement for the 10-byte encodings of negative numbers)."""
+    if data.size == 0:
+        return np.zeros([0], np.int64)
+    last = data < 0x80
+    if not last[-1]:
+        raise ValueError("an int64 list ends inside a varint")
+    ends = np.flatnonzero(last)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    position = np.arange(data.size) - np.repeat(starts, ends - starts + 1)
+    if position.max() > 9:
+        raise ValueError("a varint longer than 10 bytes")
+    parts = (data & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    return np.add.reduceat(parts, starts).view(np.int64)
+
+
+def parse_examples(records: Sequence[bytes], length: int,
+                   names: Sequence[str] = FEATURE_NAMES,
+                   where: str = "examples") -> Dict[str, np.ndarray]:
+    """Serialised Examples -> {name: int32 [len(records), length]}, each feature an int64
+    list of exactly `length` values; a RecordError naming `where` and the record otherwise."""
+    buf = b"".join(records)
+    array = np.frombuffer(buf, np.uint8)
+    spans = {name: [] for name in names}
+    base = 0
+    for index, record in enumerate(records):
+        try:
+            found = _int64_spans(record, base, names)
+        except (ValueError, IndexError) as e:
+            raise RecordError(f"{where}: record {index} is not a readable Example "
+                              f"({e})") from None
+        for name in names:
+            if name not in found:
+                raise RecordError(f"{where}: record {index} has no int64 feature {name!r}")
+            spans[name].append(found[name])
+        base += len(record)
+    out = {}
+    for name in names:
+        for index, per_record in enumerate(spans[name]):
+            if not per_record:
+                raise RecordError(f"{where}: record {index} has 0 values of {name!r}, "
+                                  f"expected {length} (max_seq_length)")
+        flat = [(s, e) for per_record in spans[name] for _, s, e in per_record]
+        data = np.concatenate([array[s:e] for s, e in flat])
+        try:
+            values = _decode_varints(data)
+        except ValueError as e:
+            raise RecordError(f"{where}: {name!r}: {e}") from None
+        # values per record: the varints of its spans (a packed span holds several)
+        span_starts = np.cumsum([0] + [e - s for s, e in flat[:-1]])
+        per_span = np.add.reduceat((data < 0x80).astype(np.int64), span_starts)
+        record_starts = np.cumsum([0] + [len(p) for p in spans[name][:-1]])
+        sizes = np.add.reduceat(per_span, record_starts)
+        bad = np.flatnonzero(sizes != length)
+        if bad.size:
+            i = int(bad[0])
+            raise RecordError(f"{where}: record {i} has {int(sizes[i])} values of {name!r}, "
+                              f"expected {length} (max_seq_length)")
+        if np.any((values < -2 ** 31) | (values >= 2 ** 31)):
+            raise RecordError(f"{where}: {name!r} holds a value outside int32")
+        out[name] = values.astype(np.int32).reshape(len(records), length)
+    return out
