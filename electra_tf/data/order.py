@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from electra_tf import philox
 from electra_tf.data.files import InputDataError, traced
 
 
@@ -58,10 +59,20 @@ class StreamOrder:
                                                         alg="philox")
         return self._permutation([self.num_shards], seed)
 
+    def shard_permutation(self, epoch: int) -> np.ndarray:
+        """`shard_order` on the host, in NumPy: the same Philox numbers without TensorFlow
+        (`electra_tf.philox`)."""
+        seed = philox.fold_in(philox.fold_in(self.key, epoch), 0)
+        return philox.permutation(self.num_shards, seed)
+
+    def window_permutation(self, epoch: int, window: int, size: int) -> np.ndarray:
+        """The shuffle of window `window` of epoch `epoch` (`size` records), in NumPy."""
+        return philox.permutation(size, philox.fold_in(philox.fold_in(self.key, epoch),
+                                                       window + 1))
+
     def group_shards(self, epoch: int, group: int) -> List[int]:
         """The shards (indices) of group `group` of epoch `epoch`."""
-        with tf.init_scope():
-            order = self.shard_order(epoch).numpy()
+        order = self.shard_permutation(epoch)
         c = self.cycle_length
         return [int(i) for i in order[group * c:(group + 1) * c]]
 
@@ -78,8 +89,7 @@ class StreamOrder:
         epoch, within = divmod(int(records), total)
         window, offset = divmod(within, self.window)
         start = window * self.window  # the stream is read from the window's start
-        with tf.init_scope():  # eager even when called while a graph is built
-            ordered = counts[self.shard_order(epoch).numpy()]
+        ordered = counts[self.shard_permutation(epoch)]
         c = self.cycle_length
         groups = [ordered[i:i + c] for i in range(0, self.num_shards, c)]
         ends = np.cumsum([g.sum() for g in groups])
