@@ -68,3 +68,56 @@ def test_importing_it_needs_no_tensorflow():
     want = tf.argsort(tf.random.stateless_uniform([5], seed=[1, 2], alg="philox"),
                       stable=True).numpy().tolist()
     assert done.stdout.strip() == str(want)
+
+
+def _numpy_batches(data_dir, seed, cycle_length, window, batch_size, skip_batches, num,
+                   pipelines=1, pipeline=0):
+    """The pre-training input without tf.data: the order's `records` stream (Philox in
+    NumPy) over `data.records`' reader, parsed by `parse_examples`."""
+    import itertools
+    from electra_tf.data import files, records
+    paths = files.shard_files(files.resolve_files(data_dir), pipelines, pipeline)
+    counts = files.manifest_counts(paths)
+    order = StreamOrder(num_shards=len(paths), cycle_length=min(cycle_length, len(paths)),
+                        window=max(window, 1), key=(seed % (1 << 31), pipeline))
+    counts = [counts[p] for p in paths]
+    skip = skip_batches * batch_size
+    position = order.locate(skip, counts) if skip else None
+
+    def read(i):
+        with open(paths[i], "rb") as f:
+            return list(records.read_records(f, paths[i]))
+
+    stream = order.records(counts, read, position)
+    out = []
+    for _ in range(num):
+        raw = list(itertools.islice(stream, batch_size))
+        out.append(records.parse_examples(raw, 128))
+    return out
+
+
+@pytest.mark.parametrize("cycle_length, window, skip_batches, pipelines", [
+    (2, 100, 0, 1),  # round robin over pairs of shards, windows of 100
+    (8, 10_000, 0, 1),  # every shard at once, a window over whole epochs
+    (3, 64, 5, 1),  # resumed after 5 batches: inside a window, inside a round
+    (1, 1, 7, 1),  # shard after shard, no shuffle, resumed
+    (2, 50, 3, 2),  # the second of two input pipelines (hosts)
+])
+def test_the_numpy_stream_gives_tf_datas_batches(data_dir, cycle_length, window,
+                                                 skip_batches, pipelines):
+    """Batch for batch (over more than one epoch) the same int32 arrays as `make_dataset`
+    with the same seed, from the start and from a resume position."""
+    from electra_tf.data.dataset import InputConfig, make_dataset
+    batch, num = 16, 40  # 640 records: past the ~450-record epoch (one host's share less)
+    cfg = InputConfig(file_pattern=data_dir, max_seq_length=128, batch_size=batch,
+                      shuffle_buffer=window, cycle_length=cycle_length, deterministic=True,
+                      seed=1234, skip_batches=skip_batches)
+    context = tf.distribute.InputContext(pipelines, pipelines - 1, 1) if pipelines > 1 \
+        else None
+    want = list(make_dataset(cfg, context).take(num).as_numpy_iterator())
+    got = _numpy_batches(data_dir, 1234, cycle_length, window, batch, skip_batches, num,
+                         pipelines, pipelines - 1)
+    assert len(want) == len(got) == num
+    for i, (w, g) in enumerate(zip(want, got)):
+        for name in w:
+            np.testing.assert_array_equal(g[name], w[name], err_msg=f"batch {i} {name}")

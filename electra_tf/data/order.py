@@ -2,7 +2,8 @@
 round robin within groups of shards and windowed shuffles, each drawn from a key and epoch."""
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+import itertools
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -13,6 +14,7 @@ from electra_tf.data.files import InputDataError, traced
 
 # The count a shard without a manifest is given (it is read to its end).
 _UNKNOWN_COUNT = 1 << 62
+_END = object()  # an exhausted iterator's next()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,66 @@ class StreamOrder:
                 hi = mid - 1
         return StreamPosition(epoch, group, lo, into - int(np.minimum(m, lo).sum()),
                               window, offset)
+
+    def records(self, counts: Sequence[int], read: Callable[[int], Iterator],
+                position: Optional[StreamPosition] = None,
+                repeat: bool = True) -> Iterator:
+        """`dataset`'s stream in plain Python over `read(i)` (shard i's records, any
+        iterable): the same records in the same order, drawn through `electra_tf.philox`
+        (no TensorFlow in the loop). The reader a runtime without TensorFlow takes."""
+        p = position or StreamPosition(0, 0, 0, 0, 0, 0)
+        if not repeat and p.epoch != 0:
+            return  # one pass, and it is over
+        counts = [_UNKNOWN_COUNT if n < 0 else int(n) for n in counts]
+        stream = self._epoch_records(p.epoch, p.group, p.round, p.slot, p.window, counts, read)
+        for _ in range(p.offset):
+            if next(stream, None) is None:
+                break
+        yield from stream
+        if repeat:
+            epoch = p.epoch + 1
+            while True:
+                yield from self._epoch_records(epoch, 0, 0, 0, 0, counts, read)
+                epoch += 1
+
+    def _epoch_records(self, epoch, group, r, j, window, counts, read) -> Iterator:
+        c = self.cycle_length
+        order = [int(i) for i in self.shard_permutation(epoch)]
+        groups = [order[i:i + c] for i in range(0, self.num_shards, c)]
+
+        def group_stream(g):
+            shards = groups[g]
+            rr, jj = (r, j) if g == group else (0, 0)
+            n = [counts[i] for i in shards]
+            # the cycle starts at the shard of rank jj among those with records beyond
+            # round rr; those before it are one record further on
+            alive = [k for k, m in enumerate(n) if m > rr]
+            start = alive[jj] if jj > 0 else 0
+            turn = [(shards[k], min(n[k], rr) if k >= start else min(n[k], rr + 1))
+                    for k in list(range(start, len(shards))) + list(range(start))]
+            readers = [itertools.islice(iter(read(i)), skip, None) for i, skip in turn]
+            while readers:  # round robin; an exhausted shard leaves the turn
+                left = []
+                for it in readers:
+                    item = next(it, _END)
+                    if item is not _END:
+                        yield item
+                        left.append(it)
+                readers = left
+
+        stream = itertools.chain.from_iterable(group_stream(g)
+                                               for g in range(group, len(groups)))
+        if self.window <= 1:
+            yield from stream
+            return
+        k = window
+        while True:
+            chunk = list(itertools.islice(stream, self.window))
+            if not chunk:
+                return
+            for i in self.window_permutation(epoch, k, len(chunk)):
+                yield chunk[i]
+            k += 1
 
     def dataset(self, counts: Sequence[int], read,
                 position: Optional[StreamPosition] = None,
