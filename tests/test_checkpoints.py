@@ -222,9 +222,9 @@ def test_index_entries_give_every_tensor_and_the_data_sizes(tmp_path):
     names = {n for n, _ in tf.train.list_variables(str(tmp_path / "ckpt-6"))}
     assert set(tensors) == names
     w = tensors["w/.ATTRIBUTES/VARIABLE_VALUE"]
-    assert w[0] == 0 and w[2] == 30 * 100 * 4  # float32 [30, 100]
+    assert w.shard == 0 and w.size == 30 * 100 * 4 and w.shape == (30, 100)  # float32
     data = tmp_path / "ckpt-6.data-00000-of-00001"
-    assert max(offset + size for _, offset, size in tensors.values()) == data.stat().st_size
+    assert max(e.offset + e.size for e in tensors.values()) == data.stat().st_size
     with pytest.raises(ValueError, match="no table footer"):
         checkpoints.index_entries(fileio.read_bytes(str(tmp_path / "ckpt-6.index"))[:-1])
 

@@ -20,55 +20,16 @@ from typing import BinaryIO, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-try:  # the C implementation (google-crc32c: a dependency of Google's cloud clients)
-    from google_crc32c import value as _crc32c_c
-except ImportError:  # pragma: no cover - taken where the package is missing
-    _crc32c_c = None
+from electra_tf import wire
+from electra_tf.wire import crc32c, masked_crc32c  # noqa: F401 (re-exported)
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
-_MASK_DELTA = 0xA282EAD8
-_U32 = 0xFFFFFFFF
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 
 
 class RecordError(ValueError):
     """A file that is not whole, intact TFRecords, or an Example outside the schema asked
     for: one line naming the file, the record and its byte offset."""
-
-
-# --------------------------------------------------------------------------- checksums
-
-
-def _crc32c_table() -> List[int]:
-    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time."""
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C of `data` (the C implementation where installed, else Python's loop:
-    about 5 MB/s, enough for tests and the odd file, not for a run's input)."""
-    if _crc32c_c is not None:
-        return _crc32c_c(bytes(data))
-    crc = _U32
-    for byte in bytes(data):
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ _U32
-
-
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked checksum: the CRC rotated right by 15 bits plus a constant, so
-    that a checksum of data that holds checksums is not degenerate."""
-    crc = crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
 
 
 # --------------------------------------------------------------------------- framing
@@ -123,67 +84,18 @@ def read_records(stream: BinaryIO, name: str, verify: bool = True) -> Iterator[b
 # --------------------------------------------------------------------------- Examples
 
 
-def _varint(buf: bytes, i: int) -> Tuple[int, int]:
-    """The unsigned varint at buf[i] -> (value, the index after it)."""
-    value, shift = 0, 0
-    while True:
-        if i >= len(buf):
-            raise IndexError("a varint runs past the end")
-        byte = buf[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
-        if byte < 0x80:
-            return value, i
-        shift += 7
-        if shift > 63:
-            raise ValueError("a varint longer than 10 bytes")
-
-
-def _skip(buf: bytes, i: int, wire: int) -> int:
-    """The index after a field's value of wire type `wire` at buf[i]."""
-    if wire == 0:
-        return _varint(buf, i)[1]
-    if wire == 1:
-        return i + 8
-    if wire == 2:
-        n, i = _varint(buf, i)
-        return i + n
-    if wire == 5:
-        return i + 4
-    raise ValueError(f"wire type {wire} is not one an Example holds")
-
-
-def _fields(buf: bytes, start: int, end: int) -> Iterator[Tuple[int, int, int, int]]:
-    """(field number, wire type, value start, value end) of a message's fields in
-    buf[start:end]; a length-delimited value's span excludes its length."""
-    i = start
-    while i < end:
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 2:
-            n, i = _varint(buf, i)
-            yield number, wire, i, i + n
-            i += n
-        else:
-            after = _skip(buf, i, wire)
-            yield number, wire, i, after
-            i = after
-        if i > end:
-            raise ValueError("a field runs past its message")
-
-
 def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List[Tuple]]:
     """For one Example in `buf`: {feature name: [(kind, start, end)]} of its int64 values,
     offsets plus `base`; kind "packed" (a varint run) or "one" (a single varint)."""
     out: Dict[str, List[Tuple]] = {}
-    for number, wire, fs, fe in _fields(buf, 0, len(buf)):
-        if number != 1 or wire != 2:  # Example.features
+    for number, kind, fs, fe in wire.fields(buf, 0, len(buf)):
+        if number != 1 or kind != 2:  # Example.features
             continue
-        for n2, w2, es, ee in _fields(buf, fs, fe):
+        for n2, w2, es, ee in wire.fields(buf, fs, fe):
             if n2 != 1 or w2 != 2:  # Features.feature: a map entry
                 continue
             key, value = None, None
-            for n3, w3, s, e in _fields(buf, es, ee):
+            for n3, w3, s, e in wire.fields(buf, es, ee):
                 if n3 == 1 and w3 == 2:
                     key = bytes(buf[s:e]).decode("utf-8", "replace")
                 elif n3 == 2 and w3 == 2:
@@ -191,11 +103,11 @@ def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List
             if key not in wanted or value is None:
                 continue
             spans = []
-            for n4, w4, s, e in _fields(buf, *value):
+            for n4, w4, s, e in wire.fields(buf, *value):
                 if n4 != 3 or w4 != 2:  # Feature.int64_list
                     kind = {1: "bytes_list", 2: "float_list"}.get(n4, f"field {n4}")
                     raise ValueError(f"feature {key!r} is a {kind}, not an int64 list")
-                for n5, w5, vs, ve in _fields(buf, s, e):
+                for n5, w5, vs, ve in wire.fields(buf, s, e):
                     if n5 != 1:
                         continue
                     spans.append(("packed" if w5 == 2 else "one", base + vs, base + ve))

@@ -14,6 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
+from electra_tf.bundle import index_entries  # noqa: F401 (the index, re-exported)
 from electra_tf.model.modeling import released_arrays, tf1_variables
 
 
@@ -30,72 +31,7 @@ class CheckpointError(ValueError):
 
 _DATA_NAME = re.compile(r"^(.+)\.data-(\d{5})-of-(\d{5})$")
 _STEP = re.compile(r"-(\d+)$")
-_TABLE_MAGIC = 0xdb4775248b80fb57  # the last 8 bytes of every checkpoint index
-_FOOTER_BYTES = 48
 DAMAGED_DIR = "damaged_checkpoints"  # where a run sets aside what it cannot read
-
-
-def _varint(buf: bytes, i: int):
-    value = shift = 0
-    while True:
-        if i >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, i
-
-
-def _table_block(data: bytes, handle: bytes) -> List[tuple]:
-    """The (key, value) entries of the table block `handle` (offset, size varints) points
-    to: keys prefix-compressed against the previous one, a restart array at the end."""
-    offset, i = _varint(handle, 0)
-    size, _ = _varint(handle, i)
-    if offset + size + 5 > len(data):
-        raise ValueError(f"a block at byte {offset} runs past the end of the file")
-    if data[offset + size] != 0:  # the trailer's compression type
-        raise ValueError("compressed index blocks are not supported")
-    block = data[offset:offset + size]
-    restarts = struct.unpack("<I", block[-4:])[0]
-    end = len(block) - 4 - 4 * restarts
-    if end < 0:
-        raise ValueError("a block's restart array is larger than the block")
-    entries, key, i = [], b"", 0
-    while i < end:
-        shared, i = _varint(block, i)
-        unshared, i = _varint(block, i)
-        length, i = _varint(block, i)
-        key = key[:shared] + block[i:i + unshared]
-        i += unshared
-        entries.append((key, block[i:i + length]))
-        i += length
-    return entries
-
-
-def index_entries(data: bytes):
-    """-> (number of data shards, {tensor name: (shard, offset, size)}) from the bytes of
-    a checkpoint's `.index` file; a ValueError for anything but a complete index."""
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
-    if len(data) < _FOOTER_BYTES or struct.unpack("<Q", data[-8:])[0] != _TABLE_MAGIC:
-        raise ValueError("no table footer at its end")
-    footer = data[-_FOOTER_BYTES:]
-    _, i = _varint(footer, 0)  # the meta-index block's handle: unused
-    _, i = _varint(footer, i)
-    num_shards, tensors = None, {}
-    for _, handle in _table_block(data, footer[i:]):
-        for key, value in _table_block(data, handle):
-            if key == b"":
-                num_shards = tensor_bundle_pb2.BundleHeaderProto.FromString(value).num_shards
-                continue
-            entry = tensor_bundle_pb2.BundleEntryProto.FromString(value)
-            tensors[key.decode("utf-8", "replace")] = (entry.shard_id, entry.offset,
-                                                       entry.size)
-    if num_shards is None:
-        raise ValueError("the checkpoint index has no header")
-    return num_shards, tensors
 
 
 def checkpoint_problem(prefix: str) -> Optional[str]:
@@ -109,13 +45,11 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
         num_shards, tensors = index_entries(fileio.read_bytes(index))
     except (ValueError, IndexError, struct.error) as e:
         return f"{os.path.basename(index)} is unreadable: {e}"
-    except Exception as e:  # a protobuf DecodeError: bytes that are not a bundle entry
-        return f"{os.path.basename(index)} is unreadable: {type(e).__name__}"
     needed = [0] * num_shards
-    for shard, offset, size in tensors.values():
-        if shard >= num_shards:
-            return f"{os.path.basename(index)} names data shard {shard} of {num_shards}"
-        needed[shard] = max(needed[shard], offset + size)
+    for e in tensors.values():
+        if e.shard >= num_shards:
+            return f"{os.path.basename(index)} names data shard {e.shard} of {num_shards}"
+        needed[e.shard] = max(needed[e.shard], e.offset + e.size)
     for shard, want in enumerate(needed):
         path = f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
         if not fileio.exists(path):
