@@ -59,8 +59,11 @@ def test_the_input_orders_draws_are_the_same_in_numpy(num_shards, key):
 
 
 def test_importing_it_needs_no_tensorflow():
+    """philox, and the readers of TFRecords and checkpoints, with TensorFlow unimportable."""
     code = ("import sys; sys.modules['tensorflow'] = None\n"
-            "from electra_tf import philox\n"
+            "from electra_tf import philox, bundle, wire\n"
+            "from electra_tf.data import records\n"
+            "records.parse_examples([], 4)\n"
             "print(philox.permutation(5, (1, 2)).tolist())")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

@@ -164,6 +164,12 @@ def test_an_example_outside_the_schema_is_one_line(features, message):
     assert str(e.value) == f"shard-7: {message}"
 
 
+def test_no_records_give_empty_arrays():
+    got = records.parse_examples([], 5)
+    assert {k: (v.shape, v.dtype) for k, v in got.items()} == {
+        n: ((0, 5), np.int32) for n in records.FEATURE_NAMES}
+
+
 def test_a_record_that_is_not_an_example_is_one_line():
     with pytest.raises(RecordError) as e:
         records.parse_examples([b"\x0a\xff\xff\xff\xff\x0f"], 3, where="s")

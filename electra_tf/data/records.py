@@ -137,6 +137,8 @@ def parse_examples(records: Sequence[bytes], length: int,
                    where: str = "examples") -> Dict[str, np.ndarray]:
     """Serialised Examples -> {name: int32 [len(records), length]}, each feature an int64
     list of exactly `length` values; a RecordError naming `where` and the record otherwise."""
+    if not records:
+        return {name: np.zeros([0, length], np.int32) for name in names}
     buf = b"".join(records)
     array = np.frombuffer(buf, np.uint8)
     spans = {name: [] for name in names}
