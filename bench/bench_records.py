@@ -20,6 +20,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from electra_tf import wire  # noqa: E402
 from electra_tf.data import records  # noqa: E402
 
 
@@ -79,7 +80,7 @@ def main():
     length = manifest["max_seq_length"]
     print(f"{len(paths)} shards, {manifest['examples']} examples of length {length}, "
           f"batch {args.batch_size}; CRC-32C: "
-          f"{'google-crc32c (C)' if records._crc32c_c else 'Python loop'}")
+          f"{'google-crc32c (C)' if wire._crc32c_c else 'Python loop'}")
     runs = (("ours", ours), ("ours, training order", ours_in_order),
             ("tensorflow", tensorflows))
     for name, fn in runs:

@@ -170,6 +170,18 @@ def test_no_records_give_empty_arrays():
         n: ((0, 5), np.int32) for n in records.FEATURE_NAMES}
 
 
+def test_a_packed_run_cut_inside_a_varint_is_one_line():
+    def entry(name, packed):
+        return _field(1, 2, _field(1, 2, name.encode()) +
+                      _field(2, 2, _field(3, 2, _field(1, 2, packed))))
+
+    bad = _field(1, 2, entry("input_ids", b"\x01\x02\x83") +  # its last varint never ends
+                 entry("input_mask", b"\x01\x01\x01") + entry("segment_ids", b"\x00" * 3))
+    with pytest.raises(RecordError) as e:
+        records.parse_examples([bad], 3, where="s")
+    assert str(e.value) == "s: 'input_ids': an int64 list ends inside a varint"
+
+
 def test_a_record_that_is_not_an_example_is_one_line():
     with pytest.raises(RecordError) as e:
         records.parse_examples([b"\x0a\xff\xff\xff\xff\x0f"], 3, where="s")

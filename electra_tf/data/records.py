@@ -85,8 +85,8 @@ def read_records(stream: BinaryIO, name: str, verify: bool = True) -> Iterator[b
 
 
 def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List[Tuple]]:
-    """For one Example in `buf`: {feature name: [(kind, start, end)]} of its int64 values,
-    offsets plus `base`; kind "packed" (a varint run) or "one" (a single varint)."""
+    """For one Example in `buf`: {feature name: [(start, end)]}, the byte spans of its
+    int64 values (a packed run of varints, or one unpacked varint), offsets plus `base`."""
     out: Dict[str, List[Tuple]] = {}
     for number, kind, fs, fe in wire.fields(buf, 0, len(buf)):
         if number != 1 or kind != 2:  # Example.features
@@ -105,12 +105,11 @@ def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List
             spans = []
             for n4, w4, s, e in wire.fields(buf, *value):
                 if n4 != 3 or w4 != 2:  # Feature.int64_list
-                    kind = {1: "bytes_list", 2: "float_list"}.get(n4, f"field {n4}")
-                    raise ValueError(f"feature {key!r} is a {kind}, not an int64 list")
+                    other = {1: "bytes_list", 2: "float_list"}.get(n4, f"field {n4}")
+                    raise ValueError(f"feature {key!r} is a {other}, not an int64 list")
                 for n5, w5, vs, ve in wire.fields(buf, s, e):
-                    if n5 != 1:
-                        continue
-                    spans.append(("packed" if w5 == 2 else "one", base + vs, base + ve))
+                    if n5 == 1 and w5 in (0, 2) and ve > vs:  # Int64List.value
+                        spans.append((base + vs, base + ve))
             out[key] = spans  # a repeated map key: the last wins, as in protobuf
     return out
 
@@ -160,8 +159,11 @@ def parse_examples(records: Sequence[bytes], length: int,
             if not per_record:
                 raise RecordError(f"{where}: record {index} has 0 values of {name!r}, "
                                   f"expected {length} (max_seq_length)")
-        flat = [(s, e) for per_record in spans[name] for _, s, e in per_record]
+        flat = [span for per_record in spans[name] for span in per_record]
         data = np.concatenate([array[s:e] for s, e in flat])
+        span_ends = np.cumsum([e - s for s, e in flat]) - 1  # spans are never empty
+        if np.any(data[span_ends] >= 0x80):  # a packed run cut inside a varint
+            raise RecordError(f"{where}: {name!r}: an int64 list ends inside a varint")
         try:
             values = _decode_varints(data)
         except ValueError as e:
