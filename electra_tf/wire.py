@@ -1,8 +1,9 @@
 """TensorFlow's on-disk encodings without TensorFlow or a protobuf library: protobuf's wire
 format (varints, a message's fields) and the masked CRC-32C that TFRecord files and
-checkpoints carry. What the TensorFlow-free readers need (`data/records.py`: TFRecords and
-Examples; `bundle.py`: checkpoints), no more."""
+checkpoints carry. What the TensorFlow-free readers and writers need (`data/records.py`:
+TFRecords and Examples; `bundle.py`: checkpoints; `events.py`: TensorBoard), no more."""
 
+import struct
 from typing import Iterator, List, Tuple
 
 try:  # the C implementation (google-crc32c: a dependency of Google's cloud clients)
@@ -90,3 +91,43 @@ def fields(buf: bytes, start: int = 0, end: int = None) -> Iterator[Tuple[int, i
 def varint_field(buf: bytes, start: int, end: int) -> int:
     """A varint field's value (a span `fields` gave for wire type 0)."""
     return varint(buf, start)[0]
+
+
+# --------------------------------------------------------------------------- writing
+# A message is its fields' encodings concatenated; proto3 leaves out fields at their
+# default (0, "", an absent message), and TensorFlow's C++ writes fields in number order.
+
+
+def encode_varint(value: int) -> bytes:
+    """An unsigned varint; a negative int64 as its two's complement (10 bytes)."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_key(number: int, wire_type: int) -> bytes:
+    return encode_varint(number << 3 | wire_type)
+
+
+def encode_varint_field(number: int, value: int) -> bytes:
+    """An integer, enum or bool field (wire type 0)."""
+    return encode_key(number, 0) + encode_varint(int(value))
+
+
+def encode_bytes_field(number: int, data) -> bytes:
+    """A string (UTF-8), bytes or embedded message field (wire type 2)."""
+    data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    return encode_key(number, 2) + encode_varint(len(data)) + data
+
+
+def encode_double_field(number: int, value: float) -> bytes:
+    return encode_key(number, 1) + struct.pack("<d", value)
+
+
+def encode_float_field(number: int, value: float) -> bytes:
+    return encode_key(number, 5) + struct.pack("<f", value)
