@@ -35,9 +35,6 @@ LOCAL_ONLY = {
 ALLOWED = {
     # The one place that makes local temporary directories (for SentencePiece's trainer,
     # builder worker processes and SavedModel staging, whose output is copied with gfile).
-    ("electra_tf/fileio.py", "local_staging_dir", "tempfile.mkdtemp"): "local staging",
-    ("electra_tf/fileio.py", "local_staging_dir", "shutil.rmtree"): "local staging",
-    ("electra_tf/fileio.py", "fsync", "os.open"): "fsync of a local file (URLs return first)",
     # Local paths only, after a "://" check: abspath keeps the build fingerprint and the
     # logged vocab path of a local file what they were.
     ("tfrecord_builder/corpus.py", "expand_inputs", "os.path.abspath"): "local only, after ://",
@@ -62,6 +59,9 @@ ALLOWED = {
 }
 # Files whose every use is local by nature: the kernel's /proc and /sys.
 ALLOWED_FILES = {
+    # The file layer itself: its own layer's local branch (after a "://" check), the local
+    # staging directories, fsync of a local file.
+    "electra_tf/fileio.py": "the file layer",
     "electra_tf/training/hardware.py": "/proc/cpuinfo, /sys/devices (CPU and accelerator facts)",
     "electra_tf/training/gce.py": "/sys/class/dmi (is this a GCE VM?)",
 }
@@ -145,9 +145,20 @@ def test_the_scan_finds_what_it_looks_for(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- fileio
 
 
+# Both filesystem layers (fileio's docstring): TensorFlow's, with its in-memory ram://
+# filesystem, and our own, with fsspec's memory:// (a remote path to it, as gs:// is).
+LAYERS = {"tensorflow": "ram", "native": "memory"}
+
+
+@pytest.fixture(params=sorted(LAYERS))
+def layer(request, monkeypatch):
+    monkeypatch.setenv(fileio.ENV_LAYER, request.param)
+    return request.param
+
+
 @pytest.fixture
-def root():
-    return f"ram://fileio_{uuid.uuid4().hex}"
+def root(layer):
+    return f"{LAYERS[layer]}://fileio_{uuid.uuid4().hex}"
 
 
 def test_write_atomic_and_read_back(root):
@@ -160,7 +171,7 @@ def test_write_atomic_and_read_back(root):
     assert fileio.listdir(fileio.join(root, "sub")) == ["x.json"]  # no temp file left
 
 
-@pytest.mark.parametrize("where", ["local", "ram"])
+@pytest.mark.parametrize("where", ["local", "remote"])
 def test_atomic_output_renames_or_removes(root, tmp_path, where, monkeypatch):
     directory = str(tmp_path) if where == "local" else root
     fileio.makedirs(directory)
@@ -169,17 +180,17 @@ def test_atomic_output_renames_or_removes(root, tmp_path, where, monkeypatch):
     with fileio.atomic_output(path) as tmp:
         assert tmp.startswith(path + ".") and tmp.endswith(fileio.TMP_SUFFIX)
         assert len(tmp) == len(path) + 1 + 12 + len(fileio.TMP_SUFFIX)
-        with tf.io.TFRecordWriter(tmp) as writer:
-            writer.write(b"record")
+        with fileio.open_file(tmp, "wb") as f:
+            f.write(b"record")
         assert fileio.read_bytes(path) == b"old"  # nothing visible before the block ends
-    assert [r.numpy() for r in tf.data.TFRecordDataset(path)] == [b"record"]
+    assert fileio.read_bytes(path) == b"record"
     with pytest.raises(KeyboardInterrupt):
         with fileio.atomic_output(path) as tmp:
             with fileio.open_file(tmp, "wb") as f:
                 f.write(b"torn")
             raise KeyboardInterrupt
     assert fileio.listdir(directory) == ["shard"]  # the temp file went, the old file stayed
-    assert [r.numpy() for r in tf.data.TFRecordDataset(path)] == [b"record"]
+    assert fileio.read_bytes(path) == b"record"
     # sync: the temp file is flushed (fsync'ed when local) before the rename.
     synced = []
     monkeypatch.setattr(fileio, "fsync", synced.append)
@@ -206,8 +217,8 @@ def test_copy_tree_puts_the_marker_last(root, monkeypatch):
         fileio.makedirs(os.path.dirname(fileio.join(src, rel)))
         fileio.write_atomic(fileio.join(src, rel), rel)
     copied = []
-    real_copy = tf.io.gfile.copy
-    monkeypatch.setattr(tf.io.gfile, "copy", lambda a, b, overwrite=False: (
+    real_copy = fileio.copy
+    monkeypatch.setattr(fileio, "copy", lambda a, b, overwrite=True: (
         copied.append(b[len(dst) + 1:]), real_copy(a, b, overwrite))[-1])
     fileio.copy_tree(src, dst, last=["DONE"])
     assert copied == ["a/shard-0", "b/shard-1", "z", "DONE"]
@@ -219,3 +230,78 @@ def test_join_keeps_urls():
     assert fileio.join("gs://bucket/run", "ckpt", "x") == "gs://bucket/run/ckpt/x"
     assert fileio.join("ram://r", "a") == "ram://r/a"
     assert fileio.is_remote("gs://b") and not fileio.is_remote("/tmp/x")
+
+
+def test_errors_are_oserrors_on_both_layers(root, tmp_path, layer):
+    """A missing path is a FileNotFoundError with the one-line reason on either layer (and
+    under TensorFlow's, still TensorFlow's class for the code that catches that)."""
+    for missing in (fileio.join(root, "none", "x"), str(tmp_path / "none")):
+        with pytest.raises(FileNotFoundError) as caught:
+            fileio.read_bytes(missing)
+        assert fileio.error_reason(caught.value) == "No such file or directory"
+        assert caught.value.filename == missing
+        if layer == "tensorflow":
+            assert isinstance(caught.value, tf.errors.NotFoundError)
+            assert caught.value.message == "No such file or directory"
+        with pytest.raises(FileNotFoundError):
+            fileio.remove(missing, missing_ok=False)
+        fileio.remove(missing)  # missing_ok
+        with pytest.raises(FileNotFoundError):
+            fileio.listdir(missing)
+    fileio.makedirs(root)
+    path = fileio.join(root, "a")
+    fileio.write_atomic(path, b"1")
+    with pytest.raises(FileExistsError):
+        fileio.rename(path, path, overwrite=False)
+    assert fileio.writable_dir_problem(path) == "it is a file, not a directory"
+
+
+def test_the_layers_list_glob_walk_and_copy_alike(root, tmp_path):
+    """The same tree gives the same answers on a remote filesystem and a local disk, on
+    either layer: names that start with '.' included in glob (as TensorFlow's glob)."""
+    answers = []
+    for base in (root, str(tmp_path / "t")):
+        for rel in ["d/one.txt", "d/.hidden", "d/sub/two.txt", "three.bin"]:
+            fileio.makedirs(os.path.dirname(fileio.join(base, rel)))
+            fileio.write_atomic(fileio.join(base, rel), rel)
+        fileio.copy(fileio.join(base, "three.bin"), fileio.join(base, "four.bin"))
+        fileio.rename(fileio.join(base, "four.bin"), fileio.join(base, "five.bin"))
+        rel = lambda paths: [p[len(base) + 1:] for p in paths]  # noqa: E731
+        answers.append((
+            fileio.listdir(base), fileio.listdir(fileio.join(base, "d")),
+            rel(fileio.glob(fileio.join(base, "d", "*"))), rel(fileio.walk_files(base)),
+            fileio.size(fileio.join(base, "d", "sub", "two.txt")),
+            fileio.isdir(fileio.join(base, "d")), fileio.isfile(fileio.join(base, "d")),
+            fileio.read_text(fileio.join(base, "five.bin")),
+            fileio.exists(fileio.join(base, "four.bin"))))
+        fileio.rmtree(fileio.join(base, "d"))
+        assert not fileio.exists(fileio.join(base, "d"))
+    assert answers[0] == answers[1]
+    assert answers[0] == (["d", "five.bin", "three.bin"], [".hidden", "one.txt", "sub"],
+                          ["d/.hidden", "d/one.txt", "d/sub"],
+                          ["d/one.txt", "d/sub/two.txt", "five.bin", "three.bin"],
+                          len("d/sub/two.txt"), True, False, "three.bin", False)
+
+
+def test_the_native_layer_needs_no_tensorflow(tmp_path):
+    """With TensorFlow unimportable the layer is our own, local and remote (memory://)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "from electra_tf import fileio\n"
+            "assert not fileio.uses_tensorflow()\n"
+            "for root in (sys.argv[1], 'memory://notf'):\n"
+            "    fileio.makedirs(fileio.join(root, 'a'))\n"
+            "    fileio.write_json_atomic(fileio.join(root, 'a', 'x.json'), [1, 2])\n"
+            "    print(fileio.read_json(fileio.join(root, 'a', 'x.json')),\n"
+            "          fileio.listdir(fileio.join(root, 'a')))\n"
+            "try:\n"
+            "    fileio.exists('nosuchscheme://b/x')\n"
+            "except OSError as e:\n"
+            "    print(type(e).__name__, fileio.error_reason(e)[:41])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "[1, 2] ['x.json']", "[1, 2] ['x.json']",
+        "OSError no filesystem for nosuchscheme:// without"]
