@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from electra_tf.training import loop
 from toy_trainer import LR, NumpyAdamW, ToyTrainer, batch, distributed
@@ -21,7 +20,7 @@ def _train(trainer, directory, batches, total, skip=0, **kw):
     schedule = loop.Schedule(num_train_steps=total, batch_size=ROWS, steps_per_loop=2,
                              log_every_steps=3, save_checkpoints_steps=2, **kw)
     out = loop.train(trainer, iterator, manager, schedule,
-                     writer=tf.summary.create_noop_writer())
+                     writer=loop.summary_writer(str(directory), chief=False))
     return out, manager
 
 

@@ -4,13 +4,14 @@ half), the devices' accelerator (`runtime.Devices`), and a timed matmul where no
 applies (CPU).
 float32 matmuls run in TensorFloat-32 by default: the TF32 column on A100/H100/H200, one
 bf16 MXU pass on TPU (XLA's DEFAULT precision); with TF32 off, plain FP32 (TPU: HIGHEST).
-TensorFlow is imported only by the CPU's timed matmul: the table needs none.
+TensorFlow (or, without it, JAX) is imported only by the CPU's timed matmul: the table
+needs none.
 """
 
 import dataclasses
 import re
 import time
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 
 
@@ -105,25 +106,51 @@ _MEASURED: Dict[Tuple[int, str, str], float] = {}
 RUN_MATMUL_SIZE = 2048
 
 
+def _tensorflow_matmul(size: int, dtype: str, device: str) -> Callable[[], None]:
+    """A size^3 `tf.linalg.matmul` on `device`, run by each call. TensorFlow's kernel
+    (oneDNN), not XLA's: no faster in float32 and far slower in bfloat16."""
+    import tensorflow as tf
+    with tf.device(device):
+        a = tf.cast(tf.random.stateless_normal([size, size], [1, 2]), dtype)
+        b = tf.cast(tf.random.stateless_normal([size, size], [3, 4]), dtype)
+        # One element back to the host: forces the matmul, transfers nothing.
+        f = tf.function(lambda x, y: tf.linalg.matmul(x, y)[0, 0], jit_compile=False)
+
+    def run():
+        with tf.device(device):
+            f(a, b).numpy()
+    return run
+
+
+def _jax_matmul(size: int, dtype: str) -> Callable[[], None]:
+    """A size^3 matmul compiled by XLA on JAX's first CPU device (where TensorFlow is not
+    installed), run by each call; the whole product is kept so none of it is left out."""
+    import jax
+    import jax.numpy as jnp
+    cpu = jax.devices("cpu")[0]
+    a, b = (jax.device_put(jax.random.normal(jax.random.key(seed), (size, size)).astype(
+        dtype), cpu) for seed in (1, 2))
+    f = jax.jit(jnp.matmul)
+    return lambda: f(a, b).block_until_ready()
+
+
 def measure_matmul_flops(size: int = 4096, dtype: str = "float32", repeats: int = 3,
                          device: str = "/cpu:0") -> float:
-    """FLOP/s of a size^3 `tf.linalg.matmul` on `device`: the best of `repeats` runs after
-    a warm-up, cached per process. TensorFlow's kernel (oneDNN), not XLA's: no faster in
-    float32 and far slower in bfloat16. Whatever else loads the host lowers the figure."""
+    """FLOP/s of a size^3 matmul on the CPU: the best of `repeats` runs after a warm-up,
+    cached per process; TensorFlow's kernel on `device` where TensorFlow is installed,
+    else XLA's through JAX. Whatever else loads the host lowers the figure."""
     key = (size, dtype, device)
     if key not in _MEASURED:
-        import tensorflow as tf
-        with tf.device(device):
-            a = tf.cast(tf.random.stateless_normal([size, size], [1, 2]), dtype)
-            b = tf.cast(tf.random.stateless_normal([size, size], [3, 4]), dtype)
-            # One element back to the host: forces the matmul, transfers nothing.
-            f = tf.function(lambda x, y: tf.linalg.matmul(x, y)[0, 0], jit_compile=False)
-            f(a, b).numpy()
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                f(a, b).numpy()
-                best = min(best, time.perf_counter() - start)
+        try:
+            run = _tensorflow_matmul(size, dtype, device)
+        except ImportError:
+            run = _jax_matmul(size, dtype)
+        run()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
         _MEASURED[key] = 2.0 * size ** 3 / best
     return _MEASURED[key]
 

@@ -7,10 +7,9 @@ import dataclasses
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-import tensorflow as tf  # TensorBoard's summaries
 from absl import logging
 
-from electra_tf import configs, fileio
+from electra_tf import configs, events, fileio
 from electra_tf.backend import BackendError
 from electra_tf.data import files, manifest
 from electra_tf.text import VocabError
@@ -129,9 +128,9 @@ def format_log_line(step: int, total: int, out, lr: float, seqs_per_s: float,
 
 
 def write_scalars(writer, step: int, out, extra: Dict[str, float]):
-    with writer.as_default(step=step):
-        for k, v in {"loss": out.loss, **out.metrics, **extra}.items():
-            tf.summary.scalar(k, v)
+    """The loss, the metrics and `extra` at `step` (a `summary_writer`), flushed."""
+    for k, v in {"loss": out.loss, **out.metrics, **extra}.items():
+        writer.scalar(k, v, step)
     writer.flush()
 
 
@@ -144,8 +143,9 @@ def write_results(path: str, results: Dict, lease=None):
 
 
 def summary_writer(logdir: str, chief: bool):
-    """TensorBoard events under `logdir` (any filesystem); a no-op on other workers."""
-    return tf.summary.create_file_writer(logdir) if chief else tf.summary.create_noop_writer()
+    """TensorBoard events under `logdir` (any filesystem; `events.py`: the files
+    tf.summary writes, on either runtime); a no-op on other workers."""
+    return events.writer(logdir if chief else None)
 
 
 class Progress:
