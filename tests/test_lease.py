@@ -34,9 +34,12 @@ def _dead_pid():
     return proc.pid
 
 
-@pytest.mark.parametrize("where", ["local", "ram"])
+@pytest.mark.parametrize("where", ["local", "remote"])
 def test_holding_and_releasing(tmp_path, where):
-    root = str(tmp_path / "run") if where == "local" else f"ram://lease_{uuid.uuid4().hex}/run"
+    # Remote: TensorFlow's in-memory filesystem where its layer serves, else fsspec's.
+    scheme = "ram" if fileio.uses_tensorflow() else "memory"
+    root = (str(tmp_path / "run") if where == "local" else
+            f"{scheme}://lease_{uuid.uuid4().hex}/run")
     fileio.makedirs(root)
     with lease.RunLease(root) as held:
         found = json.loads(fileio.read_text(fileio.join(root, lease.LEASE_FILE)))
