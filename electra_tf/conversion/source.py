@@ -16,7 +16,7 @@ from electra_tf.conversion.formats import ConvertError
 from electra_tf.model.modeling import DELTA_SUFFIX, TABLES, TF1_ROOTS
 from electra_tf.training import checkpoints
 
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_GRAPH_KEY = checkpoints.GRAPH_KEY
 
 
 @dataclasses.dataclass
@@ -100,11 +100,8 @@ def find_run_config(path: str) -> Optional[Tuple[str, PretrainingConfig]]:
 def _object_names(reader) -> Dict[str, str]:
     """{TF1 name: checkpoint key} of an object-based checkpoint's variables under the TF1
     roots (weights and their slots) and its `global_step` object."""
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
-        reader.get_tensor(_GRAPH_KEY))
-    out = {a.full_name: a.checkpoint_key for node in graph.nodes for a in node.attributes
-           if a.name == "VARIABLE_VALUE" and a.full_name.split("/")[0] in TF1_ROOTS}
+    _, variables = checkpoints.saved_object_graph(reader.get_tensor(_GRAPH_KEY))
+    out = {name: key for name, key in variables.values() if name.split("/")[0] in TF1_ROOTS}
     step = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
     return dict(out, global_step=step) if reader.has_tensor(step) else out
 

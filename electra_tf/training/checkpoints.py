@@ -1,21 +1,31 @@
 """Checkpoints on any filesystem: the newest complete one of a directory, training checkpoints
-(save, torn-write cleanup) and name-based ones in the released TF1 layout ({TF1 name: array})."""
+(save, torn-write cleanup) and name-based ones in the released TF1 layout ({TF1 name: array}).
+TensorFlow's format throughout, written and read without TensorFlow (`bundle.py`); where
+TensorFlow is loaded its reader reads name-based checkpoints, as before."""
 
+import codecs
+import collections
 import dataclasses
 import datetime
 import os
 import re
 import struct
+import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
-from electra_tf import fileio
+from electra_tf import bundle, fileio, wire
 from electra_tf.bundle import index_entries  # noqa: F401 (the index, re-exported)
 from electra_tf.model.modeling import released_arrays, tf1_variables
+
+
+def _loaded_tensorflow():
+    """TensorFlow where this process has imported it, else None (never imports it)."""
+    tf = sys.modules.get("tensorflow")
+    return tf if tf is not None and hasattr(tf, "compat") else None
 
 
 class CheckpointError(ValueError):
@@ -83,7 +93,7 @@ def find_checkpoints(directory: str) -> List[FoundCheckpoint]:
             data.group(1) if data else None)
         if base:
             by_prefix.setdefault(base, []).append(name)
-    state = tf.train.get_checkpoint_state(directory) if by_prefix else None
+    state = read_checkpoint_state(directory) if by_prefix else None
     named = os.path.basename(state.model_checkpoint_path) if state else None
     found = [FoundCheckpoint(fileio.join(directory, base), sorted(names))
              for base, names in by_prefix.items()]
@@ -146,9 +156,11 @@ def newest_complete(directory: str, what: str = "", set_aside: bool = False
 
 
 # A checkpoint write's staging directory, the checkpoint index's temporary file, and the
-# temporary file of a killed `fileio.write_atomic` of config.json / eval_results.json.
+# temporary file of a killed `fileio.write_atomic` of config.json / eval_results.json or
+# of a checkpoint file written without TensorFlow (`bundle.write_tensors`).
 _TORN_CHECKPOINT = re.compile(r"(ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+|"
-                              r"(config|eval_results)\.json\.[0-9a-f]{12}"
+                              r"((config|eval_results)\.json|"
+                              r"ckpt-\d+\.(index|data-\d{5}-of-\d{5}))\.[0-9a-f]{12}"
                               + re.escape(fileio.TMP_SUFFIX) + ")$")
 
 
@@ -164,8 +176,7 @@ def remove_torn_checkpoints(directory: str) -> int:
             continue
         path = fileio.join(directory, name)
         if fileio.isdir(path):
-            for root, _, files in tf.io.gfile.walk(path):
-                freed += sum(fileio.size(fileio.join(root, f)) for f in files)
+            freed += sum(fileio.size(f) for f in fileio.walk_files(path))
             fileio.rmtree(path)
         else:
             freed += fileio.size(path)
@@ -179,9 +190,10 @@ def save_checkpoint(manager, step: int) -> str:
     """manager.save at `step`; a failed write (a full disk, a lost bucket) is one
     CheckpointError naming the directory and the last good checkpoint, which stays the
     newest (the checkpoint index is only updated after a complete write)."""
+    tf = _loaded_tensorflow()
     try:
         return manager.save(checkpoint_number=step)
-    except (tf.errors.OpError, OSError) as e:
+    except (OSError, *((tf.errors.OpError,) if tf else ())) as e:
         reason = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
         raise CheckpointError(f"could not write the step-{step} checkpoint to {manager.directory} "
                               f"({reason}); last good checkpoint: "
@@ -211,7 +223,6 @@ def object_paths(root, prefix: str) -> Dict[int, str]:
     `model/electra/layer_0/query/_kernel`: the attribute names from `root` to the variable
     along the shortest path, the first in attribute order among equals (the breadth-first
     walk of `tf.train.Checkpoint`). Read from the Keras objects, on any backend."""
-    import collections
     import keras
     out: Dict[int, str] = {}
     seen = {id(root)}
@@ -250,26 +261,66 @@ def slot_path(variable_path: str, slot: str) -> str:
     return f"optimizer/{slot}/{variable_path}/{slot}"
 
 
-class _Node(tf.__internal__.tracking.AutoTrackable):
-    """One object of the checkpoint's object graph (attributes set by name)."""
+# The object graph written without TensorFlow, as `tf.train.Checkpoint(model=..., optimizer=
+# ..., <counters>)` records it (TrackableObjectGraph): the root's children by name, the
+# model's objects in the order of their sorted paths, the optimizer's two slot dicts in the
+# entries' order, `save_counter` at the root; nodes numbered breadth-first, every variable
+# a VARIABLE_VALUE attribute under its escaped path; the tensors in node order, the graph
+# last. tests/test_bundle_writer.py holds it to TensorFlow's bytes.
+
+GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_SLOTS = ("adam_m", "adam_v")
 
 
-def _tree(paths: Dict[str, tf.Variable]) -> _Node:
-    """A tree of `_Node`s holding `paths` {'root/a/b': variable} at those object paths
-    below the root."""
-    root = _Node()
-    nodes = {}
-    for path in sorted(paths):
-        parts = path.split("/")
-        parent = root
-        for i in range(1, len(parts) - 1):
-            key = "/".join(parts[:i + 1])
-            if key not in nodes:
-                nodes[key] = _Node()
-                setattr(parent, parts[i], nodes[key])
-            parent = nodes[key]
-        setattr(parent, parts[-1], paths[path])
-    return root
+def _escape(name: str) -> str:
+    """An object's name in a checkpoint key ('.' -> '..', '/' -> '.S')."""
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def _edges(path: str) -> List[str]:
+    """The names from the root to the object at `path` (a slot dict's key holds '/')."""
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "optimizer" and parts[1] in _SLOTS:
+        return parts[:2] + ["/".join(parts[2:])]
+    return parts
+
+
+def checkpoint_key(path: str) -> str:
+    """The tensor key of the variable at object path `path`."""
+    return "/".join(_escape(e) for e in _edges(path)) + _VALUE_SUFFIX
+
+
+class _Object:
+    """A node of the object graph: children by name, or a variable (its name)."""
+
+    def __init__(self, variable: Optional[str] = None):
+        self.children: Dict[str, "_Object"] = {}
+        self.variable = variable
+
+    def child(self, name: str) -> "_Object":
+        return self.children.setdefault(name, _Object())
+
+
+def _graph_bytes(nodes: List[_Object], keys: Dict[int, str]) -> bytes:
+    """The TrackableObjectGraph of `nodes` (breadth-first, the root first)."""
+    number = {id(n): i for i, n in enumerate(nodes)}
+    has_values: Dict[int, bool] = {}
+    for node in reversed(nodes):  # children come after their parent
+        has_values[id(node)] = node.variable is not None or any(
+            has_values[id(c)] for c in node.children.values())
+    field = wire.encode_bytes_field
+    out = b""
+    for node in nodes:
+        body = b"".join(field(1, wire.encode_varint_field(1, number[id(c)]) + field(2, name))
+                        for name, c in node.children.items())
+        if node.variable is not None:  # SerializedTensor: name, full name, checkpoint key
+            body += field(2, field(1, "VARIABLE_VALUE") + field(2, node.variable)
+                          + field(3, keys[id(node)]))
+        # has_checkpoint_values: a BoolValue, empty for false
+        body += field(5, wire.encode_varint_field(1, 1) if has_values[id(node)] else b"")
+        out += field(1, body)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,69 +334,243 @@ class Entry:
 
 
 class ArrayCheckpoint:
-    """The training checkpoint's object graph over host copies: `entries` (model weights at
+    """The training checkpoint's object graph over host arrays: `entries` (model weights at
     their object paths, the slots at `slot_path`, the counters at the root), written from
-    {path: array} and read back into one."""
+    {path: array} and read back into one, in TensorFlow's format without TensorFlow."""
 
     def __init__(self, entries: Sequence[Entry]):
         self.entries = list(entries)
-        self.variables = {e.path: tf.Variable(np.zeros(e.shape, e.dtype), trainable=False,
-                                              name=e.name) for e in self.entries}
+        self.by_path = {e.path: e for e in self.entries}
+        if "save_counter" in self.by_path:
+            raise ValueError("save_counter is the checkpoint's own counter, not an entry")
 
-    def graph(self, data_position: bool = True) -> tf.train.Checkpoint:
-        """The object graph; without `data_position`, that of checkpoints written before
-        `data_batches` existed."""
-        items = self.variables.items()
-        optimizer = _Node()
-        for slot in ("adam_m", "adam_v"):
-            head = f"optimizer/{slot}/"
-            setattr(optimizer, slot, {p[len(head):]: v for p, v in items if p.startswith(head)})
-        state = dict(model=_tree({p: v for p, v in items if p.startswith("model/")}),
-                     optimizer=optimizer)
-        for name in COUNTERS:
-            if name in self.variables and (data_position or name != "data_batches"):
-                state[name] = self.variables[name]
-        return tf.train.Checkpoint(**state)
+    def _nodes(self, data_position: bool = True) -> List[_Object]:
+        """The graph's nodes breadth-first (the root first); without `data_position`,
+        that of checkpoints written before `data_batches` existed."""
+        root = _Object()
+        counters = [n for n in COUNTERS if n in self.by_path
+                    and (data_position or n != "data_batches")]
+        for name in sorted(counters + ["model", "optimizer", "save_counter"]):
+            root.children[name] = _Object(
+                name if name in counters or name == "save_counter" else None)
+        model = root.children["model"]
+        for path in sorted(p for p in self.by_path if p.startswith("model/")):
+            parent = model
+            for name in path.split("/")[1:-1]:
+                parent = parent.child(name)
+            parent.children[path.split("/")[-1]] = _Object(self.by_path[path].name)
+        optimizer = root.children["optimizer"]
+        for slot in _SLOTS:
+            slots = optimizer.child(slot)
+            for e in self.entries:
+                if e.path.startswith(f"optimizer/{slot}/"):
+                    slots.children[_edges(e.path)[2]] = _Object(e.name)
+        nodes = [root]
+        for node in nodes:  # grows as it goes: breadth-first
+            nodes.extend(node.children.values())
+        return nodes
 
-    def assign(self, values: Dict[str, np.ndarray]):
-        for path, value in values.items():
-            self.variables[path].assign(value)
+    def tensors(self, values: Dict[str, np.ndarray], save_counter: int,
+                data_position: bool = True) -> Dict[str, np.ndarray]:
+        """{tensor key: array} of a checkpoint of `values` {object path: array}, in the
+        order TensorFlow writes them, the object graph last."""
+        nodes = self._nodes(data_position)
+        paths: Dict[int, str] = {}
+        for parent in nodes:
+            for name, child in parent.children.items():
+                paths[id(child)] = (f"{paths[id(parent)]}/{name}" if id(parent) in paths
+                                    else name)
+        keys = {i: checkpoint_key(p) for i, p in paths.items()}
+        out = {}
+        for node in nodes[1:]:
+            if node.variable is None:
+                continue
+            path = paths[id(node)]
+            if path == "save_counter":
+                out[keys[id(node)]] = np.int64(save_counter)
+                continue
+            e = self.by_path[path]
+            value = np.asarray(values[path], dtype=np.dtype(e.dtype))
+            if value.shape != tuple(e.shape):
+                raise CheckpointError(f"{path}: shape {list(value.shape)} != its "
+                                      f"checkpoint entry's {list(e.shape)}")
+            out[keys[id(node)]] = value
+        out[GRAPH_KEY] = np.array(_graph_bytes(nodes, keys), dtype=object)
+        return out
+
+    def write(self, prefix: str, values: Dict[str, np.ndarray], save_counter: int) -> str:
+        """Writes the checkpoint `prefix` (any filesystem; data shard, then index)."""
+        fileio.makedirs(os.path.dirname(prefix) or ".")
+        bundle.write_tensors(prefix, self.tensors(values, save_counter), _write_file)
+        return prefix
 
     def read(self, path: str) -> Dict[str, np.ndarray]:
-        """A training checkpoint of either runtime -> {object path: array}; one written
-        before data positions existed has none (the caller resumes the input at the step)."""
-        reader = tf.compat.v1.train.NewCheckpointReader(path)
-        saved = {name.split("/")[0] for name in reader.get_variable_to_shape_map()}
-        data_position = "data_batches" in saved
-        self.graph(data_position).restore(path).assert_existing_objects_matched()
-        return {p: v.numpy() for p, v in self.variables.items()
-                if p != "data_batches" or data_position}
+        """A training checkpoint of either runtime -> {object path: array}, each variable
+        found as TensorFlow's restore finds it (through the saved object graph); one
+        written before data positions existed has no `data_batches` (the caller resumes
+        the input at the step)."""
+        reader = bundle.Reader(path, fileio.read_bytes)
+        try:
+            graph = reader.get_tensor(GRAPH_KEY)
+        except KeyError:
+            raise CheckpointError(f"{path} is not a training checkpoint (no object graph)"
+                                  ) from None
+        children, variables = saved_object_graph(graph)
+        keys = {}
+        for e in self.entries:
+            node = 0
+            for name in _edges(e.path):
+                node = children[node].get(name)
+                if node is None:
+                    break
+            if node is None or node not in variables:
+                if e.path == "data_batches":
+                    continue
+                raise CheckpointError(f"{path}: no {e.path} in the checkpoint")
+            keys[e.path] = variables[node][1]
+        saved = reader.get_tensors(list(keys.values()))
+        out = {}
+        for e in self.entries:
+            if e.path not in keys:
+                continue
+            value = saved[keys[e.path]]
+            if tuple(value.shape) != tuple(e.shape):
+                raise CheckpointError(f"{path}: {e.path} has shape {list(value.shape)}, the "
+                                      f"model's is {list(e.shape)}")
+            out[e.path] = value.astype(np.dtype(e.dtype), copy=False)
+        return out
 
     def manager(self, directory: str, max_to_keep: int, values) -> "ArrayCheckpointManager":
         return ArrayCheckpointManager(self, directory, max_to_keep, values)
 
 
+def saved_object_graph(graph: bytes):
+    """A saved TrackableObjectGraph (the `GRAPH_KEY` tensor) -> ([{child name: node} per
+    node], {node: (its variable's full name, the checkpoint key of its VARIABLE_VALUE)})."""
+    children, keys = [], {}
+    for number, kind, s, e in wire.fields(graph):
+        if number != 1 or kind != 2:
+            continue
+        node, mine = len(children), {}
+        for n2, k2, s2, e2 in wire.fields(graph, s, e):
+            if k2 != 2 or n2 not in (1, 2):
+                continue
+            sub = {n3: (s3, e3) for n3, _, s3, e3 in wire.fields(graph, s2, e2)}
+            text = lambda f: graph[sub[f][0]:sub[f][1]].decode() if f in sub else ""  # noqa
+            if n2 == 1:
+                child = wire.varint_field(graph, *sub[1]) if 1 in sub else 0
+                mine[text(2)] = child
+            elif text(1) == "VARIABLE_VALUE":
+                keys[node] = (text(2), text(3))
+        children.append(mine)
+    return children, keys
+
+
+def _write_file(path: str, chunks: Iterator[bytes]):
+    """A checkpoint file through the file layer, under a temporary name until complete."""
+    with fileio.atomic_output(path) as tmp:
+        with fileio.open_file(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+
+
 class ArrayCheckpointManager:
     """`tf.train.CheckpointManager`'s `save`, `latest_checkpoint` and `directory` for an
-    `ArrayCheckpoint`: `values()` -> {object path: array} is read at every save."""
+    `ArrayCheckpoint`, without TensorFlow: `values()` -> {object path: array} is read at
+    every save; the `checkpoint` state file is written as that manager writes it (each
+    checkpoint's time, the last preserved time), so either manager keeps the other's
+    `max_to_keep` newest and deletes the older ones."""
 
     def __init__(self, checkpoint: ArrayCheckpoint, directory: str, max_to_keep: int, values):
-        self.checkpoint, self.values = checkpoint, values
-        self._manager = tf.train.CheckpointManager(
-            checkpoint.graph(), directory, max_to_keep=max_to_keep,
-            step_counter=checkpoint.variables["global_step"])
-
-    @property
-    def directory(self) -> str:
-        return self._manager.directory
-
-    @property
-    def latest_checkpoint(self) -> Optional[str]:
-        return self._manager.latest_checkpoint
+        if max_to_keep is not None and max_to_keep <= 0:
+            raise ValueError(f"max_to_keep must be positive or None, not {max_to_keep}")
+        self.checkpoint, self.values, self.max_to_keep = checkpoint, values, max_to_keep
+        self.directory = directory
+        self._saves = 0  # tf.train.Checkpoint's save_counter: this manager's saves
+        self._kept: "collections.OrderedDict[str, float]" = collections.OrderedDict()
+        now = time.time()
+        state = read_checkpoint_state(directory)
+        if state is None:
+            self.latest_checkpoint, self._preserved = None, now - 1.0
+            return
+        self.latest_checkpoint = state.model_checkpoint_path
+        self._preserved = min(state.last_preserved_timestamp, now)
+        stamps = state.all_model_checkpoint_timestamps or (
+            [self._preserved] * len(state.all_model_checkpoint_paths))
+        for path, stamp in zip(state.all_model_checkpoint_paths, stamps):
+            if min(stamp, now) > self._preserved:
+                self._kept[path] = min(stamp, now)
 
     def save(self, checkpoint_number: int) -> str:
-        self.checkpoint.assign(self.values())
-        return self._manager.save(checkpoint_number=checkpoint_number)
+        self._saves += 1
+        prefix = fileio.join(self.directory, f"ckpt-{int(checkpoint_number)}")
+        self.checkpoint.write(prefix, self.values(), self._saves)
+        self._kept.pop(prefix, None)
+        self._kept[prefix] = time.time()
+        self.latest_checkpoint = prefix
+        # The state names the new checkpoint before older ones are deleted, and again after.
+        self._record_state()
+        while self.max_to_keep and len(self._kept) > self.max_to_keep:
+            old, _ = self._kept.popitem(last=False)
+            for name in [old + ".index"] + fileio.glob(old + ".data-?????-of-?????"):
+                fileio.remove(name, missing_ok=True)
+        self._record_state()
+        return prefix
+
+    def _record_state(self):
+        write_checkpoint_state(self.directory, [_relative(self.directory, p) for p in self._kept],
+                               timestamps=list(self._kept.values()),
+                               last_preserved=self._preserved)
+
+
+def _relative(directory: str, path: str) -> str:
+    head = directory.rstrip("/") + "/"
+    return path[len(head):] if path.startswith(head) else path
+
+
+@dataclasses.dataclass
+class CheckpointState:
+    """A `checkpoint` state file's fields, paths joined to its directory (as TensorFlow's
+    `get_checkpoint_state` gives them)."""
+    model_checkpoint_path: str
+    all_model_checkpoint_paths: List[str]
+    all_model_checkpoint_timestamps: List[float]
+    last_preserved_timestamp: float
+
+
+_STATE_LINE = re.compile(r'^\s*(\w+)\s*:\s*(?:"((?:[^"\\]|\\.)*)"|([-+0-9.eEinfINFa]+))\s*$')
+
+
+def read_checkpoint_state(directory: str) -> Optional[CheckpointState]:
+    """The `checkpoint` state file of `directory` (any filesystem), or None where there is
+    none or it does not parse (a warning line, as TensorFlow's reader does)."""
+    path = fileio.join(directory, "checkpoint")
+    try:
+        text = fileio.read_bytes(path).decode("latin-1")  # bytes as they are: escapes below
+    except FileNotFoundError:
+        return None
+    fields: Dict[str, list] = collections.defaultdict(list)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _STATE_LINE.match(line)
+        if not match:
+            logging.warning("%s: cannot parse the line %r; ignoring the file", path, line)
+            return None
+        name, quoted, number = match.groups()
+        if quoted is not None:
+            fields[name].append(codecs.escape_decode(quoted.encode("latin-1"))[0]
+                                .decode("utf-8", "replace"))
+        else:
+            fields[name].append(float(number))
+    if not fields.get("model_checkpoint_path"):
+        raise ValueError(f"Invalid checkpoint state loaded from {directory}")
+    full = lambda p: p if os.path.isabs(p) or fileio.is_remote(p) else fileio.join(  # noqa
+        directory, p)
+    return CheckpointState(full(fields["model_checkpoint_path"][-1]),
+                           [full(p) for p in fields["all_model_checkpoint_paths"]],
+                           list(fields["all_model_checkpoint_timestamps"]),
+                           (fields.get("last_preserved_timestamp") or [0.0])[-1])
 
 
 # --- name-based checkpoints in the released TF1 layout --------------------------------
@@ -372,11 +597,17 @@ def checkpoint_prefix(path: str, what: str = "", subdirs: Sequence[str] = ()) ->
 
 
 def checkpoint_reader(path: str, what: str = "", subdirs: Sequence[str] = ()):
-    """A reader of `checkpoint_prefix(path, what, subdirs)`; unreadable, a CheckpointError."""
+    """A reader (`get_tensor`, `has_tensor`, `get_variable_to_shape_map`) of
+    `checkpoint_prefix(path, what, subdirs)`: TensorFlow's where it is loaded, else
+    `bundle.Reader`; unreadable, a CheckpointError."""
     prefix = checkpoint_prefix(path, what, subdirs)
+    tf = _loaded_tensorflow()
     try:
-        return tf.compat.v1.train.NewCheckpointReader(prefix)
-    except (tf.errors.OpError, ValueError) as e:
+        if tf is not None:
+            return tf.compat.v1.train.NewCheckpointReader(prefix)
+        return bundle.Reader(prefix, fileio.read_bytes)
+    except (OSError, ValueError, IndexError, struct.error,
+            *((tf.errors.OpError,) if tf else ())) as e:
         raise CheckpointError(f"{what + ': ' if what else ''}cannot read checkpoint {prefix}: "
                               f"{str(e).splitlines()[0]}") from None
 
@@ -390,27 +621,34 @@ def read_tf1(ckpt_path: str) -> Dict[str, np.ndarray]:
 def write_tf1(arrays: Dict[str, np.ndarray], prefix: str) -> str:
     """Writes {name: array} as a name-based checkpoint (what a TF1 Saver writes, readable by
     tf.train.load_checkpoint) plus a `checkpoint` state file. Returns `prefix`."""
-    names = sorted(arrays)
     directory = os.path.dirname(prefix) or "."
     fileio.makedirs(directory)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.convert_to_tensor(arrays[n]) for n in names])
+    # SaveV2's bytes (the names sorted), written without TensorFlow.
+    bundle.write_tensors(prefix, {n: arrays[n] for n in sorted(arrays)}, _write_file)
     # The state file, which makes the checkpoint visible to latest_checkpoint, comes last.
     write_checkpoint_state(directory, [os.path.basename(prefix)])
     return prefix
 
 
-def write_checkpoint_state(directory: str, names: Sequence[str], managed: bool = False):
+def write_checkpoint_state(directory: str, names: Sequence[str], managed: bool = False,
+                           timestamps: Optional[Sequence[float]] = None,
+                           last_preserved: Optional[float] = None):
     """The `checkpoint` state file of `directory` (atomically): `names` (prefixes relative
     to it), oldest first; the last is the latest. `managed` (training checkpoints): each
     gets a timestamp (now, in order), since a CheckpointManager treats a listed checkpoint
-    without one as preserved for good and would never delete it under max_to_keep."""
+    without one as preserved for good and would never delete it under max_to_keep.
+    `timestamps` and `last_preserved` (`ArrayCheckpointManager`): those times, written as
+    TensorFlow's manager writes its own."""
     now = time.time()
     state = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
         f'all_model_checkpoint_paths: "{name}"\n' for name in names)
-    if managed:
+    if timestamps is not None:
+        state += "".join(f"all_model_checkpoint_timestamps: {float(t)!r}\n" for t in timestamps)
+    elif managed:
         state += "".join(f"all_model_checkpoint_timestamps: {now - (len(names) - i) / 1e3:.6f}"
                          "\n" for i in range(1, len(names) + 1))
+    if last_preserved is not None:
+        state += f"last_preserved_timestamp: {float(last_preserved)!r}\n"
     fileio.write_atomic(fileio.join(directory, "checkpoint"), state)
 
 

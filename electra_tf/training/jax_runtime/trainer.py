@@ -2,8 +2,9 @@
 devices (weights, slots, the step, the loss scale), the data position a host number, host
 loops that dispatch steps without waiting and read the batches ahead on a thread. No
 TensorFlow state: checkpoints go through `training/checkpoints.py` (TensorFlow's
-object-based format, with the TensorFlow runtime's object graph, so either runtime resumes
-the other's run and every reader of a run reads a JAX run unchanged)."""
+object-based format written and read without TensorFlow, with the TensorFlow runtime's
+object graph, so either runtime resumes the other's run and every reader of a run reads a
+JAX run unchanged)."""
 
 from typing import Callable, Dict, List, Optional
 
