@@ -1,7 +1,8 @@
 """What a JAX-only machine runs of the training loop with TensorFlow unimportable: its
 TensorBoard summaries (electra_tf/events.py; local, and remote through the native file
 layer, rewritten whole at each flush), the run lease, the learning-rate schedule and the
-CPU's timed matmul (JAX's). test_events.py holds the event files to tf.summary's."""
+CPU's timed matmul (JAX's); an event file on gs:// (the Cloud Storage emulator).
+test_events.py holds the event files to tf.summary's."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from electra_tf import wire
 from electra_tf.data import records
 from conftest import REPO
+from gcs_emulator import gcs_emulator  # noqa: F401  (pytest fixture)
 
 _CHILD = """
 import sys; sys.modules['tensorflow'] = None; sys.modules['tensorflow_text'] = None
@@ -90,3 +92,43 @@ def test_loop_summaries_lease_and_matmul_without_tensorflow(tmp_path):
     assert _scalars(os.path.join(tmp_path, name)) == [
         ("loss", 0.5, 10), ("disc_loss", 0.25, 10),
         ("learning_rate", struct.unpack("<f", struct.pack("<f", 1e-4))[0], 10)]
+
+
+_GCS_CHILD = """
+import sys; sys.modules['tensorflow'] = None; sys.modules['tensorflow_text'] = None
+import json
+from electra_tf import events, fileio
+from electra_tf.data import records
+
+def count(path):
+    with fileio.open_file(path, "rb") as f:
+        return len(list(records.read_records(f, path)))
+
+writer = events.EventFileWriter(sys.argv[1])
+counts = [count(writer.path)]
+writer.scalar("loss", 1.0, 1)
+writer.flush()
+counts.append(count(writer.path))
+writer.scalar("loss", 2.0, 2)
+counts.append(count(writer.path))
+writer.close()
+counts.append(count(writer.path))
+print(json.dumps({"counts": counts, "files": fileio.glob(sys.argv[1] + "/*")}))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.jax
+def test_gcs_event_file_is_readable_at_each_flush(gcs_emulator):  # noqa: F811
+    """gs:// through fsspec (gcsfs) on the Cloud Storage emulator, TensorFlow unimportable:
+    the object is there from the start, and each flush, not only close, uploads it."""
+    root = "gs://electra-test/events/train"
+    env = dict(os.environ,
+               STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{gcs_emulator.emulator_port}")
+    done = subprocess.run([sys.executable, "-c", _GCS_CHILD, root], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["counts"] == [1, 2, 2, 3]
+    (path,) = got["files"]
+    assert path.startswith(root + "/events.out.tfevents.") and path.endswith(".v2")
