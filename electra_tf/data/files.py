@@ -7,11 +7,11 @@ import os
 import struct
 from typing import Callable, Dict, List, Optional, Sequence
 
-import tensorflow as tf
 from absl import logging
-from google.protobuf.message import DecodeError
 
+from electra_tf import fileio
 from electra_tf.data import manifest as manifest_lib
+from electra_tf.data import records as records_lib
 from electra_tf.data.records import FEATURE_NAMES  # noqa: F401 (the schema, re-exported)
 
 # Files a build directory holds beside its shards (its vocabulary: text.RUN_VOCAB_FILES).
@@ -32,6 +32,7 @@ def traced(fn: Callable) -> Callable:
     """`fn` for tf.data (map, flat_map, interleave, scan, filter) traced as written, not
     converted by autograph first: the input functions use TF's own control flow, and
     converting them cost about half a second of every run's start."""
+    import tensorflow as tf  # the tf.data pipelines' only
     return tf.autograph.experimental.do_not_convert(fn)
 
 
@@ -92,14 +93,14 @@ def _is_data_file(path: str) -> bool:
 
 
 def _has_manifest(directory: str) -> bool:
-    return tf.io.gfile.exists(os.path.join(directory, manifest_lib.MANIFEST_NAME))
+    return fileio.exists(os.path.join(directory, manifest_lib.MANIFEST_NAME))
 
 
 def _manifest_shards(directory: str, on_bad_shard: str = "stop") -> List[str]:
     manifest = manifest_lib.read_manifest(directory)
     names = [s["name"] for s in manifest.get("shards", [])]
     # One listing instead of a stat per shard: thousands of stats are slow on GCS.
-    present = set(tf.io.gfile.listdir(directory))
+    present = set(fileio.listdir(directory))
     missing = [n for n in names if n not in present]
     if missing and (on_bad_shard == "stop" or len(missing) == len(names)):
         raise InputDataError(f"{directory}: manifest.json lists {len(names)} shards but "
@@ -112,11 +113,11 @@ def _manifest_shards(directory: str, on_bad_shard: str = "stop") -> List[str]:
 
 
 def _resolve_one(pattern: str, on_bad_shard: str = "stop") -> List[str]:
-    if tf.io.gfile.isdir(pattern):
+    if fileio.isdir(pattern):
         if _has_manifest(pattern):
             return _manifest_shards(pattern, on_bad_shard)
         pattern = os.path.join(pattern, _UNMANIFESTED_DIR_GLOB)
-    files = [f for f in tf.io.gfile.glob(pattern) if _is_data_file(f)]
+    files = [f for f in fileio.glob(pattern) if _is_data_file(f)]
     if not files and not glob.has_magic(pattern):
         # A file named outright (as the trainer passes its shards) that is not there: a
         # glob would drop it silently.
@@ -140,7 +141,7 @@ def resolve_files(file_pattern: str, on_bad_shard: str = "stop") -> List[str]:
 def _manifest_dirs(file_pattern: str) -> List[str]:
     dirs = []
     for pattern in _split_patterns(file_pattern):
-        for d in ([pattern] if tf.io.gfile.isdir(pattern) else
+        for d in ([pattern] if fileio.isdir(pattern) else
                   sorted({os.path.dirname(f) for f in _resolve_one(pattern, "quiet")})):
             if d not in dirs and _has_manifest(d):
                 dirs.append(d)
@@ -184,8 +185,8 @@ def stat_lengths(paths: Sequence[str]) -> List[Optional[int]]:
     """File sizes (None for a missing file), stat'ed in parallel."""
     def length(path):
         try:
-            return tf.io.gfile.stat(path).length
-        except tf.errors.NotFoundError:
+            return fileio.size(path)
+        except FileNotFoundError:
             return None
     return map_files(length, paths)
 
@@ -195,9 +196,9 @@ def peek_sequence_length(path: str) -> Optional[int]:
     InputDataError if it is not an ELECTRA pre-training example. The record is read by hand,
     not through tf.data, so this works in any context and costs one small read."""
     try:
-        f = tf.io.gfile.GFile(path, "rb")
+        f = fileio.open_file(path, "rb")
         header = f.read(12)  # uint64 length + uint32 masked CRC of the length
-    except tf.errors.NotFoundError:
+    except FileNotFoundError:
         raise BadShardError(f"{path}: no such file", path) from None
     with f:
         if not header:
@@ -206,7 +207,7 @@ def peek_sequence_length(path: str) -> Optional[int]:
             raise BadShardError(f"{path}: truncated TFRecord header ({len(header)} bytes; "
                                 "is it a TFRecord file?)", path)
         (length,) = struct.unpack("<Q", header[:8])
-        size = tf.io.gfile.stat(path).length
+        size = fileio.size(path)
         if length + 16 > size:  # not read: a garbage length could be any size
             if length >= 1 << 31:
                 raise BadShardError(f"{path}: corrupted first record header (a length of "
@@ -215,8 +216,8 @@ def peek_sequence_length(path: str) -> Optional[int]:
                                 f"the record needs {length + 16}; is it a TFRecord file?)", path)
         data = f.read(length)
     try:
-        features = tf.train.Example.FromString(data).features.feature
-    except DecodeError as e:
+        features = records_lib.int64_list_lengths(data)
+    except (ValueError, IndexError) as e:
         raise BadShardError(f"{path}: the first record is not a tf.train.Example ({e})",
                             path) from None
     lengths = {}
@@ -224,7 +225,7 @@ def peek_sequence_length(path: str) -> Optional[int]:
         if name not in features:
             raise InputDataError(f"{path}: the first record has no {name!r} feature (it has "
                                  f"{sorted(features)}); not ELECTRA pre-training data")
-        lengths[name] = len(features[name].int64_list.value)
+        lengths[name] = features[name]
     if len(set(lengths.values())) != 1:
         raise InputDataError(f"{path}: the first record's features differ in length {lengths}")
     return lengths["input_ids"]

@@ -5,8 +5,6 @@ sequence length with its config before reading a record. Any filesystem (local, 
 import json
 from typing import Optional
 
-import tensorflow as tf
-
 from electra_tf import fileio
 
 MANIFEST_NAME = "manifest.json"
@@ -30,11 +28,11 @@ def read_manifest(path: str) -> dict:
         if fileio.isdir(path):
             path = fileio.join(path, MANIFEST_NAME)
         manifest = json.loads(fileio.read_text(path))
-    except (FileNotFoundError, tf.errors.NotFoundError):
+    except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest (the build is incomplete or was not made "
                             "by tfrecord_builder)") from None
-    except (OSError, ValueError, tf.errors.OpError) as e:
-        reason = fileio.error_reason(e) if isinstance(e, tf.errors.OpError) else e
+    except (OSError, ValueError) as e:
+        reason = fileio.error_reason(e) if isinstance(e, OSError) else e
         raise ManifestError(f"{path}: unreadable manifest ({reason})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ManifestError(f"{path}: not a tfrecord_builder manifest")

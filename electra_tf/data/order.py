@@ -1,15 +1,19 @@
 """The resumable record order of one input pipeline: a per-epoch shard permutation, a
 round robin within groups of shards and windowed shuffles, each drawn from a key and epoch."""
 
+from __future__ import annotations  # tf.* annotations: TensorFlow is imported lazily
+
 import dataclasses
 import itertools
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from electra_tf import philox
 from electra_tf.data.files import InputDataError, traced
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 # The count a shard without a manifest is given (it is read to its end).
@@ -48,15 +52,18 @@ class StreamOrder:
     key: Tuple[int, int]
 
     def _epoch_seed(self, epoch) -> tf.Tensor:
+        import tensorflow as tf  # the tf.data stream's only
         return tf.random.experimental.stateless_fold_in(
             tf.constant(self.key, tf.int32), tf.cast(epoch, tf.int32), alg="philox")
 
     def _permutation(self, size, seed) -> tf.Tensor:
+        import tensorflow as tf  # the tf.data stream's only
         return tf.argsort(tf.random.stateless_uniform(size, seed=seed, alg="philox"),
                           stable=True)
 
     def shard_order(self, epoch) -> tf.Tensor:
         """The epoch's permutation of the shards, int32 [num_shards] (graph or eager)."""
+        import tensorflow as tf  # the tf.data stream's only
         seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), 0,
                                                         alg="philox")
         return self._permutation([self.num_shards], seed)
@@ -174,6 +181,7 @@ class StreamOrder:
         """The stream of serialized records from `position` (the start by default). counts:
         each shard's record count for the order (-1: unknown, read to its end); read(i):
         the dataset of shard i's records (i an int64 tensor)."""
+        import tensorflow as tf  # the tf.data stream's only
         c, num_groups = self.cycle_length, -(-self.num_shards // self.cycle_length)
         pad = num_groups * c - self.num_shards
         counts_t = tf.constant(list(counts), tf.int64)

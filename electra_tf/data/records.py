@@ -114,6 +114,30 @@ def _int64_spans(buf: bytes, base: int, wanted: Sequence[str]) -> Dict[str, List
     return out
 
 
+def int64_list_lengths(record: bytes) -> Dict[str, int]:
+    """{feature name: number of int64 values} of one serialised Example (0 for a bytes or
+    float feature; a ValueError or IndexError for bytes that are not an Example)."""
+    buf = bytes(record)
+    found = {}
+    for number, kind, fs, fe in wire.fields(buf, 0, len(buf)):
+        if number != 1 or kind != 2:
+            continue
+        for n2, w2, es, ee in wire.fields(buf, fs, fe):
+            if n2 == 1 and w2 == 2:
+                for n3, w3, s, e in wire.fields(buf, es, ee):
+                    if n3 == 1 and w3 == 2:
+                        found[bytes(buf[s:e]).decode("utf-8", "replace")] = None
+    out = {}
+    for name in found:
+        try:
+            spans = _int64_spans(buf, 0, [name]).get(name, [])
+        except ValueError:  # not an int64 list
+            spans = []
+        data = np.frombuffer(b"".join(buf[s:e] for s, e in spans), np.uint8)
+        out[name] = int(np.count_nonzero(data < 0x80))
+    return out
+
+
 def _decode_varints(data: np.ndarray) -> np.ndarray:
     """Consecutive unsigned varints in uint8 `data` -> their int64 values (two's
     complement for the 10-byte encodings of negative numbers)."""

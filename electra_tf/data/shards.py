@@ -10,13 +10,15 @@ so a resumed run reproduces the order only if the same shards are bad at the sam
 
 import dataclasses
 import re
+import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import tensorflow as tf
 from absl import logging
 
+from electra_tf import fileio
+from electra_tf.data import records as records_lib
 from electra_tf.data.files import (BadShardError, InputDataError, RECORD_OVERHEAD,
                                    bad_shard, empty_file, manifest_counts, map_files,
                                    shown, traced)
@@ -45,6 +47,9 @@ def shard_problem(path: str, expected_records: Optional[int] = None) -> Optional
     """What is wrong with the TFRecord file `path`, in a few words, or None if it reads through
     (every record's framing and CRCs) and holds `expected_records` when given. A host-side check
     for the error path only: it reads the whole file, about a second per few hundred MB."""
+    if not fileio.uses_tensorflow():
+        return _shard_problem_native(path, expected_records)
+    import tensorflow as tf
     try:
         size = tf.io.gfile.stat(path).length
     except tf.errors.NotFoundError:
@@ -62,16 +67,52 @@ def shard_problem(path: str, expected_records: Optional[int] = None) -> Optional
     except tf.errors.OpError as e:
         m = (isinstance(e, tf.errors.DataLossError)
              and re.search(r"(corrupted|truncated) record at (\d+)", e.message))
-        if m and m.group(1) == "truncated":
-            return (f"truncated: record {n + 1} (at byte {m.group(2)}) is cut off at the "
-                    f"end of the file ({size} bytes), after {n} good records")
-        if m:
-            return (f"corrupted record {n + 1} at byte {m.group(2)} (bad CRC or garbage "
-                    f"bytes), after {n} good records")
-        return f"unreadable after {n} good records ({_tf_error_line(e.message)})"
+        return _bad_record(m and m.group(1), m and m.group(2), n, size,
+                           _tf_error_line(e.message))
+    return _count_problem(n, expected_records)
+
+
+def _bad_record(kind: Optional[str], offset, n: int, size: int, line: str) -> str:
+    """The words for a read that failed after `n` good records: a `kind` of record
+    ('truncated', 'corrupted') at byte `offset` of a file of `size` bytes, else `line`."""
+    if kind == "truncated":
+        return (f"truncated: record {n + 1} (at byte {offset}) is cut off at the "
+                f"end of the file ({size} bytes), after {n} good records")
+    if kind == "corrupted":
+        return (f"corrupted record {n + 1} at byte {offset} (bad CRC or garbage "
+                f"bytes), after {n} good records")
+    return f"unreadable after {n} good records ({line})"
+
+
+def _count_problem(n: int, expected_records: Optional[int]) -> Optional[str]:
     if expected_records is not None and n != expected_records:
         return f"holds {n} records but manifest.json says {expected_records}"
     return None
+
+
+def _shard_problem_native(path: str, expected_records: Optional[int]) -> Optional[str]:
+    """`shard_problem` through our own reader (`data.records`), without TensorFlow."""
+    try:
+        size = fileio.size(path)
+    except FileNotFoundError:
+        return "missing (deleted or moved during the run?)"
+    except OSError as e:
+        return f"cannot be read ({fileio.error_reason(e)})"
+    if size == 0:
+        return empty_file(expected_records)
+    n = 0
+    try:
+        with fileio.open_file(path, "rb") as f:
+            for _ in records_lib.read_records(f, path):
+                n += 1
+    except FileNotFoundError:
+        return "missing (deleted or moved during the run?)"
+    except OSError as e:
+        return f"unreadable after {n} good records ({fileio.error_reason(e)})"
+    except records_lib.RecordError as e:
+        m = re.search(r"at byte (\d+): (truncated|corrupted)", str(e))
+        return _bad_record(m and m.group(2), m and m.group(1), n, size, str(e))
+    return _count_problem(n, expected_records)
 
 
 @dataclasses.dataclass
@@ -168,6 +209,7 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
     record count (manifest) or size (stat) is reported to `log`, which skips it or stops the
     input (an op error with _SHARD_END_MESSAGE). Counted per block of _CHECK_BLOCK records (per
     record: ~10x the read), judged on a trailer block: no Python on the normal path."""
+    import tensorflow as tf  # the tf.data pipeline's reader (`shard_records`: without it)
     # ignore_errors ends a shard at its first bad record, but a file it cannot OPEN is
     # retried forever (a deleted shard would hang the run): the shard is looked up first
     # (one listing per epoch), so a missing one reads as no file at all.
@@ -207,25 +249,58 @@ def read_shard(path, expected_records, expected_bytes, on_bad_shard: str, log: S
         traced(lambda block, is_trailer, n, nbytes: block)).unbatch()
 
 
+def shard_records(path: str, expected_records: int, expected_bytes: int, on_bad_shard: str,
+                  log: ShardLog, pipeline: int) -> Iterator[bytes]:
+    """`read_shard` in plain Python (`data.records`' reader, no TensorFlow): the records of
+    one shard up to its first error; a shard that ends before its expected records or bytes
+    (-1: none) is reported to `log`, and where that stops the input, the stop is raised
+    here as `explain_stop`'s BadShardError."""
+    n = nbytes = 0
+    try:
+        with fileio.open_file(path, "rb") as f:
+            for record in records_lib.read_records(f, path):
+                n += 1
+                nbytes += len(record) + RECORD_OVERHEAD
+                yield record
+    except (OSError, records_lib.RecordError):
+        pass  # the shard ends here, as tf.data's ignore_errors ends it
+    if n < expected_records or nbytes < expected_bytes:
+        end = ShardEnd(path, n, expected_records, nbytes, expected_bytes)
+        if log.report(pipeline, end, on_bad_shard):
+            raise explain_stop(log)
+
+
+def explain_stop(log: ShardLog) -> BadShardError:
+    """The one-line error of the shard end that stopped the input (`log.stopped`)."""
+    end = log.stopped
+    skipped = [s.path for s in log.skipped()]
+    path, n, exp = end.path, end.records, end.expected_records
+    if end.too_many:
+        return BadShardError(
+            f"{len(skipped)} bad shard(s) (more than {MAX_BAD_SHARD_FRACTION:.0%} of an "
+            f"input pipeline's), the last {path}: lost data, not a bad shard; stopping "
+            f"(bad: {shown(skipped)})", path)
+    reason = shard_problem(path, exp if exp >= 0 else manifest_counts([path]).get(path))
+    return BadShardError(f"{path}: {reason or _TRANSIENT}; read {n}" +
+                         (f" of {exp}" if exp >= 0 else "") + " records (on_bad_shard=stop)",
+                         path)
+
+
 def explain_read_error(error: BaseException, files: Sequence[str],
                        log: Optional[ShardLog] = None) -> Optional[InputDataError]:
     """The one-line InputDataError for an error reading the input, else None. A shard that stopped
     the input is named from `log`; reader errors name no file, so the files are checked host-side,
     in order, until one is bad; OutOfRangeError (every shard skipped) lists the skipped ones."""
+    if isinstance(error, InputDataError):  # raised by the plain-Python input, explained
+        return error
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not hasattr(tf, "errors") or not isinstance(error, tf.errors.OpError):
+        return None  # the tf.data input's read errors are TensorFlow's
     message = getattr(error, "message", None) or str(error)
     skipped = [s.path for s in log.skipped()] if log is not None else []
-    end = log.stopped if log is not None else None
+    if log is not None and log.stopped is not None and _SHARD_END_MESSAGE in message:
+        return explain_stop(log)
     expected = manifest_counts(files)
-    if end is not None and _SHARD_END_MESSAGE in message:
-        path, n, exp = end.path, end.records, end.expected_records
-        if end.too_many:
-            return BadShardError(
-                f"{len(skipped)} bad shard(s) (more than {MAX_BAD_SHARD_FRACTION:.0%} of an "
-                f"input pipeline's), the last {path}: lost data, not a bad shard; stopping "
-                f"(bad: {shown(skipped)})", path)
-        reason = shard_problem(path, exp if exp >= 0 else expected.get(path)) or _TRANSIENT
-        return BadShardError(f"{path}: {reason}; read {n}" + (f" of {exp}" if exp >= 0 else "")
-                             + " records (on_bad_shard=stop)", path)
     line = _SHARD_END_MESSAGE if _SHARD_END_MESSAGE in message else _tf_error_line(message)
     if isinstance(error, tf.errors.OutOfRangeError):
         if skipped:
@@ -278,8 +353,24 @@ def check_resume_shards(paths: Sequence[str], counts: Dict[str, int], counted: s
 
 def count_records(paths: Sequence[str]) -> Dict[str, int]:
     """{path: records before its end or first bad record (0 if missing)}, read in parallel."""
+    if not fileio.uses_tensorflow():
+        return dict(zip(paths, map_files(_count_native, paths)))
+    import tensorflow as tf
+
     def count(path):
         ds = tf.data.TFRecordDataset(tf.io.matching_files(path),
                                      buffer_size=_READ_BUFFER_BYTES).ignore_errors()
         return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
     return dict(zip(paths, map_files(count, paths)))
+
+
+def _count_native(path: str) -> int:
+    """`count_records` of one file through `data.records` (lengths and checksums)."""
+    n = 0
+    try:
+        with fileio.open_file(path, "rb") as f:
+            for _ in records_lib.read_records(f, path):
+                n += 1
+    except (OSError, records_lib.RecordError):
+        pass
+    return n

@@ -9,7 +9,6 @@ import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from electra_tf import REPO_DATA, fileio, text
@@ -69,7 +68,7 @@ def _dataset(devices: Devices, icfg: dataset.InputConfig, log: shards.ShardLog):
     share of each global batch). (Releasing a strategy's iterator waited 18-37 s after the
     last step of some runs for tf.data's autotuning thread, which `dataset.make_dataset`
     now turns off.)"""
-    return devices.dataset(lambda ctx: dataset.make_dataset(icfg, ctx, log))
+    return devices.dataset(lambda ctx: dataset.make_input(icfg, ctx, log))
 
 
 def special_ids_and_counts(manifest: Optional[dict], files, cfg: PretrainingConfig):
@@ -210,7 +209,7 @@ class ShardInputs(loop.InputWatch):
         naming the shard (and the last good checkpoint); nothing is saved on that path."""
         try:
             yield
-        except tf.errors.OpError as e:
+        except Exception as e:  # noqa: BLE001 (what is not a read error is raised as it is)
             bad = shards.explain_read_error(e, self.files, self.log)
             if bad is None:
                 raise

@@ -5,6 +5,7 @@ where it is used: `jax_cluster` reads the environment only."""
 
 import json
 import os
+import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -104,11 +105,11 @@ class JaxDevices(runtime.Devices):
 
 
 def _keep_tensorflow_off_accelerators():
-    """TensorFlow feeds the input on the host (tf.data) where it is installed: it must not
+    """The JAX runtime needs no TensorFlow (input, checkpoints, logs and files are its
+    own); where something has loaded TensorFlow into the process already, it must not
     claim an accelerator."""
-    try:
-        import tensorflow as tf
-    except ImportError:
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not hasattr(tf, "config"):
         return
     try:
         tf.config.set_visible_devices([], "GPU")
