@@ -82,9 +82,18 @@ def _now() -> float:
     return time.time_ns() // 1000 / 1e6  # microseconds, as TensorFlow's clock
 
 
-class EventFileWriter:
+class _Closing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class EventFileWriter(_Closing):
     """Scalars for TensorBoard in a new event file under `logdir` (created with it, and
-    the directory too); `scalar` buffers, `flush` and `close` write."""
+    the directory too); `scalar` buffers, `flush` and `close` (or the `with` block's end)
+    write."""
 
     def __init__(self, logdir: str):
         fileio.makedirs(logdir)
@@ -123,7 +132,7 @@ class EventFileWriter:
         self._file, self._written, self._closed = None, None, True
 
 
-class NoopWriter:
+class NoopWriter(_Closing):
     """What a process that writes no events (a non-chief worker) holds."""
     path = None
 

@@ -26,9 +26,10 @@ SCALARS = [("loss", 1.25, 7), ("perf/mfu", 0.123456789, 7), ("zero", 0.0, 0), ("
 NAME = re.compile(r"events\.out\.tfevents\.(\d{10})\.(.+)\.(\d+)\.(\d+)\.v2")
 
 
-def _records(directory):
-    """[the records of the one event file in `directory`] (CRCs checked), its name."""
-    (path,) = glob.glob(os.path.join(directory, "events.out.tfevents.*"))
+def _records(directory, path=None):
+    """[the records of the one event file in `directory`, or of `path`] (CRCs checked),
+    its name."""
+    (path,) = [path] if path else glob.glob(os.path.join(directory, "events.out.tfevents.*"))
     with open(path, "rb") as f:
         return list(records.read_records(f, path)), os.path.basename(path)
 
@@ -140,7 +141,9 @@ def test_buffered_until_flush_and_close(tmp_path):
     got, _ = _records(tmp_path / "logs" / "train")
     assert len(got) == 4
     # A second writer in the same directory (and second): a file of its own.
-    events.EventFileWriter(str(tmp_path / "logs" / "train")).close()
+    with events.EventFileWriter(str(tmp_path / "logs" / "train")) as second:
+        second.scalar("b", 1.0, 1)
+    assert len(_records(None, second.path)[0]) == 2
     assert len(glob.glob(str(tmp_path / "logs" / "train" / "events.out.tfevents.*"))) == 2
 
 
