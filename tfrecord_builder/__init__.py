@@ -2,10 +2,14 @@
 
 The output (features `input_ids`, `input_mask`, `segment_ids`, int64[max_seq_length])
 is the official ELECTRA pre-training format, plus a `manifest.json` the trainer checks.
+Where TensorFlow is installed the builder loads it (its filesystem layer, tf-text's
+tokenizers); without it the same bytes come from the TensorFlow-free tokenizers
+(`electra_tf.text`) and filesystem layer (`electra_tf.fileio`).
 """
 
 import gc
 import importlib
+import importlib.util
 import sys
 import types
 
@@ -14,7 +18,8 @@ from electra_tf.compat import require_supported_versions
 __version__ = "0.2.0"
 
 
-# TensorFlow 2.20 or 2.21 with matching tensorflow-text, or one line and exit.
+# TensorFlow 2.20 or 2.21 with matching tensorflow-text (or JAX without TensorFlow), or
+# one line and exit; nothing is imported here.
 require_supported_versions()
 
 
@@ -32,14 +37,33 @@ class _KerasLayersStandIn(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
-def import_tensorflow():
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow and tf-text can be imported (neither blocked nor missing)."""
+    for name in ("tensorflow", "tensorflow_text"):
+        if name in sys.modules:
+            if sys.modules[name] is None:
+                return False
+            continue
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
+
+
+def import_tensorflow() -> bool:
     """Imports TensorFlow and tf-text for a builder process (the CLI, its workers,
     `import tfrecord_builder.build`) without Keras, which both import eagerly and the
     builder never uses (~1.2 s, and scikit-learn through it): stand-ins for those two
     imports during the import only, so a later `import keras` works. Nothing where
-    TensorFlow is already imported; the normal import where the stand-ins fail."""
+    TensorFlow is already imported; the normal import where the stand-ins fail; nothing
+    where they are not installed (the builder then runs without them). -> whether
+    TensorFlow is loaded."""
     if "tensorflow" in sys.modules:
-        return
+        return sys.modules["tensorflow"] is not None
+    if not tensorflow_installed():
+        return False
     layers = "tensorflow_text.python.keras"
     stand_ins = {k: v for k, v in {"keras.src.optimizers": None, "tf_keras.src.optimizers": None,
                                    layers: _KerasLayersStandIn(layers)}.items()
@@ -54,6 +78,7 @@ def import_tensorflow():
             if sys.modules.get(name, 0) is module:
                 del sys.modules[name]
     import tensorflow, tensorflow_text  # noqa: F401,E401,F811
+    return True
 
 
 def start_worker(vocab_fields: dict, vocab_data: bytes):

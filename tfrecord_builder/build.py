@@ -27,16 +27,15 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from tfrecord_builder import BuildError, __version__, import_tensorflow, start_worker
 
-import_tensorflow()  # before the imports below, which import TensorFlow
+import_tensorflow()  # where installed: before the imports below, which then use it
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from electra_tf import fileio
 from electra_tf.data import manifest as manifest_lib
 from tfrecord_builder import corpus, tfds_source
 from tfrecord_builder.examples import (FEATURES, ChunkStats, encode_chunk, merge_stats,
-                                       serialize_examples)
+                                       serialize_examples, write_records)
 from tfrecord_builder.progress import Progress
 from electra_tf.text import (RUN_VOCAB_FILES, Tokenizer, VocabInfo, read_vocab_data,
                              vocab_info)
@@ -154,9 +153,8 @@ def _process_chunk(chunk: corpus.Chunk, pieces_dir: str, max_seq_length: int,
     packed, stats = encode_chunk(chunk, _WORKER["tokenizer"], max_seq_length, seed)
     records = serialize_examples(packed)
     piece, marker = _piece_paths(pieces_dir, chunk)
-    with fileio.atomic_output(piece) as tmp, tf.io.TFRecordWriter(tmp) as writer:
-        for record in records:
-            writer.write(record)
+    with fileio.atomic_output(piece) as tmp:
+        write_records(tmp, records)
     buf = io.BytesIO()
     np.savez(buf, stats=np.array(json.dumps(stats.to_json())),
              count_ids=stats.count_ids, counts=stats.counts)
@@ -170,7 +168,7 @@ def _load_stats(marker: str) -> Optional[ChunkStats]:
         data = fileio.read_bytes(marker)
         with np.load(io.BytesIO(data)) as z:
             return ChunkStats.from_json(json.loads(str(z["stats"])), z["count_ids"], z["counts"])
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, tf.errors.OpError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
 
 
@@ -327,7 +325,7 @@ def output_dir_errors(cfg: BuildConfig):
     as a one-line BuildError."""
     try:
         yield
-    except tf.errors.OpError as e:
+    except OSError as e:
         raise BuildError(f"--output_dir {cfg.output_dir}: {fileio.error_reason(e)}") from None
 
 
@@ -354,7 +352,7 @@ def finished_build(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
     for shard in old.get("shards", []):
         try:
             fileio.remove(fileio.join(cfg.output_dir, shard["name"]))
-        except tf.errors.OpError:  # already gone: the marker went first, nothing reads it
+        except OSError:  # already gone: the marker went first, nothing reads it
             pass
     return None
 
@@ -362,7 +360,8 @@ def finished_build(cfg: BuildConfig, fingerprint: str) -> Optional[dict]:
 def _out_of_space(e: BaseException) -> bool:
     """A full disk or an exhausted quota. TensorFlow reports ENOSPC and EDQUOT as
     ResourceExhaustedError; an OOM is one too, but says so."""
-    if isinstance(e, tf.errors.ResourceExhaustedError):
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(e, tf.errors.ResourceExhaustedError):
         return not (e.message or "").startswith("OOM")
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
@@ -383,7 +382,7 @@ def out_of_space_errors(cfg: BuildConfig, writing: str, cleanup: Optional[str] =
     back the space it took."""
     try:
         yield
-    except (tf.errors.ResourceExhaustedError, OSError) as e:
+    except Exception as e:  # pylint: disable=broad-except
         if not _out_of_space(e):
             raise
         if cleanup:
@@ -431,7 +430,7 @@ def _prepare_state_dir(cfg: BuildConfig, fingerprint: str, state_dir: str):
     if fileio.exists(state_file):
         try:
             state = fileio.read_json(state_file)
-        except (tf.errors.OpError, ValueError):
+        except (OSError, ValueError):
             state = {}
     if not isinstance(state, dict) or state.get("fingerprint") != fingerprint \
             or not cfg.resume or cfg.overwrite:

@@ -89,7 +89,7 @@ def summary(manifest: dict, output_dir: str) -> str:
     """The console summary of a build. Retention counts the tokens of the lines that
     were read, so lines dropped before tokenization (binary junk) and inputs without text
     are reported beside it: they are otherwise only in manifest.json."""
-    from electra_tf import fileio  # imports TensorFlow: not before the flags are parsed
+    from electra_tf import fileio
     from electra_tf.data.manifest import MANIFEST_NAME
     shards = manifest["shards"]
     empty = sum(1 for s in shards if not s["examples"])

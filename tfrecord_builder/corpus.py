@@ -3,17 +3,17 @@
 The main process only finds chunk boundaries in raw bytes; decoding and line checks run
 in the workers (`clean_lines`), so the reader stays cheap and memory stays bounded.
 
-Every input goes through TensorFlow's filesystem layer (`electra_tf.fileio`), so files,
-directories and globs may be local or on any filesystem TensorFlow knows (gs://...).
+Every input goes through `electra_tf.fileio`, so files, directories and globs may be local
+or on any filesystem its layer knows (gs://...).
 """
 
 import concurrent.futures
 import dataclasses
+import errno
 import glob
 import os
+import sys
 from typing import Iterator, List, Sequence, Tuple
-
-import tensorflow as tf
 
 from electra_tf import fileio
 from tfrecord_builder import BuildError
@@ -74,11 +74,17 @@ def _stat_input(path: str) -> Tuple[int, int]:
         except OSError as e:
             raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
         return st.st_size, st.st_mtime_ns
-    try:
-        st = tf.io.gfile.stat(path)
-    except tf.errors.OpError as e:
+    if fileio.uses_tensorflow():
+        tf = sys.modules["tensorflow"]
+        try:
+            st = tf.io.gfile.stat(path)
+        except tf.errors.OpError as e:
+            raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
+        return st.length, st.mtime_nsec
+    try:  # fileio offers no modification time: the size alone stamps a remote input
+        return fileio.size(path), 0
+    except OSError as e:
         raise BuildError(f"cannot read {path}: {fileio.error_reason(e)}") from None
-    return st.length, st.mtime_nsec
 
 
 def expand_inputs(patterns: Sequence[str]) -> List[str]:
@@ -101,7 +107,7 @@ def expand_inputs(patterns: Sequence[str]) -> List[str]:
                 found = [pattern]
             else:
                 raise BuildError(f"--input: no such file or directory: {pattern}")
-        except tf.errors.OpError as e:  # no filesystem for the scheme, no access, ...
+        except OSError as e:  # no filesystem for the scheme, no access, ...
             raise BuildError(f"--input: cannot list {pattern}: "
                              f"{fileio.error_reason(e)}") from None
         if not found:
@@ -134,10 +140,7 @@ def _glob(pattern: str) -> List[str]:
     found = []
     for base in bases:
         root = base or "."
-        below = [root]  # the base and every directory under it, hidden ones skipped
-        for top, dirs, _ in tf.io.gfile.walk(root):
-            dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
-            below.extend(fileio.join(top, d.rstrip("/")) for d in dirs)
+        below = [root] + _directories_below(root)
         for d in below:
             if rest:
                 found.extend(_glob(fileio.join(d, rest)))
@@ -150,6 +153,29 @@ def _glob(pattern: str) -> List[str]:
     if not head:  # "**/x" names paths relative to the working directory
         found = [p[2:] if p.startswith("./") else p for p in found]
     return sorted(set(found))
+
+
+def _directories_below(root: str) -> List[str]:
+    """Every directory under `root`, hidden ones (and what is in them) skipped."""
+    if fileio.uses_tensorflow():
+        tf = sys.modules["tensorflow"]
+        found = []
+        try:
+            for top, dirs, _ in tf.io.gfile.walk(root):
+                dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
+                found.extend(fileio.join(top, d.rstrip("/")) for d in dirs)
+        except tf.errors.OpError as e:
+            raise OSError(errno.EIO, fileio.error_reason(e), root) from None
+        return found
+    found, todo = [], [root]
+    while todo:
+        top = todo.pop(0)
+        for name in fileio.listdir(top):
+            path = fileio.join(top, name)
+            if not name.startswith(".") and fileio.isdir(path):
+                found.append(path)
+                todo.append(path)
+    return found
 
 
 def _doc_boundary(buf: bytes, start: int) -> int:
@@ -210,9 +236,6 @@ def iter_file_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[C
                 index += 1
     except (OSError, EOFError, ValueError) as e:  # truncated .gz/.bz2, I/O errors
         raise BuildError(f"cannot read {path} (near line {line_no}): {e}") from None
-    except tf.errors.OpError as e:  # what TensorFlow's filesystem layer raises
-        raise BuildError(f"cannot read {path} (near line {line_no}): "
-                         f"{fileio.error_reason(e)}") from None
 
 
 def _raw_tell(f, raw) -> int:

@@ -13,8 +13,6 @@ import itertools
 import os
 from typing import Iterator, List, Optional
 
-import tensorflow as tf
-
 from tfrecord_builder import BuildError
 from tfrecord_builder import corpus
 
@@ -133,6 +131,7 @@ def _feature_paths(features, prefix: str = "") -> List[str]:
 
 def _text_feature(cfg, builder):
     """Checks cfg.tfds_text_key ('a' or nested 'a/b'); returns its rank (0 or 1)."""
+    import tensorflow as tf  # tensorflow-datasets has imported it
     features = builder.info.features
     feature = features
     for part in cfg.tfds_text_key.split("/"):
@@ -204,6 +203,7 @@ def document_bytes(text) -> bytes:
 
 def _iter_texts(cfg, tfds, builder, rank: int) -> Iterator[bytes]:
     """The text of each record of the split, in the dataset's stored order."""
+    import tensorflow as tf  # tensorflow-datasets has imported it
     read_config = tfds.ReadConfig(
         interleave_cycle_length=1,  # one file after the other: the canonical order
         try_autocache=False,  # never cache a whole split in memory
