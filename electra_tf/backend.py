@@ -2,6 +2,7 @@
 `KERAS_BACKEND` before Keras is imported; `KERAS_BACKEND` alone works too (the flag wins
 and says so when they differ). TensorFlow is the default. Nothing here imports Keras."""
 
+import importlib.util
 import os
 import sys
 from typing import List, Optional
@@ -57,3 +58,28 @@ def require_jax():
         raise BackendError("--backend=jax: JAX is not installed: pip install -e \".[jax]\" "
                            "(CPU), or the GPU/TPU lines of the README's Platforms table")
     return jax
+
+
+def _needs_tensorflow(what: str) -> str:
+    return f"{what} needs TensorFlow, which is not installed: pip install -e \".[tensorflow]\""
+
+
+def tensorflow_missing(what: str) -> Optional[str]:
+    """None where TensorFlow is installed (found, not imported), else the one line saying
+    that `what` needs it and how to install it."""
+    try:
+        found = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else _needs_tensorflow(what)
+
+
+def require_tensorflow(what: str):
+    """-> the tensorflow module, or a one-line BackendError saying that `what` (a feature
+    that is TensorFlow by nature: SavedModels, TFDS, the TF1 layout) needs it and how to
+    install it."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise BackendError(_needs_tensorflow(what)) from None
+    return tf

@@ -85,14 +85,20 @@ _OUTPUTS = {"import-tf1": ("model_dir", False), "export-tf1": ("prefix", True),
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)  # before TensorFlow is imported: --help is instant
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from electra_tf import fileio, text
+    from electra_tf import backend, fileio, text
     from electra_tf.configs import ConfigError
     from electra_tf.conversion import keras_hub
     from electra_tf.conversion.formats import (ConvertError, export_hf, import_hf, is_hf_dir,
                                                write_hf_tokenizer)
     from electra_tf.conversion.source import inspect_tf1, resolve
-    from electra_tf.pretraining.model_dir import model_dir_to_tf1, tf1_to_model_dir
     from electra_tf.training import checkpoints
+
+    def model_dirs():
+        # A model_dir is written and read through the TensorFlow runtime's object graph.
+        backend.require_tensorflow(f"convert {args.command}")
+        from electra_tf.pretraining import model_dir
+        return model_dir
+
     try:
         if args.command in _OUTPUTS:
             name, is_prefix = _OUTPUTS[args.command]
@@ -104,15 +110,16 @@ def main(argv=None) -> int:
         if args.command == "inspect":
             print("\n".join(inspect_tf1(args.checkpoint, args.num_heads).lines()))
         elif args.command == "import-tf1":
-            report, path = tf1_to_model_dir(args.checkpoint, args.model_dir, args.base_config,
-                                            args.params_override, args.num_heads,
-                                            args.allow_missing)
+            report, path = model_dirs().tf1_to_model_dir(
+                args.checkpoint, args.model_dir, args.base_config, args.params_override,
+                args.num_heads, args.allow_missing)
             print("\n".join(report.lines()))
             print(f"wrote {path}; continue with: python run_pretraining.py "
                   f"--model_dir={args.model_dir} "
                   f"--config={os.path.join(args.model_dir, 'config.json')}")
         elif args.command == "export-tf1":
-            print(model_dir_to_tf1(args.model_dir, args.prefix, args.include_optimizer))
+            print(model_dirs().model_dir_to_tf1(args.model_dir, args.prefix,
+                                                args.include_optimizer))
         elif args.command == "export-hf":
             src = resolve(args.source, num_heads=args.num_heads)
             arrays = src.arrays(slots=False)
@@ -155,7 +162,8 @@ def main(argv=None) -> int:
             print(f"wrote {keras_hub.write_imported(args.preset, arrays, args.out)}; fine-tune "
                   f"with --init_checkpoint={args.out} --vocab_file={args.out}/vocab.txt "
                   f"--do_lower_case={lower}")
-    except (ConvertError, ConfigError, checkpoints.CheckpointError) as e:
+    except (ConvertError, ConfigError, checkpoints.CheckpointError,
+            backend.BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -7,7 +7,6 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from electra_tf import fileio
 from electra_tf.configs import (ConfigError, ModelConfig, PretrainingConfig, apply_overrides,
@@ -288,7 +287,7 @@ def is_hf_dir(path: str) -> bool:
         if not (fileio.isdir(path) and fileio.isfile(cfg)):
             return False
         return "model_type" in fileio.read_json(cfg)
-    except (OSError, ValueError, TypeError, tf.errors.OpError):
+    except (OSError, ValueError, TypeError):
         return False
 
 
@@ -305,7 +304,7 @@ def _read_hf(path: str, model_types=("electra",)) -> Tuple[Dict, Dict[str, np.nd
         cfg = fileio.read_json(fileio.join(path, what))
         what = "model.safetensors"  # read as bytes: any filesystem
         tensors = load(fileio.read_bytes(weights))
-    except (OSError, ValueError, TypeError, SafetensorError, tf.errors.OpError) as e:
+    except (OSError, ValueError, TypeError, SafetensorError) as e:
         msg = f"{what}: {fileio.error_reason(e)}"
         raise ConvertError(f"cannot read Hugging Face directory {path}: {msg}") from None
     if cfg.get("model_type") not in model_types:

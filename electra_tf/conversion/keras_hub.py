@@ -6,7 +6,6 @@ import os
 from typing import Dict, List, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from electra_tf import fileio, text
 from electra_tf.configs import ModelConfig
@@ -121,7 +120,7 @@ def is_preset_dir(path: str) -> bool:
         if not (fileio.isdir(path) and fileio.isfile(fileio.join(path, "metadata.json"))):
             return False
         return "registered_name" in fileio.read_json(fileio.join(path, "config.json"))
-    except (OSError, ValueError, TypeError, AttributeError, tf.errors.OpError):
+    except (OSError, ValueError, TypeError, AttributeError):
         return False
 
 
@@ -131,7 +130,7 @@ def import_keras_hub(preset: str) -> Tuple[ModelConfig, Dict[str, np.ndarray], b
     cfg_path = fileio.join(preset, "config.json")
     try:
         name = fileio.read_json(cfg_path).get("registered_name")
-    except (OSError, ValueError, AttributeError, tf.errors.OpError) as e:
+    except (OSError, ValueError, AttributeError) as e:
         raise ConvertError(f"{cfg_path}: not a keras-hub preset ({fileio.error_reason(e)})") \
             from None
     if name != BACKBONE:

@@ -10,12 +10,11 @@ class DataError(ValueError):
 
 def read_text(path: str) -> str:
     """The text of a UTF-8 task data file (BOM dropped) on any filesystem; DataError names the
-    file, and the line of bad UTF-8. TensorFlow is imported here: squad.py must not import it."""
-    import tensorflow as tf
+    file, and the line of bad UTF-8."""
     from electra_tf import fileio
     try:
         raw = fileio.read_bytes(path)
-    except (OSError, tf.errors.OpError) as e:
+    except OSError as e:
         raise DataError(f"{path}: cannot read: {fileio.error_reason(e)}") from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]

@@ -6,10 +6,11 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from electra_tf.finetune import DataError
-from electra_tf.text import TextEncoder
+
+Tensor = Any  # a backend tensor (keras.ops), or a tf.Tensor in the serving signatures
+Encoder = Any  # text.TextEncoder (in-graph), or text.HostTextEncoder (NumPy, no TensorFlow)
 
 
 @dataclasses.dataclass
@@ -29,13 +30,16 @@ class Task(abc.ABC):
     num_train_epochs: float = 3.0
     # The data file the label set was read from; None when the task or the user fixes it.
     labels_from: Optional[str] = None
+    # Whether the splits are made by TensorFlow ops (`text.TextEncoder`'s in-graph
+    # tokenizer); else by host code, which `text.HostTextEncoder` serves without TensorFlow.
+    in_graph_preprocessing: bool = True
 
     @abc.abstractmethod
-    def train_split(self, data_dir: str, encoder: TextEncoder, max_seq_length: int) -> TaskData:
+    def train_split(self, data_dir: str, encoder: Encoder, max_seq_length: int) -> TaskData:
         """The packed training set."""
 
     @abc.abstractmethod
-    def eval_splits(self, data_dir: str, encoder: TextEncoder,
+    def eval_splits(self, data_dir: str, encoder: Encoder,
                     max_seq_length: int) -> List[TaskData]:
         """The dev sets, the first one being the one whose metric is reported."""
 
@@ -51,10 +55,10 @@ class Task(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def loss(self, outputs: Dict[str, tf.Tensor], batch: Dict[str, tf.Tensor]) -> tf.Tensor:
+    def loss(self, outputs: Dict[str, Tensor], batch: Dict[str, Tensor]) -> Tensor:
         """Per-example losses [B] (the train step weights and averages them)."""
 
-    def fetches(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    def fetches(self, outputs: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """What evaluation brings back to the host, per example."""
         return outputs
 
@@ -68,18 +72,18 @@ class Task(abc.ABC):
         """Names of the raw-string inputs of the serving signature."""
 
     @abc.abstractmethod
-    def serving_outputs(self, outputs: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    def serving_outputs(self, outputs: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """The serving signature's answers from the head's outputs."""
 
-    def serve_text(self, model, encoder: TextEncoder, max_seq_length: int,
-                   texts: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    def serve_text(self, model, encoder: Encoder, max_seq_length: int,
+                   texts: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """Raw strings ([N] per `text_fields()` name) -> answers, in-graph, as in training."""
         fields = [texts[name] for name in self.text_fields()]
         batch = encoder.encode(fields[0], fields[1] if len(fields) > 1 else None,
                                max_seq_length)
         return self.serve_ids(model, batch)
 
-    def serve_ids(self, model, batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    def serve_ids(self, model, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         return self.serving_outputs(model(batch, training=False))
 
     def assets(self) -> Dict[str, str]:
@@ -87,7 +91,7 @@ class Task(abc.ABC):
         return {}
 
     # --- test-set predictions ----------------------------------------------------
-    def test_splits(self, data_dir: str, encoder: TextEncoder,
+    def test_splits(self, data_dir: str, encoder: Encoder,
                     max_seq_length: int) -> List[TaskData]:
         """The test sets `--do_predict` predicts (`name`: the submission file's stem, `meta`:
         the index column); such tasks also implement `predicted_labels(data, fetched)`."""

@@ -8,14 +8,13 @@ from typing import Optional
 
 from absl import logging
 
-from electra_tf import configs, fileio, text
+from electra_tf import backend, configs, fileio, text
 from electra_tf.conversion import source
 from electra_tf.conversion.formats import ConvertError
 from electra_tf.training import loop
 from electra_tf.finetune import DataError
 from electra_tf.finetune.model import InitError, ModelMismatchError
 from electra_tf.finetune.tasks import get_task
-from electra_tf.finetune.tfds_data import from_tfds
 from electra_tf.finetune.trainer import run
 from electra_tf.training.options import FinetuneOptions, options_from_flags
 
@@ -89,9 +88,16 @@ def main(flags, repo: str) -> dict:
                                   "initialisation: it contradicts --init_checkpoint=none")
     model_config = find_config(init, flags.config)
     if use_tfds(flags.data_source, flags.tfds_data_dir):
+        backend.require_tensorflow("--data_source=tfds (tensorflow-datasets)")
+        from electra_tf.finetune.tfds_data import from_tfds
         task = from_tfds(task, flags.tfds_data_dir)
     model_dir = flags.model_dir or os.path.join("runs", f"finetune_{task.name}")
     export_dir = flags.export_dir or (os.path.join(model_dir, "export") if demo else None)
+    # Without TensorFlow the demo trains and scores, and says why it exports nothing.
+    skipped = None if flags.export_dir or not demo else backend.tensorflow_missing(
+        "the demo's SavedModel export")
+    if skipped:
+        export_dir = None
     cfg = configs.config_from_flags(flags, configs.FinetuneConfig,
                                     os.path.join(repo, DEMO_CONFIG) if demo else None)
     tokenizer = dict(vocab_file=flags.vocab_file, spm_model=flags.spm_model,
@@ -130,6 +136,8 @@ def main(flags, repo: str) -> dict:
     paths = [os.path.join(model_dir, "results.json")] + (
         [os.path.join(model_dir, "untrained", "results.json")] if baseline else [])
     print(f"{summary}; results in {' and '.join(paths)}")
+    if skipped:
+        print(f"skipped: {skipped}")
     for path in results.get("predictions", {}).values():
         print(f"test predictions: {path}")
     if demo and "export" in results:

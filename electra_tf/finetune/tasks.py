@@ -7,16 +7,12 @@ import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 from keras import ops
 
-from electra_tf import fileio, kernels as K
+from electra_tf import backend, fileio, kernels as K
 from electra_tf.finetune import DataError, metrics, read_text
-from electra_tf.finetune.base_task import Task, TaskData
-from electra_tf.finetune.qa_task import SquadTask
-from electra_tf.finetune.tagging_task import TaggingTask
-from electra_tf.text import TextEncoder
+from electra_tf.finetune.base_task import Encoder, Task, TaskData
 
 Column = Union[str, int]  # a header name, or an index for header-less files
 
@@ -82,6 +78,7 @@ class TsvTask(Task):
     test_index_column: str = "index"
     exact_columns: bool = False
     labels_from: Optional[str] = None
+    in_graph_preprocessing = False  # read and encoded on the host (a class attribute)
 
     @property
     def kind(self) -> str:
@@ -183,7 +180,7 @@ class TsvTask(Task):
         raise DataError(f"{candidates[0]}: no such file (the test set that --do_predict "
                         f"predicts for {test.submission}.tsv)")
 
-    def encode(self, rows: Rows, encoder: TextEncoder, max_seq_length: int,
+    def encode(self, rows: Rows, encoder: Encoder, max_seq_length: int,
                both_orders: bool = False) -> TaskData:
         """Model inputs of `rows` (`label` if labelled; a test split's ids in `meta`)."""
         texts, labels = rows.texts, rows.labels
@@ -245,6 +242,7 @@ class TsvTask(Task):
         return metrics.classification_metrics(self.metric, labels, preds)
 
     def serving_outputs(self, outputs):
+        import tensorflow as tf  # the serving signature: a TensorFlow graph
         logits = outputs["logits"]
         if self.labels is None:
             return {"score": logits[:, 0] * self.regression_scale}
@@ -390,8 +388,12 @@ def get_task(name: str, data_dir: Optional[str] = None, text_columns: Sequence[s
     if key == "polarity":
         return POLARITY
     if key in ("squad", "squad_v1", "squadv1", "squad1", "squad_v2", "squadv2", "squad2"):
+        backend.require_tensorflow(f"--task={name} (its windows are made in-graph)")
+        from electra_tf.finetune.qa_task import SquadTask
         return SquadTask(v2=key in ("squad_v2", "squadv2", "squad2"))
     if key in ("chunk", "chunking", "ner"):
+        backend.require_tensorflow(f"--task={name} (its words are packed in-graph)")
+        from electra_tf.finetune.tagging_task import TaggingTask
         return TaggingTask(name=key if key != "chunking" else "chunk",
                            label_column=-1 if label_column is None else int(label_column))
     if not text_columns or label_column is None:

@@ -8,18 +8,16 @@ import os
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 from keras import ops
 
-from electra_tf import fileio
+from electra_tf import backend, fileio, text
 from electra_tf.training import backends, lease, runtime
 from electra_tf.configs import ConfigError, FinetuneConfig, ModelConfig
 from electra_tf.finetune.model import (FinetuningModel, init_encoder,
                                        layerwise_lr_multipliers, make_head)
-from electra_tf.finetune import export as export_lib
+from electra_tf.finetune.batches import shuffled_batches
 from electra_tf.finetune.base_task import Task, TaskData
-from electra_tf.text import TextEncoder
 from electra_tf.training.checkpoints import newest_complete
 from electra_tf.training import loop
 from electra_tf.training.options import FinetuneOptions
@@ -74,14 +72,19 @@ class FinetuningJob(runtime.Job):
             fetched["_loss"] = self.task.loss(outputs, batch)
         return fetched
 
-    def train_batches(self, data: TaskData, seed: int, skip_batches: int = 0
-                      ) -> tf.data.Dataset:
+    def train_batches(self, data: TaskData, seed: int, skip_batches: int = 0):
         """Shuffled (a fresh order each epoch, a function of the seed), repeated global
-        batches; a resumed trial skips the batches it has consumed."""
+        batches as a tf.data pipeline; a resumed trial skips the batches it has consumed."""
+        import tensorflow as tf
         ds = tf.data.Dataset.from_tensor_slices(data.arrays)
         ds = ds.shuffle(data.num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.batch(self.cfg.train.train_batch_size, drop_remainder=True).skip(skip_batches)
         return ds.prefetch(2)
+
+    def host_batches(self, data: TaskData, seed: int, skip_batches: int = 0):
+        """`train_batches`' batches, the same in the same order, as NumPy arrays."""
+        return shuffled_batches(data.arrays, self.cfg.train.train_batch_size, seed,
+                                skip_batches)
 
 
 def make_finetuner(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
@@ -110,8 +113,11 @@ def evaluate(finetuner: Runtime, data: TaskData) -> Dict[str, float]:
 
 
 def train_dataset(finetuner: Runtime, data: TaskData, seed: int, skip_batches: int = 0):
-    """A trial's training batches spread over the runtime's replicas."""
-    return finetuner.devices.distribute(finetuner.job.train_batches(data, seed, skip_batches))
+    """A trial's training batches spread over the runtime's replicas: the TensorFlow
+    runtime's strategies distribute a tf.data pipeline, the others take host arrays."""
+    job, devices = finetuner.job, finetuner.devices
+    make = job.train_batches if devices.backend == "tensorflow" else job.host_batches
+    return devices.distribute(make(data, seed, skip_batches))
 
 
 def num_train_steps(num_examples: int, cfg: FinetuneConfig) -> int:
@@ -180,10 +186,17 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     # Outputs first: a directory that cannot be written fails now, not after training.
     loop.check_writable(options.model_dir, "--model_dir")
     if options.export_dir and chief:
+        missing = backend.tensorflow_missing("--export_dir (a SavedModel export)")
+        if missing:
+            raise backend.BackendError(missing)
         loop.check_writable(options.export_dir, "--export_dir")
     # One writer per run directory, from before its first write (training/lease.py).
     with lease.hold(options.model_dir, writer=chief) as run_lease:
-        encoder = TextEncoder(options.vocab_file, options.do_lower_case, options.spm_model)
+        # The TensorFlow runtime exports with its in-graph encoder; a host task on another
+        # runtime needs no TensorFlow (the same ids).
+        host = devices.backend != "tensorflow" and not task.in_graph_preprocessing
+        encoder = (text.HostTextEncoder if host else text.TextEncoder)(
+            options.vocab_file, options.do_lower_case, options.spm_model)
         if encoder.vocab_size != model_config.vocab_size:
             raise ConfigError(f"the vocabulary {encoder.vocab_path} has {encoder.vocab_size} "
                              f"tokens but the model has vocab_size={model_config.vocab_size}")
@@ -261,6 +274,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
                          spm_model=options.spm_model), cfg.train.max_seq_length,
                     options.export_dir)
             elif options.export_dir and chief:
+                from electra_tf.finetune import export as export_lib
                 results["export"] = export_lib.export(task, finetuner.model, encoder,
                                                       cfg.train.max_seq_length, options.export_dir)
                 logging.info("Exported %s", results["export"])
