@@ -79,6 +79,23 @@ def describe_packages() -> list:
     return lines
 
 
+def describe_jax_packages() -> list:
+    """The lines about installed packages for the JAX runtime, which needs no TensorFlow
+    (nor imports it where it is installed)."""
+    found = compat.installed_versions()
+    if not found.get("jax"):
+        raise InstallProblem("JAX is not installed: pip install -e '.[jax]' (or a jax[cuda] / "
+                             "jax[tpu] of the machine's accelerator)")
+    tensorflow = ", ".join(f"{n} {v}" for n, v in found["tensorflow"]) or (
+        "not installed (the TensorFlow runtime, SavedModel export and the TF1 "
+        "builder paths need it: pip install -e '.[tensorflow]')")
+    lines = [f"JAX {found['jax']} (jaxlib {compat._installed('jaxlib') or 'not installed'}); "
+             f"Keras {found['keras']}; TensorFlow: {tensorflow}"]
+    lines.append("libtpu: " + (found.get("libtpu") or "not installed") +
+                 f"; TPU chips attached to this host: {compat.tpu_chips()}")
+    return lines
+
+
 def run_a_step(strategy_name: str, tpu, tpu_zone, gcp_project) -> list:
     """Builds the strategy pre-training would and runs a 128 x 128 matmul on each replica."""
     import tensorflow as tf
@@ -140,9 +157,10 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     try:
-        for line in describe_packages():
+        jax = backend.current() == "jax"
+        for line in (describe_jax_packages() if jax else describe_packages()):
             print(line, flush=True)
-        if backend.current() == "jax":
+        if jax:
             lines = run_a_jax_step(FLAGS.strategy)
         else:
             lines = run_a_step(FLAGS.strategy, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)

@@ -84,17 +84,73 @@ _unmarked_slow = []
 
 
 def pytest_runtest_logreport(report):
+    _note_missing_skip(report)
     if report.when == "call" and report.duration > SLOW_UNIT_SECONDS and not (
             {"subprocess", "e2e", "slow"} & set(report.keywords)):
         _unmarked_slow.append((report.duration, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _missing_skips:
+        terminalreporter.section("skipped for a missing package (ELECTRA_TF_NO_MISSING_SKIPS=1:"
+                                 " this fails the run)")
+        for line in _missing_skips:
+            terminalreporter.write_line(line)
     if _unmarked_slow:
         terminalreporter.section("unit-tier tests over %d s (mark them slow)"
                                  % SLOW_UNIT_SECONDS)
         for duration, nodeid in sorted(_unmarked_slow, reverse=True):
             terminalreporter.write_line(f"{duration:6.1f} s  {nodeid}")
+
+
+# --- a leg without TensorFlow (CI's JAX leg: the README's `.[jax]` install) -------------
+# There only the test files that hold JAX-leg tests (marked jax and every_leg) are
+# collected: the others import TensorFlow, and that leg runs none of their tests. A file
+# of JAX-leg tests must import without TensorFlow (tests/test_jax_only.py): one that does
+# not is a collection error, which fails the leg, never a silent skip.
+import ast  # noqa: E402
+import importlib.util  # noqa: E402
+
+TENSORFLOW_INSTALLED = importlib.util.find_spec("tensorflow") is not None
+
+
+def jax_leg_tests(tree) -> list:
+    """Names of the test functions of a module's AST marked both jax and every_leg."""
+    def marks(fn):
+        return {d.attr for d in fn.decorator_list if isinstance(d, ast.Attribute)} | {
+            d.func.attr for d in fn.decorator_list
+            if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)}
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+            and n.name.startswith("test_") and {"jax", "every_leg"} <= marks(n)]
+
+
+def pytest_ignore_collect(collection_path, config):
+    if TENSORFLOW_INSTALLED or collection_path.suffix != ".py" or \
+            not collection_path.name.startswith("test_"):
+        return None
+    tree = ast.parse(collection_path.read_text(encoding="utf-8"))
+    return None if jax_leg_tests(tree) else True
+
+
+# --- skips for a missing package fail a CI leg -----------------------------------------
+# ELECTRA_TF_NO_MISSING_SKIPS=1 (.ci/run sets it for every leg): a test skipped because a
+# package is not installed fails the run, as every leg installs what its tests need.
+_MISSING = ("not installed", "No module named", "could not import", "needs torch",
+            "is not installed", "not importable")
+_missing_skips = []
+
+
+def _note_missing_skip(report):
+    if report.skipped and os.environ.get("ELECTRA_TF_NO_MISSING_SKIPS") == "1":
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else \
+            str(report.longrepr)
+        if any(words in reason for words in _MISSING):
+            _missing_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _missing_skips:
+        session.exitstatus = 1
 
 
 def pytest_runtest_setup(item):

@@ -158,46 +158,4 @@ def test_kernels_are_the_tensorflow_ones_here():
     assert kernels.gelu is tf_kernels.gelu and kernels.bits is tf_kernels.bits
 
 
-JAX_ONLY = r"""
-import sys
-for module in ("tensorflow", "tensorflow_text"):
-    sys.modules[module] = None  # as on a machine with only JAX
-import numpy as np
-import electra_tf
-from electra_tf import kernels
-from electra_tf.configs import load_config
-from electra_tf.model.modeling import ElectraPretrainingModel, tf1_variables
-from electra_tf.pretraining import losses, objectives  # the objective functions import too
-from electra_tf.finetune.model import FinetuningModel, make_head
-assert kernels.BACKEND == "jax"
-cfg = load_config("tiny")
-model = ElectraPretrainingModel(cfg.model)
-ids = np.full((2, 16), 1000, np.int32)
-ids[:, 0], ids[:, -1] = 101, 102
-batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": 0 * ids}
-logits = model.discriminator(batch["input_ids"], batch["input_mask"], batch["segment_ids"])
-classifier = FinetuningModel(cfg.model, make_head("classification", cfg.model, 2))
-from electra_tf import rng
-# Folds and dropout are integer hashing in keras.ops: TensorFlow's numbers (test_rng.py).
-fold = np.asarray(rng.fold([1, 2], 1)).tolist()
-drop = np.asarray(rng.dropout_uniform([2, 3], [1, 2]))
-assert fold == [1909209740, 290893547, 0], fold
-assert drop.tolist() == np.float32([[0.5528677, 0.54613405, 0.42981207],
-                                    [0.96852523, 0.4798724, 0.2893684]]).tolist(), drop
-print(type(logits).__module__, tuple(logits.shape), len(tf1_variables(model)),
-      tuple(classifier(batch)["logits"].shape), objectives.build_objective(cfg).name,
-      "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None)
-"""
-
-
-@jax_installed
-@pytest.mark.subprocess
-@pytest.mark.jax
-@pytest.mark.every_leg
-def test_model_runs_on_jax_with_tensorflow_unimportable():
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", JAX_ONLY], check=True, timeout=300, env=env,
-                         cwd=ROOT, capture_output=True, text=True).stdout.split()
-    assert out[0].startswith("jax") and out[1:3] == ["(2,", "16)"]
-    assert out[3] == "80"  # the tiny preset's variables under their TF1 names
-    assert out[4:6] == ["(2,", "2)"] and out[6:] == ["electra", "False"]
+# The model with TensorFlow unimportable: tests/test_jax_only.py.

@@ -528,7 +528,6 @@ def _finetune_args(data, init, model_dir, *extra):
 @pytest.mark.subprocess
 @pytest.mark.e2e
 @pytest.mark.jax
-@pytest.mark.every_leg
 def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
     """A JAX pre-training run fine-tunes on TensorFlow; on JAX, two trials on one compiled
     step write the same results.json, and the median trial's SavedModel (exported by a
@@ -564,21 +563,7 @@ def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
     assert accuracy == pytest.approx(best["accuracy"]), (accuracy, best)
 
 
-@jax_installed
-@pytest.mark.subprocess
-@pytest.mark.jax
-@pytest.mark.every_leg
-def test_check_install_runs_a_compiled_step_on_jaxs_devices():
-    done = subprocess.run([sys.executable, "-m", "electra_tf.check_install", "--backend=jax"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, **JAX_ENV})
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
-    assert lines[-1] == "OK"
-    assert lines[-3].startswith("JAX ") and "1 CPU device(s)" in lines[-3], lines
-    assert lines[-2].startswith("one compiled train step of a 1-layer ELECTRA, batch 2 split "
-                                "over 1 device(s): loss ") and "applied (global step 1)" in \
-        lines[-2], lines
+# check_install --backend=jax: tests/test_jax_only.py.
 
 
 # ------------------------------------------------------------------------- several processes
