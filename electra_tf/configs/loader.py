@@ -43,16 +43,12 @@ def preset_names():
 
 def _read_config_file(name_or_path: str, flag: str, cls) -> Dict[str, Any]:
     """The keys of a preset name (configs/NAME.json) or a JSON path (any filesystem
-    TensorFlow knows: local, gs://...), flattened to `section.key`."""
-    try:
-        import tensorflow as tf  # not at the top: the CLIs define their flags without it
-    except ImportError:  # a JAX-only machine: the bundled presets, read as repo files
-        return _read_preset_without_tensorflow(name_or_path, flag, cls)
+    `fileio` reads: local, gs://...), flattened to `section.key`."""
     from electra_tf import fileio
     path = name_or_path
     try:
         found = fileio.exists(path)
-    except tf.errors.OpError as e:  # e.g. an unreachable bucket
+    except OSError as e:  # e.g. an unreachable bucket
         raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
     if not found:
         if fileio.is_remote(path):
@@ -63,19 +59,9 @@ def _read_config_file(name_or_path: str, flag: str, cls) -> Dict[str, Any]:
                               f"presets: {', '.join(preset_names())}")
     try:
         data = json.loads(fileio.read_text(path))
-    except (OSError, tf.errors.OpError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{flag} {path}: {fileio.error_reason(e)}") from None
     return _flatten(data, path, cls)
-
-
-def _read_preset_without_tensorflow(name: str, flag: str, cls) -> Dict[str, Any]:
-    if name not in preset_names():
-        raise ConfigError(f"{flag} {name!r}: without TensorFlow (its file layer reads config "
-                          f"files, local or gs://) only a preset name: "
-                          f"{', '.join(preset_names())}")
-    path = os.path.join(PRESET_DIR, f"{name}.json")  # repo-internal
-    with open(path, encoding="utf-8") as f:
-        return _flatten(json.load(f), path, cls)
 
 
 # (config key, value) -> what it needs of the model, (key, value, the flag that sets it):
