@@ -171,8 +171,10 @@ class Devices(abc.ABC):
 
     @abc.abstractmethod
     def dataset(self, make: Callable):
-        """The run's input over its replicas: `make(tf.distribute.InputContext)` -> this
-        input pipeline's tf.data.Dataset of its share of each global batch."""
+        """The run's input over its replicas: `make(context)` -> this input pipeline's
+        batches of its share of each global batch. The context says which pipeline:
+        `tf.distribute.InputContext` (TensorFlow: `make` gives a tf.data.Dataset) or
+        `data.dataset.InputContext` (JAX: an iterator of NumPy batches, no TensorFlow)."""
 
     @abc.abstractmethod
     def distribute(self, dataset):

@@ -78,10 +78,11 @@ class JaxDevices(runtime.Devices):
                 f"device(s) ({self.device_kind}), {self.process_count} process(es)")
 
     def dataset(self, make):
-        """This process's rows of each global batch, from its own input pipeline."""
-        import tensorflow as tf  # tf.data: the input
+        """This process's rows of each global batch, from its own input pipeline of host
+        arrays (`data.dataset.InputContext`: no TensorFlow)."""
+        from electra_tf.data.dataset import InputContext
         n, i = self.process_count, self.process_index
-        return make(tf.distribute.InputContext(n, i, n))
+        return make(InputContext(n, i, n))
 
     def distribute(self, dataset):
         return dataset
