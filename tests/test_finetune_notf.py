@@ -115,6 +115,7 @@ def test_the_finetuning_job_feeds_the_same_batches_on_both_paths():
             np.testing.assert_array_equal(g[k], w[k])
 
 
+@pytest.mark.subprocess
 def test_batches_and_the_tensorflow_line_need_no_tensorflow():
     """What this module adds imports and runs with TensorFlow unimportable."""
     done = _no_tf(
