@@ -40,7 +40,7 @@ ALLOWED = {
     ("tfrecord_builder/corpus.py", "expand_inputs", "os.path.abspath"): "local only, after ://",
     ("tfrecord_builder/vocab_learning.py", "_parent", "os.path.abspath"): "local only",
     ("tfrecord_builder/corpus.py", "_stat_input", "os.stat"): "local only: ns mtimes",
-    ("electra_tf/text.py", "__init__", "os.path.abspath"): "local only",
+    ("electra_tf/text.py", "_read", "os.path.abspath"): "local only",
     # The TPU probe reads this machine's device files (/dev/accel*, /dev/vfio) and the
     # installed TensorFlow and libtpu (site-packages).
     ("electra_tf/compat.py", "tpu_chips", "glob.glob"): "/dev",
@@ -54,7 +54,7 @@ ALLOWED = {
     ("electra_tf/configs/loader.py", "_read_preset_without_tensorflow", "open"):
         "a preset of this checkout, where TensorFlow is not installed (JAX only)",
     # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.
-    ("tfrecord_builder/cli.py", "_import_tensorflow_quietly", "os.open"): "/dev/null",
+    ("electra_tf/quiet.py", "quiet_native_stderr", "os.open"): "/dev/null",
     ("experiments/compute_matched.py", "machine", "open"): "/proc/cpuinfo",
 }
 # Files whose every use is local by nature: the kernel's /proc and /sys.

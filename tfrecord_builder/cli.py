@@ -152,24 +152,15 @@ def main(argv):
 
 
 def _import_tensorflow_quietly():
-    """`import_tensorflow` with fd 2 on /dev/null unless TF_CPP_MIN_LOG_LEVEL < 2: its
-    start-up lines (no CUDA driver, CPU features) ignore that variable and would bury the
-    one-line error of a bad flag. A failed import raises again where TensorFlow is used."""
-    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") < "2":
-        return import_tensorflow()
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)  # /dev/null, not a user path
-    try:
-        os.dup2(devnull, 2)
+    """`import_tensorflow` without TensorFlow's start-up lines (electra_tf.quiet): they
+    would bury the one-line error of a bad flag. A failed import raises again where
+    TensorFlow is used."""
+    from electra_tf import quiet
+    with quiet.quiet_native_stderr():
         try:
             import_tensorflow()
         except Exception:  # pylint: disable=broad-except
             pass
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def run():

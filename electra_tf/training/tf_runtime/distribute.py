@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 from absl import logging
 
+from electra_tf import quiet
 from electra_tf.compat import module_exists, tpu_chips  # TensorFlow-free probes of this host
 from electra_tf.training import gce
 from electra_tf.training.runtime import StrategyError  # noqa: F401 (re-exported)
@@ -248,6 +249,8 @@ def make_strategy(name: str = "auto", tpu: Optional[str] = None, tpu_zone: Optio
     """Builds the strategy; call once, before creating any variable."""
     if name not in STRATEGIES:
         raise StrategyError(f"--strategy={name}: expected one of {', '.join(STRATEGIES)}")
+    with quiet.quiet_native_stderr():  # TensorFlow's first look for devices (quiet.py)
+        tf.config.list_physical_devices()
     host = probe_tpu_host() if name in ("auto", "tpu") else TpuHost()
     target = resolve_tpu_target(name, tpu, tpu_zone, gcp_project, os.environ, host)
     if target.kind != NO_TPU:
