@@ -24,8 +24,9 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tensorflow-cpu", "tf-nightly",
                             "tf-nightly-cpu", "tf-nightly-tpu", "tensorflow")
 STAND_IN_LABEL = "tpu.stand.in"
 
-INSTALL_HINT = ("install with `pip install -e .` (CPU, or `.[gpu]` for GPUs) or, on a "
-                "Cloud TPU VM, `pip install -r install/tpu.txt` (README: Install)")
+INSTALL_HINT = ("install with `pip install -e \".[tensorflow]\"` (CPU, or `.[gpu]` for GPUs), "
+                "`pip install -e \".[jax]\"` for the JAX runtime alone or, on a Cloud TPU "
+                "VM, `pip install -r install/tpu.txt` (README: Install)")
 
 
 class UnsupportedEnvironment(SystemExit):

@@ -122,7 +122,7 @@ def test_objectives_in_docs_and_help_are_the_specs():
 
 # The two commands at the top of the README, byte for byte: .ci/run runs the line under
 # "**Run the tests:**", and a newcomer copies both.
-MAIN_JOB = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
+MAIN_JOB = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e \".[tensorflow]\" && "
             "python run_pretraining.py && python run_finetuning.py")
 TESTS = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e \".[test]\" && "
          "python -m pytest -q -n 2 --dist worksteal tests")
