@@ -17,8 +17,8 @@ class RunOptions:
     backend: Optional[str] = knob(None, one_of("tensorflow", "jax"), flag=(
         "Runtime: tensorflow (tf.distribute; the default) or jax (one jax.jit step over "
         "every device JAX sees: Cloud TPU VMs of every generation, GPUs). Sets KERAS_BACKEND "
-        "(which alone works too); the data pipeline and checkpoint files use TensorFlow for "
-        "CPU on either, and checkpoints are the same format: either resumes the other."))
+        "(which alone works too); jax needs no TensorFlow installed, and checkpoints are the "
+        "same format: either resumes the other."))
     strategy: str = knob("auto", one_of(*STRATEGIES), flag=(
         "tf.distribute strategy (under --backend=jax: which of JAX's devices; multi_worker "
         "calls jax.distributed.initialize()). auto: a TPU if this machine is a Cloud TPU VM or "
