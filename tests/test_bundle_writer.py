@@ -364,3 +364,26 @@ def test_tensorflow_runtime_and_a_process_without_tensorflow_resume_each_other(t
     trainer.checkpoint_manager(directory, 2).save(checkpoint_number=4)
     assert sorted(n for n in os.listdir(directory) if n.endswith(".index")) == [
         "ckpt-3.index", "ckpt-4.index"]
+
+
+def test_the_state_file_reads_as_tensorflow_reads_it(tmp_path, caplog):
+    """Paths joined to the directory, a non-ASCII name (raw, as TensorFlow writes it, or
+    octal-escaped), times; no file is None, a line that does not parse is None with a
+    warning."""
+    directory = str(tmp_path)
+    assert checkpoints.read_checkpoint_state(directory) is None
+    tf.compat.v1.train.update_checkpoint_state(
+        directory, "ckpt-\u00e9-2", ["ckpt-1", "ckpt-\u00e9-2"],
+        all_model_checkpoint_timestamps=[1.5, 2.25], last_preserved_timestamp=0.5)
+    want = tf.train.get_checkpoint_state(directory)
+    got = checkpoints.read_checkpoint_state(directory)
+    assert got.model_checkpoint_path == want.model_checkpoint_path
+    assert got.all_model_checkpoint_paths == list(want.all_model_checkpoint_paths)
+    assert got.all_model_checkpoint_timestamps == [1.5, 2.25]
+    assert got.last_preserved_timestamp == 0.5
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-\\303\\251-2"\n')
+    assert checkpoints.read_checkpoint_state(directory).model_checkpoint_path == \
+        want.model_checkpoint_path  # as the protobuf text format escapes it
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nbroken\n')
+    assert checkpoints.read_checkpoint_state(directory) is None
+    assert "cannot parse the line 'broken'" in caplog.text
