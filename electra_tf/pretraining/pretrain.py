@@ -123,12 +123,13 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
                 files, cfg, tc.train_batch_size, True, trainer.data_position), inputs.log)
             per_step = flops.count_config(cfg, flops.HARDWARE).train_per_step()["total"]
             logdir = fileio.join(options.model_dir, "train")
-            result = loop.train(
-                trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
-                writer=loop.summary_writer(logdir, chief), chief=chief,
-                perf=loop.Perf.of(per_step, devices, tc.precision, options.peak_flops),
-                profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
-                metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
+            with loop.summary_writer(logdir, chief) as writer:
+                result = loop.train(
+                    trainer, iter(train_ds), manager, loop.Schedule.of(tc), what="",
+                    writer=writer, chief=chief,
+                    perf=loop.Perf.of(per_step, devices, tc.precision, options.peak_flops),
+                    profile_steps=profile_steps, profile_dir=logdir, inputs=inputs,
+                    metrics_from_sums=obj.metrics_from_sums, lease=run_lease)
             if chief:
                 run_lease.check()
                 trainer.sync_model()
@@ -241,8 +242,8 @@ def evaluate(cfg, trainer: Runtime, files, model_dir, chief: bool = True,
     logging.info("eval at step %d over %d batches of %d: %s", step, tc.max_eval_steps,
                  tc.eval_batch_size, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     if chief:
-        loop.write_scalars(loop.summary_writer(fileio.join(model_dir, "eval"), chief), step,
-                           out, {})
+        with loop.summary_writer(fileio.join(model_dir, "eval"), chief) as writer:
+            loop.write_scalars(writer, step, out, {})
         loop.write_results(fileio.join(model_dir, "eval_results.json"),
                            dict(metrics, step=step), run_lease)
     return metrics
