@@ -240,15 +240,12 @@ def test_a_jax_finetuning_without_tensorflow_scores_as_one_with_it(tmp_path):
     assert not (tmp_path / "x" / "trial_0").exists()
 
 
-@pytest.mark.subprocess
-def test_export_hf_without_tensorflow_writes_what_it_writes_with_it(tmp_path):
-    """`convert export-hf` of a pre-training run's discriminator export with TensorFlow
-    unimportable: the same safetensors arrays and config.json as in a TensorFlow process."""
+def _discriminator_run(tmp_path):
+    """A pre-training run's config.json and discriminator/ export (TF1 layout)."""
     tf = pytest.importorskip("tensorflow")
-    from electra_tf.conversion import convert, formats
+    from electra_tf.conversion import formats
     from electra_tf.model.modeling import ElectraPretrainingModel, discriminator_variables
     from electra_tf.training.checkpoints import save_tf1_checkpoint
-    from safetensors.numpy import load_file
     run = tmp_path / "run"
     run.mkdir()
     tf.keras.utils.set_random_seed(5)
@@ -257,19 +254,56 @@ def test_export_hf_without_tensorflow_writes_what_it_writes_with_it(tmp_path):
         json.dumps(formats.pretraining_config(finetune_tiny_model()).to_json()))
     save_tf1_checkpoint(model, str(run / "discriminator" / "model.ckpt"),
                         discriminator_variables(model))
+    return run
+
+
+def _convert_both_ways(tmp_path, command):
+    """`convert COMMAND run OUT` in this process (TensorFlow loaded) into `with`, and with
+    TensorFlow unimportable into `without`."""
+    from electra_tf.conversion import convert
+    run = _discriminator_run(tmp_path)
     vocab = os.path.join(REPO, "data", "vocab", "bert_uncased_vocab.txt")
-    assert convert.main(["export-hf", str(run), str(tmp_path / "with"),
+    assert convert.main([command, str(run), str(tmp_path / "with"),
                          f"--vocab_file={vocab}"]) == 0
     done = _no_tf("from electra_tf.conversion import convert\n"
                   "sys.exit(convert.main(sys.argv[1:]))",
-                  "export-hf", str(run), str(tmp_path / "without"), f"--vocab_file={vocab}")
+                  command, str(run), str(tmp_path / "without"), f"--vocab_file={vocab}")
     assert done.returncode == 0, done.stderr[-3000:]
-    for part in ("discriminator",):
-        a = load_file(str(tmp_path / "with" / part / "model.safetensors"))
-        b = load_file(str(tmp_path / "without" / part / "model.safetensors"))
-        assert sorted(a) == sorted(b)
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-        for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-            assert (tmp_path / "with" / part / name).read_text() == \
-                (tmp_path / "without" / part / name).read_text(), name
+
+
+@pytest.mark.subprocess
+def test_export_hf_without_tensorflow_writes_what_it_writes_with_it(tmp_path):
+    """`convert export-hf` of a pre-training run's discriminator export with TensorFlow
+    unimportable: the same safetensors arrays and config.json as in a TensorFlow process."""
+    from safetensors.numpy import load_file
+    _convert_both_ways(tmp_path, "export-hf")
+    with_tf, without = tmp_path / "with" / "discriminator", tmp_path / "without" / "discriminator"
+    a, b = (load_file(str(d / "model.safetensors")) for d in (with_tf, without))
+    assert a and sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (with_tf / name).read_bytes() == (without / name).read_bytes(), name
+
+
+@pytest.mark.subprocess
+def test_export_keras_hub_without_tensorflow_writes_what_it_writes_with_it(tmp_path):
+    """`convert export-keras-hub` with TensorFlow unimportable: the same weights, config and
+    tokenizer files as in a TensorFlow process (metadata.json differs by its date only)."""
+    pytest.importorskip("keras_hub")
+    import h5py
+    _convert_both_ways(tmp_path, "export-keras-hub")
+
+    def weights(path):
+        out = {}
+        with h5py.File(path) as f:
+            f.visititems(lambda name, o: out.__setitem__(name, o[()])
+                         if isinstance(o, h5py.Dataset) else None)
+        return out
+    a, b = (weights(tmp_path / d / "model.weights.h5") for d in ("with", "without"))
+    assert a and sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    for name in ("config.json", "tokenizer.json", "assets/tokenizer/vocabulary.txt"):
+        assert (tmp_path / "with" / name).read_bytes() == \
+            (tmp_path / "without" / name).read_bytes(), name
