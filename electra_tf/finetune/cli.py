@@ -43,6 +43,7 @@ def find_config(init_checkpoint: Optional[str], config: Optional[str]) -> config
 def demo_request(export_path: str, text: str = DEMO_REQUEST) -> dict:
     """Loads the exported SavedModel and classifies one raw string with it."""
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the in-graph tokenizer's ops)
     served = tf.saved_model.load(export_path)
     out = served.signatures["serving_default"](sentence=tf.constant([text]))
     decode = lambda x: x.decode("utf-8", "replace") if isinstance(x, bytes) else x
