@@ -5,11 +5,13 @@ TPU first; the data stage lives in `tfrecord_builder`, the trainer side in this 
 
 import os
 
-from electra_tf import quiet
+from electra_tf import backend, quiet
 from electra_tf.compat import configure_tpu_library, require_supported_versions
 
 # TensorFlow's C++ start-up lines off the console, wherever it is first imported (quiet.py).
 quiet.install()
+# Keras on TensorFlow by default, on JAX where only JAX is installed (backend.default).
+backend.set_default()
 
 # The bundled sample (a fresh clone's defaults): data/ beside the package.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # repo-internal, not a user path

@@ -11,6 +11,32 @@ BACKENDS = ("tensorflow", "jax")
 DEFAULT = "tensorflow"
 
 
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def default() -> str:
+    """The runtime when neither --backend nor KERAS_BACKEND names one: TensorFlow, or JAX
+    on a machine that has JAX and no TensorFlow (the `.[jax]` install)."""
+    if not _installed("tensorflow") and _installed("jax"):
+        return "jax"
+    return DEFAULT
+
+
+def set_default():
+    """KERAS_BACKEND=jax where it is unset and only JAX is installed, before Keras loads
+    (`import electra_tf` does this: every command, the converters and scorers too, runs
+    where only JAX is; elsewhere Keras' own default, TensorFlow, stands)."""
+    if not os.environ.get("KERAS_BACKEND") and "keras" not in sys.modules and \
+            default() == "jax":
+        os.environ["KERAS_BACKEND"] = "jax"
+
+
 class BackendError(ValueError):
     """A backend that cannot be used, as one line."""
 
@@ -30,7 +56,7 @@ def select(argv: Optional[List[str]] = None) -> str:
     -> the backend the run will use. Call before importing anything that imports Keras."""
     flag = from_argv(sys.argv if argv is None else argv)
     env = os.environ.get("KERAS_BACKEND")
-    chosen = flag or env or DEFAULT
+    chosen = flag or env or default()
     if chosen not in BACKENDS:
         source = "--backend" if flag else "KERAS_BACKEND"
         raise BackendError(f"{source}={chosen}: expected one of {', '.join(BACKENDS)}")

@@ -1,6 +1,6 @@
 """TensorBoard event files without TensorFlow: the bytes `tf.summary.create_file_writer`
 and `tf.summary.scalar` write, from our own encoder (`wire.py`) and TFRecord framing
-(`data/records.frame`), through `fileio` (local paths, gs://).
+(`wire.frame_record`), through `fileio` (local paths, gs://).
 
 A file is named as TensorFlow 2 names it, `events.out.tfevents.<unix seconds, 10
 digits>.<host>.<pid>.<writer number in this process>.v2`, and holds TFRecords of `Event`
@@ -24,7 +24,6 @@ from typing import List, Optional
 import numpy as np
 
 from electra_tf import fileio, wire
-from electra_tf.data.records import frame
 
 FILE_VERSION = "brain.Event:2"
 SOURCE_WRITER = "tensorflow.core.util.events_writer"
@@ -99,7 +98,7 @@ class EventFileWriter(_Closing):
         fileio.makedirs(logdir)
         now = _now()
         self.path = fileio.join(logdir, event_file_name(now, next(_writer_numbers)))
-        self._pending: List[bytes] = [frame(version_event(now))]
+        self._pending: List[bytes] = [wire.frame_record(version_event(now))]
         # Without TensorFlow's layer an object store's file is rewritten whole (`_written`).
         self._written: Optional[List[bytes]] = (
             [] if fileio.is_remote(self.path) and not fileio.uses_tensorflow() else None)
@@ -108,7 +107,7 @@ class EventFileWriter(_Closing):
         self.flush()
 
     def scalar(self, tag: str, value: float, step: int):
-        self._pending.append(frame(scalar_event(tag, value, step, _now())))
+        self._pending.append(wire.frame_record(scalar_event(tag, value, step, _now())))
 
     def flush(self):
         if self._closed or not self._pending:

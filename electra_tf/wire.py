@@ -131,3 +131,11 @@ def encode_double_field(number: int, value: float) -> bytes:
 
 def encode_float_field(number: int, value: float) -> bytes:
     return encode_key(number, 5) + struct.pack("<f", value)
+
+
+def frame_record(data: bytes) -> bytes:
+    """One record as a TFRecord file holds it (what TensorFlow's writer writes): the length
+    (uint64), its masked CRC-32C, the data, the data's masked CRC-32C, little-endian."""
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", masked_crc32c(length)) + data +
+            struct.pack("<I", masked_crc32c(data)))

@@ -5,13 +5,12 @@ its output depends only on the chunk, the tokenizer, the sequence length and the
 """
 
 import dataclasses
-import struct
 from typing import Dict, Iterable, List, Tuple
 
 import numpy as np
 
 from electra_tf import fileio
-from electra_tf.wire import masked_crc32c
+from electra_tf.wire import frame_record
 from tfrecord_builder.corpus import MAX_SKIP_EXAMPLES, Chunk, LineStats, clean_lines
 from tfrecord_builder.packing import Packer, PackedExamples
 
@@ -155,14 +154,6 @@ def serialize_examples(packed: PackedExamples) -> List[bytes]:
                                       for d, keep in encoded], axis=1)].tobytes()
     ends = np.cumsum(1 + _varint_sizes(features) + features).tolist()
     return [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
-
-
-def frame_record(data: bytes) -> bytes:
-    """One TFRecord as TensorFlow's writer frames it: the length (uint64), its masked
-    CRC-32C, the data, the data's masked CRC-32C (all little-endian)."""
-    length = struct.pack("<Q", len(data))
-    return b"".join((length, struct.pack("<I", masked_crc32c(length)), data,
-                     struct.pack("<I", masked_crc32c(data))))
 
 
 def write_records(path: str, records: Iterable[bytes]):

@@ -35,11 +35,7 @@ class RecordError(ValueError):
 # --------------------------------------------------------------------------- framing
 
 
-def frame(data: bytes) -> bytes:
-    """One record as a TFRecord file holds it."""
-    length = struct.pack("<Q", len(data))
-    return (length + struct.pack("<I", masked_crc32c(length)) + data +
-            struct.pack("<I", masked_crc32c(data)))
+frame = wire.frame_record  # one record as a TFRecord file holds it
 
 
 def write_records(stream: BinaryIO, records: Iterable[bytes]) -> int:

@@ -4,6 +4,7 @@ environment describes (`jax_cluster`: TF_CONFIG, or JAX's own variables). JAX is
 where it is used: `jax_cluster` reads the environment only."""
 
 import json
+import logging as std_logging
 import os
 import sys
 from typing import Any, Dict, List, Optional
@@ -11,6 +12,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from absl import logging
 
+from electra_tf import quiet
 from electra_tf.backend import require_jax
 from electra_tf.training import runtime
 from electra_tf.training.runtime import StrategyError
@@ -162,6 +164,8 @@ def jax_devices(name: str):
     TPU slices and SLURM describe it themselves). -> `JaxDevices`."""
     jax = require_jax()
     _keep_tensorflow_off_accelerators()
+    if not quiet.shown():  # "Unable to initialize backend 'tpu'" on every non-TPU machine
+        std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     cluster = jax_cluster(os.environ) if name in ("auto", "multi_worker") else {}
     if name == "auto" and cluster.get("num_processes", 1) > 1:
         name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
