@@ -82,6 +82,7 @@ class _QuietLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        uninstall()  # once: later imports find the loaded module
         try:
             with quiet_native_stderr():
                 self._loader.exec_module(module)
@@ -95,12 +96,12 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 class _QuietFirstImport(importlib.abc.MetaPathFinder):
-    """Finds `tensorflow` once, as the path finder would, with a `_QuietLoader`."""
+    """Finds `tensorflow` as the path finder would, with a `_QuietLoader` (also for
+    `importlib.util.find_spec`, which loads nothing), until it is loaded."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
-        uninstall()
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
             spec.loader = _QuietLoader(spec.loader)
