@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TENSORFLOW_INSTALLED, VOCAB, WIKI
+from conftest import REPO, TENSORFLOW_INSTALLED, VOCAB, WIKI, sigterm_after
 
 jax_installed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("jax") is None, reason="jax is not installed")
@@ -125,8 +125,9 @@ def _steps(stderr):
 def test_the_jax_main_job_without_tensorflow(tmp_path, no_tf_env):
     """Without TensorFlow, end to end: the builder makes TFRecords of a slice of the
     bundled corpus; JAX pre-trains on them (checkpoints, TensorBoard events, the
-    discriminator export) and a rerun resumes; fine-tuning on JAX starts from the run;
-    `convert export-hf` writes a Hugging Face model from it."""
+    discriminator export); a run stopped by SIGTERM saves and exits 75, and its rerun
+    resumes; fine-tuning on JAX starts from the run; `convert export-hf` writes a Hugging
+    Face model from it."""
     corpus = tmp_path / "corpus.txt"
     with open(WIKI, encoding="utf-8") as f:
         corpus.write_text("".join(line for _, line in zip(range(400), f)), encoding="utf-8")
@@ -149,8 +150,18 @@ def test_the_jax_main_job_without_tensorflow(tmp_path, no_tf_env):
     assert (run / "checkpoint").exists() and glob.glob(str(run / "ckpt-6.index"))
     assert glob.glob(str(run / "train" / "events.out.tfevents.*"))
     assert (run / "discriminator" / "model.ckpt.index").exists()
-    resumed = _run([*args, "--num_train_steps=8"], no_tf_env)
-    assert [s for s, _ in _steps(resumed.stderr)] == [7, 8], resumed.stderr[-3000:]
+    # A preemption notice (SIGTERM) mid-run: a checkpoint, exit 75; the rerun goes on.
+    proc = subprocess.Popen([sys.executable, *args, "--num_train_steps=40"], cwd=REPO,
+                            env=no_tf_env, stderr=subprocess.PIPE, text=True)
+    before, rest = sigterm_after(proc, lambda line: STEP_LINE.search(line) and
+                                 int(STEP_LINE.search(line).group(1)) >= 8, timeout=300)
+    assert proc.returncode == 75, (before + rest)[-3000:]
+    saved = max(int(p.split("ckpt-")[1].split(".")[0])
+                for p in glob.glob(str(run / "ckpt-*.index")))
+    assert saved >= 8 and not (run / "lease.json").exists(), rest[-2000:]
+    resumed = _run([*args, f"--num_train_steps={saved + 2}"], no_tf_env)
+    assert [s for s, _ in _steps(resumed.stderr)] == [saved + 1, saved + 2], \
+        resumed.stderr[-3000:]
 
     data = tmp_path / "tsv" / "mine"
     data.mkdir(parents=True)
