@@ -121,6 +121,7 @@ def test_official_format_parses(sample_build):
 # ------------------------------------------------------------------ determinism
 
 
+@pytest.mark.slow  # worker processes: 12-15 s under the TPU build (CI's leg 2)
 def test_byte_identical_whatever_num_workers(tmp_path):
     corpus = _small_corpus(tmp_path, 3000)
     cfg = dict(chunk_bytes=20_000, num_shards=5, seed=7)
@@ -430,6 +431,7 @@ def test_remote_input_and_output_dir_equal_local_build(remote_case, tmp_path, mo
     assert os.listdir(tmp_path) == []  # no local "ram:" directory
 
 
+@pytest.mark.slow  # worker processes: 12 s under the TPU build (CI's leg 2)
 def test_remote_build_interrupted_then_resumed_by_workers(remote_case, tmp_path,
                                                           monkeypatch):
     """--input (a glob), --vocab_file and --output_dir on ram://. An in-process build is
