@@ -161,8 +161,9 @@ def test_finetuning_and_conversion_import_without_tensorflow():
 
 @pytest.mark.subprocess
 def test_what_is_tensorflow_by_nature_says_so_in_one_line(tmp_path):
-    """Without TensorFlow: the QA and tagging tasks, TFDS, --export_dir, saved_model_cli and
-    the model_dir commands of `convert` each end in one line naming TensorFlow's install."""
+    """Without TensorFlow: the QA and tagging tasks, TFDS, --export_dir, saved_model_cli,
+    the model_dir commands of `convert` and the builder's learn_vocab each end in one line
+    naming TensorFlow's install."""
     code = (
         "from electra_tf import backend\n"
         "from electra_tf.finetune import tasks\n"
@@ -185,6 +186,12 @@ def test_what_is_tensorflow_by_nature_says_so_in_one_line(tmp_path):
     assert cli.returncode == 1 and cli.stderr.strip() == (
         "saved_model_cli: error: saved_model_cli (SavedModels are TensorFlow graphs) needs "
         f"TensorFlow, which is not installed: {INSTALL}")
+    learn = _no_tf("sys.argv = ['tfrecord_builder', 'learn_vocab', '--vocab_output=' + "
+                   "sys.argv[1] + '/v.txt']\nfrom tfrecord_builder import cli\ncli.run()",
+                   str(tmp_path))
+    assert learn.returncode == 1 and learn.stderr.strip() == (
+        "tfrecord_builder: error: learn_vocab needs TensorFlow and tensorflow-text, which are "
+        f"not installed: {INSTALL} (building TFRecords from an existing vocabulary does not)")
 
 
 def _tsv_task(root):

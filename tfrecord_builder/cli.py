@@ -118,6 +118,11 @@ def summary(manifest: dict, output_dir: str) -> str:
 
 
 def _learn_vocab():
+    from tfrecord_builder import tensorflow_installed
+    if not tensorflow_installed():  # its WordPiece learner is tensorflow-text's
+        raise BuildError("learn_vocab needs TensorFlow and tensorflow-text, which are not "
+                         "installed: pip install -e \".[tensorflow]\" (building TFRecords "
+                         "from an existing vocabulary does not)")
     from tfrecord_builder import vocab_learning
     if not FLAGS.vocab_output:
         raise BuildError("learn_vocab: give --vocab_output")
