@@ -401,6 +401,47 @@ def _weights(model_dir):
             if n.startswith(("model/", "optimizer/")) or n.startswith("global_step")}
 
 
+SHAPE_STEPS = 6
+
+
+@jax_installed
+@pytest.mark.subprocess
+@pytest.mark.e2e
+@pytest.mark.jax
+def test_a_run_saved_on_two_devices_resumes_on_one(tmp_path, sample_build):
+    """Resume on another shape, in one process: a run of 2 host devices resumed from its
+    step-4 checkpoint on 1 device prints the uninterrupted run's step lines and ends with
+    its weights and slots (the global batch, the data position and the per-row draws do
+    not depend on the device count)."""
+    import re
+    import shutil
+    two_devices = {**JAX_ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    straight = tmp_path / "straight"
+    args = lambda d: _run_args(d, sample_build[0], SHAPE_STEPS,  # noqa: E731
+                               "--backend=jax", "--save_checkpoints_steps=2")
+    done = _cli(args(straight), two_devices)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "JAX devices: JAX " in done.stderr and "2 CPU device(s)" in done.stderr
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    for path in resumed.glob(f"ckpt-{SHAPE_STEPS}.*"):
+        path.unlink()
+    state = (resumed / "checkpoint").read_text().splitlines()
+    (resumed / "checkpoint").write_text("".join(
+        line.replace(f'"ckpt-{SHAPE_STEPS}"', '"ckpt-4"') + "\n" for line in state
+        if not line.startswith(f'all_model_checkpoint_paths: "ckpt-{SHAPE_STEPS}"')))
+    again = _cli(args(resumed), JAX_ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 CPU device(s)" in again.stderr and "Resumed from" in again.stderr
+
+    def lines(stderr, first):
+        found = re.findall(r"\] (step (\d+)/\d+ \| [^|]*\| [^|]*\| [^|]*)", stderr)
+        return [text for text, step in found if int(step) >= first]
+    assert lines(again.stderr, 5) == lines(done.stderr, 5) and len(lines(done.stderr, 5)) == 2
+    errors = _errors(_weights(straight), _weights(resumed))
+    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory, sample_build):
     """A pre-training run on JAX of LONG steps (checkpoints every 10, the discriminator
