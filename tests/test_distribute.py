@@ -398,3 +398,28 @@ def test_jax_cluster_from_tf_config_or_jax_variables():
     with pytest.raises(distribute.StrategyError, match="expected integers"):
         jax_cluster({"JAX_COORDINATOR_ADDRESS": "c:9", "JAX_NUM_PROCESSES": "two",
                                 "JAX_PROCESS_ID": "0"})
+
+
+def test_a_worker_waits_for_the_jax_coordinator_then_says_it_is_unreachable():
+    """jax.distributed aborts the process with a C++ stack dump when the coordinator cannot
+    be reached; a worker checks first: it goes on once process 0 listens, and otherwise
+    stops with one line naming the address after the timeout."""
+    import socket
+    import time
+    from electra_tf.training.jax_runtime.devices import wait_for_coordinator
+    from electra_tf.training.runtime import StrategyError
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        port = listening.getsockname()[1]
+        wait_for_coordinator(f"127.0.0.1:{port}", timeout=5)  # returns at once
+    start = time.monotonic()
+    with pytest.raises(StrategyError) as caught:
+        wait_for_coordinator(f"127.0.0.1:{port}", timeout=1.5)  # closed now
+    assert 1.5 <= time.monotonic() - start < 10
+    assert str(caught.value).startswith(
+        f"--strategy=multi_worker: the JAX coordinator (process 0) at 127.0.0.1:{port} did "
+        "not answer within 1.5 s (")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(StrategyError, match="expected HOST:PORT"):
+        wait_for_coordinator("127.0.0.1", timeout=1)

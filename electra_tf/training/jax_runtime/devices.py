@@ -156,6 +156,41 @@ def jax_cluster(environ) -> Dict[str, Any]:
     return {}
 
 
+# How long a worker waits for the coordinator (process 0) to listen: JAX's own default
+# for jax.distributed.initialize. ELECTRA_TF_COORDINATOR_TIMEOUT (seconds) sets another.
+COORDINATOR_TIMEOUT_S = 300.0
+
+
+def wait_for_coordinator(address: str, timeout: Optional[float] = None):
+    """Returns once `address` (HOST:PORT, process 0's coordination service) accepts a TCP
+    connection; a StrategyError naming it after `timeout` seconds. jax.distributed
+    aborts the whole process with a C++ stack dump when the coordinator cannot be
+    reached, so a worker checks first."""
+    import socket
+    import time
+    if timeout is None:
+        timeout = float(os.environ.get("ELECTRA_TF_COORDINATOR_TIMEOUT", COORDINATOR_TIMEOUT_S))
+    host, _, port = address.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise StrategyError(f"JAX coordinator address {address!r}: expected HOST:PORT") from None
+    deadline = time.monotonic() + timeout
+    reason = "no answer"
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), port_number), timeout=2.0):
+                return
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+        if time.monotonic() >= deadline:
+            raise StrategyError(
+                f"--strategy=multi_worker: the JAX coordinator (process 0) at {address} did "
+                f"not answer within {timeout:g} s ({reason}): start process 0 first, or check "
+                "JAX_COORDINATOR_ADDRESS / TF_CONFIG and the network between the hosts")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
 def jax_devices(name: str):
     """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
     cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
@@ -174,6 +209,8 @@ def jax_devices(name: str):
             logging.info("JAX cluster: process %d of %d, coordinator %s",
                          cluster["process_id"], cluster["num_processes"],
                          cluster["coordinator_address"])
+            if cluster["process_id"] != 0:
+                wait_for_coordinator(cluster["coordinator_address"])
         try:
             jax.distributed.initialize(**cluster)
         except (RuntimeError, ValueError) as e:
