@@ -136,13 +136,13 @@ class NoopWriter(_Closing):
     path = None
 
     def scalar(self, tag: str, value: float, step: int):
-        pass
+        """Nothing: only the chief writes events."""
 
     def flush(self):
-        pass
+        """Nothing to flush."""
 
     def close(self):
-        pass
+        """Nothing to close."""
 
 
 def writer(logdir: Optional[str]):

@@ -203,22 +203,23 @@ def _with_scheme(path: str, found: str) -> str:
 
 # --- the functions ------------------------------------------------------------------------
 
-def exists(path: str) -> bool:
+def _ask(path: str, question: str, local) -> bool:
+    """A yes/no question about `path` ('exists', 'isdir') on the layer in use; `local` is
+    its `os.path` function."""
     if uses_tensorflow():
         import tensorflow as tf
-        return _gfile_call(tf.io.gfile.exists, path, path)
+        return _gfile_call(getattr(tf.io.gfile, question), path, path)
     if is_remote(path):
-        return bool(_remote_call(path, "exists"))
-    return os.path.exists(_local(path))
+        return bool(_remote_call(path, question))
+    return local(_local(path))
+
+
+def exists(path: str) -> bool:
+    return _ask(path, "exists", os.path.exists)
 
 
 def isdir(path: str) -> bool:
-    if uses_tensorflow():
-        import tensorflow as tf
-        return _gfile_call(tf.io.gfile.isdir, path, path)
-    if is_remote(path):
-        return bool(_remote_call(path, "isdir"))
-    return os.path.isdir(_local(path))
+    return _ask(path, "isdir", os.path.isdir)
 
 
 def isfile(path: str) -> bool:

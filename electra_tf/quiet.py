@@ -59,7 +59,7 @@ def quiet_native_stderr() -> Iterator[None]:
         try:
             sys.stderr.flush()
         except (OSError, ValueError):
-            pass
+            pass  # a closed or broken sys.stderr: fd 2 is restored all the same
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)

@@ -153,7 +153,7 @@ def _entries():
 
 
 class _Node(tf.__internal__.tracking.AutoTrackable):
-    pass
+    """One object of the reference object graph (attributes set by name)."""
 
 
 def _tf_checkpoint(entries, data_position=True):

@@ -116,7 +116,7 @@ def train_dataset(finetuner: Runtime, data: TaskData, seed: int, skip_batches: i
     """A trial's training batches spread over the runtime's replicas: the TensorFlow
     runtime's strategies distribute a tf.data pipeline, the others take host arrays."""
     job, devices = finetuner.job, finetuner.devices
-    make = job.train_batches if devices.backend == "tensorflow" else job.host_batches
+    make = job.host_batches if devices.host_input else job.train_batches
     return devices.distribute(make(data, seed, skip_batches))
 
 
@@ -194,7 +194,7 @@ def run(task: Task, model_config: ModelConfig, cfg: FinetuneConfig,
     with lease.hold(options.model_dir, writer=chief) as run_lease:
         # The TensorFlow runtime exports with its in-graph encoder; a host task on another
         # runtime needs no TensorFlow (the same ids).
-        host = devices.backend != "tensorflow" and not task.in_graph_preprocessing
+        host = devices.host_input and not task.in_graph_preprocessing
         encoder = (text.HostTextEncoder if host else text.TextEncoder)(
             options.vocab_file, options.do_lower_case, options.spm_model)
         if encoder.vocab_size != model_config.vocab_size:

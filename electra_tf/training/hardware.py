@@ -10,6 +10,7 @@ needs none.
 
 import dataclasses
 import re
+import sys
 import time
 from typing import Callable, Dict, Optional, Tuple, Union
 
@@ -137,14 +138,19 @@ def _jax_matmul(size: int, dtype: str) -> Callable[[], None]:
 def measure_matmul_flops(size: int = 4096, dtype: str = "float32", repeats: int = 3,
                          device: str = "/cpu:0") -> float:
     """FLOP/s of a size^3 matmul on the CPU: the best of `repeats` runs after a warm-up,
-    cached per process; TensorFlow's kernel on `device` where TensorFlow is installed,
-    else XLA's through JAX. Whatever else loads the host lowers the figure."""
+    cached per process; TensorFlow's kernel on `device` where TensorFlow is loaded (its
+    runtime), else XLA's through JAX (the JAX runtime, which imports no TensorFlow), else
+    TensorFlow's. Whatever else loads the host lowers the figure."""
     key = (size, dtype, device)
     if key not in _MEASURED:
-        try:
+        run = None
+        if sys.modules.get("tensorflow") is None:  # a JAX process: no TensorFlow import
+            try:
+                run = _jax_matmul(size, dtype)
+            except ImportError:
+                pass
+        if run is None:
             run = _tensorflow_matmul(size, dtype, device)
-        except ImportError:
-            run = _jax_matmul(size, dtype)
         run()
         best = float("inf")
         for _ in range(repeats):

@@ -116,6 +116,10 @@ class Devices(abc.ABC):
     # Whether this process can export a SavedModel itself (TensorFlow's Keras); else a
     # TensorFlow process does it from the checkpoint (`finetune/export_child.py`).
     saved_model_in_process: bool = False
+    # Whether the runtime takes its input as NumPy batches made on the host, without
+    # TensorFlow (JAX), rather than tf.data pipelines it distributes (TensorFlow): the jobs
+    # choose their pipelines by it (`dataset.make_input`, `finetune.trainer`).
+    host_input: bool = False
     process_index: int = 0
     process_count: int = 1
 

@@ -23,6 +23,7 @@ class JaxDevices(runtime.Devices):
     among `jax.distributed`'s processes."""
 
     backend = "jax"
+    host_input = True
 
     def __init__(self, devices: Optional[List] = None):
         import jax
@@ -81,7 +82,8 @@ class JaxDevices(runtime.Devices):
 
     def dataset(self, make):
         """This process's rows of each global batch, from its own input pipeline of host
-        arrays (`data.dataset.InputContext`: no TensorFlow)."""
+        arrays (`host_input`: `data.dataset.InputContext` makes `make_input` take the
+        NumPy pipeline, no TensorFlow)."""
         from electra_tf.data.dataset import InputContext
         n, i = self.process_count, self.process_index
         return make(InputContext(n, i, n))
