@@ -423,3 +423,64 @@ def test_a_worker_waits_for_the_jax_coordinator_then_says_it_is_unreachable():
     assert "\n" not in str(caught.value)
     with pytest.raises(StrategyError, match="expected HOST:PORT"):
         wait_for_coordinator("127.0.0.1", timeout=1)
+
+
+# What each platform sets for the processes of a job (documented in docs/pretraining.md,
+# "Several hosts on JAX"): the same command on every host finds its cluster from it.
+SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[017-018]",
+             "SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+             "SLURM_STEP_NUM_NODES": "2"}
+GKE_TPU_ENV = {"TPU_WORKER_HOSTNAMES": "10.8.0.5,10.8.0.6,10.8.0.7,10.8.0.8",
+               "TPU_WORKER_ID": "2", "TPU_SKIP_MDS_QUERY": "1", "MEGASCALE_NUM_SLICES": "1",
+               "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "10.8.0.5"}
+PLATFORM_VARIABLES = ("TF_CONFIG", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
+                      "JAX_PROCESS_ID", "JAX_COORDINATOR_PORT", *SLURM_ENV, *GKE_TPU_ENV,
+                      "OMPI_MCA_orte_hnp_uri", "PMIX_SERVER_URI2", "KUBERNETES_SERVICE_HOST")
+
+
+@pytest.mark.jax
+def test_the_cluster_each_platform_describes_is_found(monkeypatch):
+    """--strategy=multi_worker with neither TF_CONFIG nor JAX_* set: the cluster JAX's own
+    detection finds in what SLURM, GKE's TPU node pools and a Cloud TPU VM's metadata
+    server (a fake one here) give each process, named in the log line. Nothing found:
+    ({}, "")."""
+    pytest.importorskip("jax")
+    from jax._src.clusters import cloud_tpu_cluster, cluster
+    from electra_tf.training.jax_runtime.devices import detected_cluster
+    for name in PLATFORM_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert detected_cluster() == ({}, "")
+
+    for name, value in SLURM_ENV.items():
+        monkeypatch.setenv(name, value)
+    port = 4242 % 2 ** 12 + 65535 - 2 ** 12 + 1  # SLURM's: a port of the job's id
+    assert detected_cluster() == (dict(coordinator_address=f"gpu017:{port}", num_processes=4,
+                                       process_id=3, local_device_ids=[1]),
+                                  "found by JAX: SLURM")
+    for name in SLURM_ENV:
+        monkeypatch.delenv(name)
+
+    # A TPU VM (JAX checks for the chips' driver at import: said yes to here).
+    monkeypatch.setattr(cloud_tpu_cluster, "running_in_cloud_tpu_vm", True)
+    monkeypatch.setattr(cluster, "running_in_cloud_tpu_vm", True)
+    for name, value in GKE_TPU_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert detected_cluster() == (dict(coordinator_address="10.8.0.5:8482", num_processes=4,
+                                       process_id=2),
+                                  "found by JAX: GKE's TPU_WORKER_HOSTNAMES and TPU_WORKER_ID")
+    for name in GKE_TPU_ENV:
+        monkeypatch.delenv(name)
+
+    # A Cloud TPU VM of a slice (gcloud ... tpu-vm create): its metadata server.
+    from test_preemption import FakeMetadata, metadata_server
+    with metadata_server(monkeypatch):
+        monkeypatch.setenv("GCE_METADATA_IP", os.environ["GCE_METADATA_IP"])
+        FakeMetadata.values = {
+            "attributes/agent-worker-number": "1",
+            "attributes/worker-network-endpoints":
+                "unknown:unknown:10.130.0.2,unknown:unknown:10.130.0.3",
+            "attributes/tpu-env": "ACCELERATOR_TYPE: 'v5litepod-16'\nMEGASCALE_NUM_SLICES: '1'\n"
+                                  "MEGASCALE_SLICE_ID: '0'\n"}
+        assert detected_cluster() == (dict(coordinator_address="10.130.0.2:8482",
+                                           num_processes=2, process_id=1),
+                                      "found by JAX: the Cloud TPU VM's metadata server")

@@ -6,13 +6,12 @@ side.
 The step comparisons run TensorFlow's step here (eagerly, its draws recorded) and the JAX
 step in a process with TensorFlow unimportable (`jax_step_parity.py`) from the same weights
 (`backend_parity.set_weights`) and the same draws: every updated variable and Adam slot
-within 1e-4 of TensorFlow's, relative to the array's largest value (`_max_error`)."""
+within 1e-4 of TensorFlow's, relative to the array's largest value (`array_errors.max_error`)."""
 
 import os
 import pickle
 import subprocess
 import sys
-from typing import Dict
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ from electra_tf import compat, rng
 from runtimes import tf_pretrainer
 
 import backend_parity as cases
+from array_errors import errors as _errors
 import forked_cli
-from conftest import REPO, free_ports, sigterm_after
+from conftest import REPO, sigterm_after
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_TOL = 1e-4
@@ -74,37 +74,6 @@ def _tf_step(name):
             "multipliers": multipliers, "batch": cases.batch_arrays(), "draws": draws,
             "base_seed": [1, 2]}
     return case, expected
-
-
-def _max_error(ours, theirs):
-    """max |ours - theirs| over the array's own scale, max |ours|: relative error, so a
-    second moment of 1e-7 is held to its own size (a zero in its place fails)."""
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    assert ours.shape == theirs.shape
-    scale = float(np.max(np.abs(ours)))
-    if scale == 0.0:
-        return float(np.max(np.abs(theirs)))
-    return float(np.max(np.abs(ours - theirs)) / scale)
-
-
-# The attention's key bias has a zero gradient in exact arithmetic (adding one number to
-# every score of a query leaves its softmax unchanged), so its Adam slots hold rounding
-# noise (~1e-12 where the other slots reach ~1e-3), and so does the bias itself where it
-# starts at zero: they are held to the largest array of their kind instead of to their own
-# size. (`key/bias` in variable paths and checkpoint keys.)
-NOISE_ONLY = "key/bias"
-
-
-def _errors(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray]) -> Dict[str, float]:
-    """{path: `_max_error`} over arrays of one kind (weights, m or v)."""
-    largest = max(float(np.max(np.abs(w))) for w in want.values())
-    out = {}
-    for path, value in want.items():
-        error = _max_error(value, got[path])
-        if NOISE_ONLY in path.replace(".S", "/"):  # a checkpoint key escapes / as .S
-            error = float(np.max(np.abs(np.asarray(value, np.float64) - got[path]))) / largest
-        out[path] = error
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -401,47 +370,6 @@ def _weights(model_dir):
             if n.startswith(("model/", "optimizer/")) or n.startswith("global_step")}
 
 
-SHAPE_STEPS = 6
-
-
-@jax_installed
-@pytest.mark.subprocess
-@pytest.mark.e2e
-@pytest.mark.jax
-def test_a_run_saved_on_two_devices_resumes_on_one(tmp_path, sample_build):
-    """Resume on another shape, in one process: a run of 2 host devices resumed from its
-    step-4 checkpoint on 1 device prints the uninterrupted run's step lines and ends with
-    its weights and slots (the global batch, the data position and the per-row draws do
-    not depend on the device count)."""
-    import re
-    import shutil
-    two_devices = {**JAX_ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    straight = tmp_path / "straight"
-    args = lambda d: _run_args(d, sample_build[0], SHAPE_STEPS,  # noqa: E731
-                               "--backend=jax", "--save_checkpoints_steps=2")
-    done = _cli(args(straight), two_devices)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "JAX devices: JAX " in done.stderr and "2 CPU device(s)" in done.stderr
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)
-    for path in resumed.glob(f"ckpt-{SHAPE_STEPS}.*"):
-        path.unlink()
-    state = (resumed / "checkpoint").read_text().splitlines()
-    (resumed / "checkpoint").write_text("".join(
-        line.replace(f'"ckpt-{SHAPE_STEPS}"', '"ckpt-4"') + "\n" for line in state
-        if not line.startswith(f'all_model_checkpoint_paths: "ckpt-{SHAPE_STEPS}"')))
-    again = _cli(args(resumed), JAX_ENV)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "1 CPU device(s)" in again.stderr and "Resumed from" in again.stderr
-
-    def lines(stderr, first):
-        found = re.findall(r"\] (step (\d+)/\d+ \| [^|]*\| [^|]*\| [^|]*)", stderr)
-        return [text for text, step in found if int(step) >= first]
-    assert lines(again.stderr, 5) == lines(done.stderr, 5) and len(lines(done.stderr, 5)) == 2
-    errors = _errors(_weights(straight), _weights(resumed))
-    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
-
-
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory, sample_build):
     """A pre-training run on JAX of LONG steps (checkpoints every 10, the discriminator
@@ -607,86 +535,4 @@ def test_finetuning_on_jax_and_from_a_jax_run_on_tensorflow(tmp_path, jax_run):
 # check_install --backend=jax: tests/test_jax_only.py.
 
 
-# ------------------------------------------------------------------------- several processes
-
-# One JAX process on one CPU device, fed the global batches a two-process job assembles
-# (process 0's rows, then process 1's: each reads its own half of the shards), saving the
-# TensorFlow runtime's checkpoint after the steps.
-ONE_PROCESS_SCRIPT = """
-import sys
-import tensorflow as tf
-from electra_tf.configs import load_config
-from electra_tf.data.dataset import make_dataset
-from electra_tf.pretraining import pretrain
-from electra_tf.pretraining.trainer import make_pretrainer
-from electra_tf.training.jax_runtime.devices import jax_devices
-from electra_tf.training.options import PretrainingOptions
-out, data, overrides, steps = sys.argv[1:5]
-cfg = load_config("tiny", overrides)
-files, _, manifest = pretrain.resolve_data(PretrainingOptions(out, train_data=data), cfg)
-special, counts = pretrain.special_ids_and_counts(manifest, files, cfg)
-trainer = make_pretrainer(cfg, jax_devices("cpu"), special, counts)
-icfg = pretrain.input_config(files, cfg, cfg.train.train_batch_size, True)
-halves = [make_dataset(icfg, tf.distribute.InputContext(2, w, 2)) for w in range(2)]
-batches = tf.data.Dataset.zip(tuple(halves)).map(
-    lambda a, b: {k: tf.concat([a[k], b[k]], 0) for k in a})
-trainer.make_train_loop()(iter(batches), int(steps))
-trainer.checkpoint_manager(out, 1).save(int(steps))  # out/ckpt-<steps>
-"""
-
-
-@jax_installed
-@pytest.mark.subprocess
-@pytest.mark.e2e
-@pytest.mark.jax
-def test_two_jax_processes_equal_one(tmp_path, sample_build):
-    """--strategy=multi_worker on JAX with the cluster in TF_CONFIG, as a TensorFlow job
-    gives it: two processes of one CPU device each (jax.distributed, the gradient summed
-    across them by XLA's collectives) end with the weights and slots of one process that
-    takes the same global batches; each read its own shards, process 0 alone wrote the
-    run, and both logged the cluster."""
-    import json
-    data = sample_build[0]
-    overrides = "train_batch_size=8,num_train_steps=4,save_checkpoints_steps=2," \
-                "steps_per_loop=2,log_every_steps=2,warmup_steps=2"
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
-    model_dir = tmp_path / "two"
-    procs = [forked_cli.start(
-        ["run_pretraining.py", "--backend=jax", "--strategy=multi_worker",
-         f"--model_dir={model_dir}", f"--train_data={data}", f"--params_override={overrides}"],
-        cwd=REPO, stderr=forked_cli.PIPE,
-        env={**os.environ, **JAX_ENV, "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}})})
-        for i in range(2)]
-    try:
-        logs = [p.communicate(timeout=420)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for i, (p, err) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, err[-3000:]
-        assert f"JAX cluster: process {i} of 2, coordinator {cluster['worker'][0]}" in err
-        assert ": 2 CPU device(s) (cpu), 2 process(es)" in err, err[-3000:]
-    read = [set(ln.split("file(s), ")[1].split(", ")) for i, err in enumerate(logs)
-            for ln in err.splitlines() if f"Input pipeline {i} of 2:" in ln]
-    assert len(read) == 2 and read[0] and read[1] and not read[0] & read[1]
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
-    assert not os.path.exists(model_dir / ".workers" / "worker_1")
-
-    one = forked_cli.run(["-c", ONE_PROCESS_SCRIPT, str(tmp_path / "one" / "ckpt"), data,
-                          overrides, "4"], cwd=REPO, timeout=300, env={**os.environ,
-                                                                        **JAX_ENV})
-    assert one.returncode == 0, one.stderr[-3000:]
-    want = tf.train.load_checkpoint(str(tmp_path / "one" / "ckpt"))
-    got = tf.train.load_checkpoint(str(model_dir))
-    names = [n for n, _ in tf.train.list_variables(str(tmp_path / "one" / "ckpt"))
-             if n.startswith(("model/", "optimizer/"))]
-    assert len(names) > 40
-    for kind in ("model/", "optimizer/adam_m/", "optimizer/adam_v/"):
-        of_kind = [n for n in names if n.startswith(kind)]
-        assert of_kind, kind
-        errors = _errors({n: want.get_tensor(n) for n in of_kind},
-                         {n: got.get_tensor(n) for n in of_kind})
-        for name, error in errors.items():
-            assert error <= 1e-5, (name, error)
+# Several processes (jax.distributed): tests/test_jax_multiprocess.py.

@@ -136,7 +136,7 @@ def run(cfg: PretrainingConfig, options: PretrainingOptions) -> Dict[str, float]
                 export_discriminator(trainer.model, options.model_dir)
         if options.do_eval and eval_files:
             result = evaluate(cfg, trainer, eval_files, options.model_dir, chief, run_lease)
-        if not chief:
+        if not chief and manager.directory != options.model_dir:  # a scratch copy
             fileio.rmtree(manager.directory)
         return result
 

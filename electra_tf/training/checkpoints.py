@@ -523,6 +523,21 @@ class ArrayCheckpointManager:
                                last_preserved=self._preserved)
 
 
+class ReadOnlyManager:
+    """The checkpoint manager of a process that does not write the run (a JAX process
+    other than 0: the state it holds is process 0's, replicated): `save` writes nothing and
+    names process 0's checkpoint of that step, which every process reads on resume."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        state = read_checkpoint_state(directory)
+        self.latest_checkpoint = state.model_checkpoint_path if state else None
+
+    def save(self, checkpoint_number: int) -> str:
+        self.latest_checkpoint = fileio.join(self.directory, f"ckpt-{int(checkpoint_number)}")
+        return self.latest_checkpoint
+
+
 def _relative(directory: str, path: str) -> str:
     head = directory.rstrip("/") + "/"
     return path[len(head):] if path.startswith(head) else path

@@ -256,6 +256,18 @@ class InputWatch:
 # ----------------------------------------------------------------------------- the loop
 
 
+def logs_steps(devices: Devices) -> bool:
+    """Whether this process logs the step lines: every process, except where the runtime
+    has the chief alone log them (`Devices.chief_logs_steps`: one line per step for the
+    job; the metrics are the global batch's, the same in every process)."""
+    task_type, task_id = devices.task()
+    if devices.chief_logs_steps and task_type is not None and not devices.is_chief():
+        logging.info("%s %d: the chief logs the steps and checkpoints of the run; this "
+                     "process logs its own events only", task_type.capitalize(), task_id)
+        return False
+    return True
+
+
 def open_checkpoints(trainer: Runtime, directory: str, save_dir: Optional[str] = None,
                      max_to_keep: int = 1, clean: bool = True):
     """Resumes `trainer` from the newest complete checkpoint in `directory`; -> the manager
@@ -290,6 +302,7 @@ def train(trainer: Runtime, iterator, manager,
         logging.info("Already at step %d of %d: nothing to train", step, total)
         return {}
     logging.info("Train step: %s", trainer.describe_step())
+    log_steps = logs_steps(trainer.devices)
     progress = Progress(step, total, s.batch_size)
     last_saved = step  # a loop of only skipped (non-finite) steps does not save again
     out_metrics: Dict[str, float] = {}
@@ -332,10 +345,11 @@ def train(trainer: Runtime, iterator, manager,
                 seqs_per_s, eta = progress.rates(step)
                 lr = trainer.learning_rate(step)
                 rates = perf.rates(seqs_per_s, s.batch_size) if perf else {}
-                logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
-                                             rates.get("perf/flops_per_second"),
-                                             rates.get("perf/mfu"),
-                                             trainer.log_fields(out.metrics)))
+                if log_steps:
+                    logging.info(format_log_line(step, total, out, lr, seqs_per_s, eta,
+                                                 rates.get("perf/flops_per_second"),
+                                                 rates.get("perf/mfu"),
+                                                 trainer.log_fields(out.metrics)))
                 write_scalars(writer, step, out, {"learning_rate": lr,
                                                   "grad_norm": out.grad_norm,
                                                   "sequences_per_second": seqs_per_s,
@@ -345,7 +359,9 @@ def train(trainer: Runtime, iterator, manager,
                                             step >= total)
             if saved:
                 last_saved = step
-                logging.info("Saved checkpoint %s", save(step))
+                path = save(step)
+                if log_steps:
+                    logging.info("Saved checkpoint %s", path)
             preemption.stop_if_noticed(step, lambda: manager.latest_checkpoint if saved
                                        else save(step))
             progress.loop_done(step)

@@ -122,6 +122,9 @@ class Devices(abc.ABC):
     host_input: bool = False
     process_index: int = 0
     process_count: int = 1
+    # Whether the chief alone logs a multi-worker run's steps (JAX: one line per step for
+    # the job); else every worker logs its own (TensorFlow's workers, as they always have).
+    chief_logs_steps: bool = False
 
     @property
     @abc.abstractmethod

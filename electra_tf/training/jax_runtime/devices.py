@@ -7,7 +7,7 @@ import json
 import logging as std_logging
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from absl import logging
@@ -15,6 +15,7 @@ from absl import logging
 from electra_tf import quiet
 from electra_tf.backend import require_jax
 from electra_tf.training import runtime
+from electra_tf.training.jax_runtime import guard
 from electra_tf.training.runtime import StrategyError
 
 
@@ -24,6 +25,7 @@ class JaxDevices(runtime.Devices):
 
     backend = "jax"
     host_input = True
+    chief_logs_steps = True
 
     def __init__(self, devices: Optional[List] = None):
         import jax
@@ -69,6 +71,11 @@ class JaxDevices(runtime.Devices):
         """Process 0 writes."""
         return self.process_index == 0
 
+    def worker_dir(self, model_dir: str) -> str:
+        """Every process reads the run where process 0 writes it (the same `model_dir`, a
+        bucket on a slice): the others save nothing (`ReadOnlyManager`)."""
+        return model_dir
+
     def sum_over_workers(self, value: int) -> int:
         if self.process_count == 1:
             return int(value)
@@ -89,7 +96,12 @@ class JaxDevices(runtime.Devices):
         return make(InputContext(n, i, n))
 
     def distribute(self, dataset):
-        return dataset
+        """An in-memory split's global batches (NumPy, the same in every process) -> this
+        process's rows of each: process i sends the i-th of `process_count` equal shares,
+        so the batch on the devices is the global batch itself."""
+        if self.process_count == 1:
+            return dataset
+        return _share_of_each(dataset, self.process_index, self.process_count)
 
     def profiler_start(self, logdir: str):
         import jax
@@ -107,6 +119,12 @@ class JaxDevices(runtime.Devices):
                             "always one XLA program")
         from electra_tf.training.jax_runtime.trainer import JaxRuntime
         return JaxRuntime(job, self)
+
+
+def _share_of_each(batches, index: int, count: int):
+    for batch in batches:
+        share = len(next(iter(batch.values()))) // count
+        yield {k: v[index * share:(index + 1) * share] for k, v in batch.items()}
 
 
 def _keep_tensorflow_off_accelerators():
@@ -193,6 +211,39 @@ def wait_for_coordinator(address: str, timeout: Optional[float] = None):
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
+# JAX's cluster detection (`jax._src.clusters`) by the name of its class: what found it.
+DETECTORS = {"SlurmCluster": "found by JAX: SLURM",
+             "GceTpuCluster": "found by JAX: the Cloud TPU VM's metadata server",
+             "GkeTpuCluster": "found by JAX: GKE's TPU_WORKER_HOSTNAMES and TPU_WORKER_ID",
+             "OmpiCluster": "found by JAX: Open MPI", "K8sCluster": "found by JAX: Kubernetes"}
+
+
+def detected_cluster() -> Tuple[Dict[str, Any], str]:
+    """Where neither TF_CONFIG nor JAX_* describe the cluster: what JAX's own detection
+    finds in the environment the platform sets (a Cloud TPU slice's metadata server, GKE's
+    TPU variables, SLURM, Open MPI, Kubernetes), as `jax.distributed.initialize`'s
+    arguments, and what found it; ({}, "") where it finds nothing, or where this JAX has
+    no such detection API (then `initialize()` detects it itself, unnamed)."""
+    try:
+        from jax._src.clusters import ClusterEnv
+        env = next((e for e in ClusterEnv._cluster_types
+                    if not e.opt_in_only_method and e.is_env_present()), None)
+        if env is None:
+            return {}, ""
+        timeout = int(float(os.environ.get("ELECTRA_TF_COORDINATOR_TIMEOUT",
+                                           COORDINATOR_TIMEOUT_S)))
+        address, count, index, local = ClusterEnv.auto_detect_unset_distributed_params(
+            None, None, None, None, None, timeout)
+    except (ImportError, AttributeError, TypeError) as e:
+        logging.info("JAX's cluster detection is not the one this code knows (%s): "
+                     "jax.distributed.initialize() looks for the cluster itself", e)
+        return {}, ""
+    found = dict(coordinator_address=address, num_processes=int(count), process_id=int(index))
+    if local is not None:
+        found["local_device_ids"] = list(local)
+    return found, DETECTORS.get(env.__name__, f"found by JAX: {env.__name__}")
+
+
 def jax_devices(name: str):
     """--strategy under JAX: auto (every device JAX sees: its TPU or GPU, else the CPU),
     cpu, gpu or tpu (those devices, or one line if there are none), multi_worker
@@ -207,12 +258,21 @@ def jax_devices(name: str):
     if name == "auto" and cluster.get("num_processes", 1) > 1:
         name = "multi_worker"  # a cluster in TF_CONFIG, as on TensorFlow
     if name == "multi_worker":
+        source = ("TF_CONFIG" if os.environ.get("TF_CONFIG") else
+                  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID")
+        if not cluster:
+            cluster, source = detected_cluster()
         if cluster:
-            logging.info("JAX cluster: process %d of %d, coordinator %s",
+            logging.info("JAX cluster: process %d of %d, coordinator %s (%s)",
                          cluster["process_id"], cluster["num_processes"],
-                         cluster["coordinator_address"])
+                         cluster["coordinator_address"], source)
             if cluster["process_id"] != 0:
                 wait_for_coordinator(cluster["coordinator_address"])
+        if guard.enabled():  # a lost process: one line, not JAX's crash dump (guard.py)
+            guard.start(cluster.get("process_id"), cluster.get("num_processes"))
+        timeout = os.environ.get("ELECTRA_TF_HEARTBEAT_TIMEOUT")
+        if timeout:
+            cluster["heartbeat_timeout_seconds"] = int(timeout)
         try:
             jax.distributed.initialize(**cluster)
         except (RuntimeError, ValueError) as e:

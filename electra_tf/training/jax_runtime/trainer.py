@@ -144,6 +144,8 @@ class JaxRuntime(runtime.Runtime):
         return out
 
     def checkpoint_manager(self, directory: str, max_to_keep: int):
+        if not self.devices.is_chief():  # process 0 writes; a save is no collective here
+            return checkpoints.ReadOnlyManager(directory)
         return self._layout()[0].manager(directory, max_to_keep, self.state_arrays)
 
     def restore(self, path: str):
