@@ -7,7 +7,9 @@ that of the same recipe from random initialisation, exports a SavedModel and ans
 raw-text request from it. Exit codes: 0 done, 1 bad flags or data (one line on stderr),
 75 stopped by a preemption notice (SIGTERM, a GCE maintenance event;
 electra_tf/training/preemption.py) after saving a checkpoint, 130 stopped by Ctrl-C after
-saving one (rerun the same command to resume either).
+saving one (rerun the same command to resume either). 69 (a multi-process JAX job): another process of the job
+was lost (one line names it; electra_tf/training/jax_runtime/guard.py): rerun every process
+to resume from the last checkpoint.
 """
 
 import os

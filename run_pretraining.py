@@ -5,7 +5,9 @@ With no flags it pre-trains the `tiny` preset on the bundled Wikipedia sample (b
 Exit codes: 0 done, 1 bad flags or data (one line on stderr), 75 stopped by a preemption
 notice (SIGTERM, a GCE maintenance event; electra_tf/training/preemption.py) after saving a
 checkpoint, 130 stopped by Ctrl-C after saving one (rerun the same command to resume
-either).
+either). 69 (a multi-process JAX job): another process of the job
+was lost (one line names it; electra_tf/training/jax_runtime/guard.py): rerun every process
+to resume from the last checkpoint.
 """
 
 import os

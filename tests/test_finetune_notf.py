@@ -14,6 +14,7 @@ import pytest
 from electra_tf import compat
 from electra_tf.finetune import batches
 
+import forked_cli
 from conftest import REPO, finetune_tiny_model
 
 NO_TF = ("import sys; sys.modules['tensorflow'] = None; "
@@ -212,7 +213,7 @@ def _finetune_args(data, config, model_dir, *extra):
     return ["--backend=jax", "--task=mine", f"--data_dir={data}", "--text_columns=sentence",
             "--label_column=label", "--init_checkpoint=none", f"--config={config}",
             f"--model_dir={model_dir}", "--max_seq_length=16", "--train_batch_size=8",
-            "--eval_batch_size=8", "--num_train_epochs=2", "--num_trials=1", *extra]
+            "--eval_batch_size=8", "--num_train_epochs=2", *extra]
 
 
 RUN_FINETUNING = ("import runpy; sys.argv = ['run_finetuning.py', *sys.argv[1:]]\n"
@@ -224,21 +225,41 @@ RUN_FINETUNING = ("import runpy; sys.argv = ['run_finetuning.py', *sys.argv[1:]]
 @pytest.mark.e2e
 @pytest.mark.jax
 def test_a_jax_finetuning_without_tensorflow_scores_as_one_with_it(tmp_path):
-    """The same fine-tuning on JAX with TensorFlow unimportable and with it installed: the
-    same dev metrics and loss to the digit (the same batches); --export_dir without
-    TensorFlow is one line before any training."""
+    """The same fine-tuning on JAX (two trials) with TensorFlow unimportable and with it
+    installed: the same dev metrics and loss to the digit (the same batches); on 2
+    processes (`jax.distributed`, each sending its share of every global batch) the same
+    trials within 1e-5, both processes reporting them, process 0 alone logging the steps
+    and writing the results; --export_dir without TensorFlow is one line before any
+    training."""
+    import re
+    from test_jax_multiprocess import Job
     data, config = _tsv_task(tmp_path)
     env = {"KERAS_BACKEND": "jax"}
-    without = _no_tf(RUN_FINETUNING, *_finetune_args(data, config, tmp_path / "no_tf"),
-                     env=env)
+    without = _no_tf(RUN_FINETUNING, *_finetune_args(data, config, tmp_path / "no_tf",
+                                                     "--num_trials=2"), env=env)
     assert without.returncode == 0, without.stderr[-3000:]
-    with_tf = subprocess.run([sys.executable, "run_finetuning.py",
-                              *_finetune_args(data, config, tmp_path / "tf")], cwd=REPO,
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
+    with_tf = forked_cli.run(["run_finetuning.py", *_finetune_args(
+        data, config, tmp_path / "tf", "--num_trials=2")], cwd=REPO, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
     assert with_tf.returncode == 0, with_tf.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("no_tf", "tf"))
     assert a["trials"] == b["trials"] and a["labels"] == ["neg", "pos"]
+    assert [t["seed"] for t in a["trials"]] == [1, 2]
+
+    codes, logs = Job(["run_finetuning.py", *_finetune_args(
+        data, config, tmp_path / "two", "--num_trials=2")], processes=2, devices=1).finish()
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert len(two["trials"]) == 2 and two["median_trial"] == b["median_trial"]
+    for want, got in zip(b["trials"], two["trials"]):
+        assert want.keys() == got.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    trial_lines = lambda log: re.findall(r"Trial \d \(seed \d\) dev: [^\n]*", log)  # noqa: E731
+    assert len(trial_lines(logs[0])) == 2 and trial_lines(logs[1]) == trial_lines(logs[0])
+    steps = lambda log: re.findall(r"\] step \d+/6 ", log)  # noqa: E731
+    assert len(steps(logs[0])) == 2 and steps(logs[1]) == []  # each trial's last step
+    assert not (tmp_path / "two" / ".workers").exists()
     export = _no_tf(RUN_FINETUNING, *_finetune_args(data, config, tmp_path / "x",
                                                     f"--export_dir={tmp_path / 'e'}"), env=env)
     assert export.returncode == 1 and export.stderr.strip().splitlines()[-1] == (

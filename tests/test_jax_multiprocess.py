@@ -1,7 +1,7 @@
 """Multi-process JAX on this CPU: several processes of several host devices each train as
 one job (`--strategy=multi_worker`, `jax.distributed` on localhost, the cluster in
 TF_CONFIG as a TensorFlow job gives it), survive a preempted or a lost process, resume on
-another shape, and fine-tune as one process does.
+another shape (fine-tuning on several processes: `test_finetune_notf.py`).
 
 Each job here is the tiny preset at a global batch of 8 on 2 processes x 2 host devices
 (`--xla_force_host_platform_device_count`). The weights are compared through the
@@ -244,43 +244,7 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_run_resumes_on_other
         assert int(state["data_batches/.ATTRIBUTES/VARIABLE_VALUE"]) == steps
 
 
-def _finetune_args(data, model_dir):  # from random weights of the tiny size
-    return ["run_finetuning.py", "--backend=jax", "--task=mine", f"--data_dir={data}",
-            "--text_columns=sentence", "--label_column=label", "--init_checkpoint=none",
-            "--config=tiny", f"--model_dir={model_dir}", "--max_seq_length=16", "--train_batch_size=8",
-            "--eval_batch_size=8", "--num_train_epochs=2", "--num_trials=2"]
-
-
-@pytest.mark.subprocess
-@pytest.mark.e2e
-def test_finetuning_on_two_processes_equals_one(tmp_path):
-    """Two trials of a classification task on 2 processes x 1 device give the trials,
-    dev scores and losses of 1 process x 2 devices (each process sends its share of every
-    global batch); both processes report the same dev metrics, process 0 alone logs the
-    steps and writes results.json and the trials' results."""
-    data = tmp_path / "data"
-    (data / "mine").mkdir(parents=True)
-    for split, rows in (("train", 24), ("dev", 8)):
-        (data / "mine" / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(
-            f"a {'good' if i % 2 else 'bad'} film {i}\t{'pos' if i % 2 else 'neg'}\n"
-            for i in range(rows)))
-    one = forked_cli.run(_finetune_args(data, tmp_path / "one"), cwd=REPO, timeout=300,
-                         env=_env(2))
-    assert one.returncode == 0, one.stderr[-3000:]
-    codes, logs = Job(_finetune_args(data, tmp_path / "two"), 2, 1).finish()
-    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    want = json.loads((tmp_path / "one" / "results.json").read_text())
-    got = json.loads((tmp_path / "two" / "results.json").read_text())
-    assert [t["seed"] for t in got["trials"]] == [1, 2] and got["labels"] == ["neg", "pos"]
-    for a, b in zip(want["trials"], got["trials"]):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert b[key] == pytest.approx(a[key], abs=1e-5), key
-    assert got["median_trial"] == want["median_trial"]
-    trial_lines = lambda log: re.findall(r"Trial \d \(seed \d\) dev: [^\n]*", log)  # noqa: E731
-    assert len(trial_lines(logs[0])) == 2 and trial_lines(logs[1]) == trial_lines(logs[0])
-    assert _steps(logs[1], 6) == [] and _steps(logs[0], 6) == [6, 6]  # each trial's last
-    assert not os.path.exists(tmp_path / "two" / ".workers")
+# Fine-tuning on 2 processes against 1: tests/test_finetune_notf.py.
 
 
 # What JAX 0.10.2 printed in a survivor when process 1 was SIGKILLed (heartbeat verdict) and
