@@ -53,7 +53,10 @@ def start(process_id: Optional[int], num_processes: Optional[int]) -> None:
         os.close(read_end)
         os.dup2(write_end, 2)
         os.close(write_end)
-        os.setpgid(0, 0)
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # stays in the parent's group: a terminal's Ctrl-C reaches it twice
+            pass
         _die_with(parent)
         return
     os.close(write_end)
