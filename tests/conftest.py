@@ -113,6 +113,24 @@ import importlib.util  # noqa: E402
 
 TENSORFLOW_INSTALLED = importlib.util.find_spec("tensorflow") is not None
 
+# The start of a `python -c` program that makes TensorFlow and the packages built on it
+# unimportable, in it and in the processes it forks: what a machine with JAX alone runs.
+NO_TENSORFLOW = """import sys
+for _name in ("tensorflow", "tensorflow_text", "tf_keras", "tensorflow_datasets"):
+    sys.modules[_name] = None
+"""
+
+
+def without_tensorflow(argv) -> list:
+    """`python ARGV` (a script and its arguments, or `-c code ...`) as the arguments of a
+    Python whose TensorFlow is unimportable (NO_TENSORFLOW); the script runs as __main__
+    with its own name in sys.argv[0]."""
+    argv = [str(a) for a in argv]
+    if argv[0] == "-c":
+        return ["-c", NO_TENSORFLOW + argv[1], *argv[2:]]
+    return ["-c", NO_TENSORFLOW + f"import runpy\nsys.argv = [{argv[0]!r}, *sys.argv[1:]]\n"
+            f"runpy.run_path({argv[0]!r}, run_name='__main__')\n", *argv[1:]]
+
 
 def jax_leg_tests(tree) -> list:
     """Names of the test functions of a module's AST marked both jax and every_leg."""

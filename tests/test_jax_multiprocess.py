@@ -1,7 +1,9 @@
 """Multi-process JAX on this CPU: several processes of several host devices each train as
 one job (`--strategy=multi_worker`, `jax.distributed` on localhost, the cluster in
 TF_CONFIG as a TensorFlow job gives it), survive a preempted or a lost process, resume on
-another shape (fine-tuning on several processes: `test_finetune_notf.py`).
+another shape (fine-tuning on several processes: `test_finetune_notf.py`). Every process
+runs with TensorFlow unimportable (conftest.without_tensorflow), as on a TPU VM or a GPU
+node with JAX alone; the first test runs in CI's JAX leg too (the README's JAX install).
 
 Each job here is the tiny preset at a global batch of 8 on 2 processes x 2 host devices
 (`--xla_force_host_platform_device_count`). The weights are compared through the
@@ -12,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,9 +26,8 @@ from electra_tf.bundle import Reader
 from electra_tf.training import checkpoints, preemption
 from electra_tf.training.jax_runtime import guard
 
-import forked_cli
 from array_errors import errors
-from conftest import REPO, free_ports
+from conftest import REPO, free_ports, without_tensorflow
 
 pytestmark = [pytest.mark.skipif(not compat.module_exists("jax"),
                                  reason="the jax extra is not installed"),
@@ -46,14 +49,32 @@ def _args(model_dir, data, steps, save, *extra):
             f"--params_override={OVERRIDES.format(save=save)}", *extra]
 
 
+def _start(argv, env, stderr=None):
+    """`python ARGV` with TensorFlow unimportable, from the repository's root."""
+    return subprocess.Popen([sys.executable, *without_tensorflow(argv)], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+def _run(argv, env, timeout=300):
+    """-> (exit code, stderr) of `python ARGV` with TensorFlow unimportable."""
+    proc = _start(argv, env, subprocess.PIPE)
+    try:
+        err = proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
 class Job:
     """The processes of one multi-process run, started at once, their stderr read by
     threads (line by line, so a test can wait for a line of one while the others go on)."""
 
     def __init__(self, argv, processes=2, devices=2, **env):
         cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(processes)]}
-        self.procs = [forked_cli.start(
-            [*argv, "--strategy=multi_worker"], cwd=REPO, stderr=forked_cli.PIPE,
+        self.procs = [_start(
+            [*argv, "--strategy=multi_worker"], stderr=subprocess.PIPE,
             env=_env(devices, TF_CONFIG=json.dumps(
                 {"cluster": cluster, "task": {"type": "worker", "index": i}}), **env))
             for i in range(processes)]
@@ -143,6 +164,8 @@ trainer.checkpoint_manager(out, 1).save(int(steps))
 
 @pytest.mark.subprocess
 @pytest.mark.e2e
+@pytest.mark.jax
+@pytest.mark.every_leg
 def test_two_processes_train_as_one_and_a_preempted_one_stops_both(tmp_path, sample_build):
     """2 processes x 2 devices. SIGTERM to process 1 at step 3: both save at one agreed
     step (process 0 writes it) and exit 75; the rerun resumes there and ends with the
@@ -180,10 +203,9 @@ def test_two_processes_train_as_one_and_a_preempted_one_stops_both(tmp_path, sam
     assert not os.path.exists(model_dir / ".workers")
     assert os.path.exists(model_dir / "discriminator" / "checkpoint")
 
-    one = forked_cli.run(["-c", FOUR_DEVICES_SCRIPT, str(tmp_path / "one"), data,
-                          OVERRIDES.format(save=4) + f",num_train_steps={STEPS}", str(STEPS)],
-                         cwd=REPO, timeout=300, env=_env(4))
-    assert one.returncode == 0, one.stderr[-3000:]
+    code, log = _run(["-c", FOUR_DEVICES_SCRIPT, tmp_path / "one", data,
+                      OVERRIDES.format(save=4) + f",num_train_steps={STEPS}", STEPS], _env(4))
+    assert code == 0, log[-3000:]
     want, got = _tensors(tmp_path / "one" / f"ckpt-{STEPS}"), _tensors(_latest(model_dir))
     assert int(got["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == STEPS
     for kind in ("model/", "optimizer/adam_m/", "optimizer/adam_v/"):
@@ -229,9 +251,8 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_run_resumes_on_other
             assert codes == [0] * processes, logs[0][-3000:]
             log = logs[0]
         else:
-            run = forked_cli.run(argv, cwd=REPO, timeout=300, env=_env(devices))
-            assert run.returncode == 0, run.stderr[-3000:]
-            log = run.stderr
+            code, log = _run(argv, _env(devices))
+            assert code == 0, log[-3000:]
         assert f": {devices * processes} CPU device(s) (cpu), {processes} process(es)" in log
         return log
 

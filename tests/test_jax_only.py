@@ -13,20 +13,12 @@ import sys
 
 import pytest
 
-from conftest import REPO, TENSORFLOW_INSTALLED, VOCAB, WIKI, sigterm_after
+from conftest import NO_TENSORFLOW, REPO, TENSORFLOW_INSTALLED, VOCAB, WIKI, sigterm_after
 
 jax_installed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("jax") is None, reason="jax is not installed")
 JAX_ENV = {"JAX_PLATFORMS": "cpu"}
 STEP_LINE = re.compile(r"\] step (\d+)/(\d+) \| loss (\d+\.\d+)")
-
-# Makes TensorFlow (and its text ops) unimportable in a process and every process it
-# starts, as on a machine with only JAX: Python imports `sitecustomize` at start.
-BLOCKER = """import sys
-for _name in ("tensorflow", "tensorflow_text", "tf_keras", "tensorflow_datasets"):
-    sys.modules[_name] = None
-"""
-
 
 @pytest.fixture(scope="module")
 def no_tf_env(tmp_path_factory):
@@ -38,7 +30,7 @@ def no_tf_env(tmp_path_factory):
     env.update(JAX_ENV)
     if TENSORFLOW_INSTALLED:
         site = tmp_path_factory.mktemp("no_tensorflow")
-        (site / "sitecustomize.py").write_text(BLOCKER)
+        (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), REPO,
                                                           env.get("PYTHONPATH")]))
     return env
