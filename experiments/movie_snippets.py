@@ -9,7 +9,12 @@ memory, drops the snippets rated exactly 0, labels the rest 1 (mean > 0) or 0, p
 --dev_size IDs with the smallest sha256 in dev and writes OUT/polarity/{train,dev}.tsv
 (the bundled polarity set's layout) and SOURCE.json, last.
 
+`--source=tweets` writes the same layout from the sdist's 4,200 rated tweets
+(tweets_GroundTruth.txt; 1,000 dev examples by default): a second sentiment task, of
+another register, from the same package and raters' protocol.
+
     python experiments/movie_snippets.py --out_dir=/tmp/movie_snippets
+    python experiments/movie_snippets.py --source=tweets --out_dir=/tmp/tweets
     python run_finetuning.py --task=polarity --data_dir=/tmp/movie_snippets
 """
 
@@ -39,6 +44,23 @@ SDIST_SHA256 = "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9
 INNER = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 MEMBER = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 DEFAULT_DEV_SIZE = 2000
+
+
+class Source(NamedTuple):
+    member: str  # the ground-truth file in the tarball INNER
+    dev_size: int  # the default number of dev examples
+    task: str
+    text: str
+
+
+SOURCES = {
+    "movies": Source(MEMBER, DEFAULT_DEV_SIZE,
+                     "movie review snippets, sentence polarity (1: mean rating > 0, 0: < 0)",
+                     "Rotten Tomatoes snippets from the movie reviews of Pang & Lee (2004)"),
+    "tweets": Source("hutto_ICWSM_2014/tweets_GroundTruth.txt", 1000,
+                     "tweets, polarity (1: mean rating > 0, 0: < 0)",
+                     "tweets collected and rated by Hutto & Gilbert (2014)"),
+}
 TASK_DIR = "polarity"  # run_finetuning.py --task=polarity reads DATA_DIR/polarity
 MARKER = "SOURCE.json"  # written last: its presence means the task is complete
 HEADER = "sentence\tlabel\n"
@@ -160,39 +182,46 @@ def download(directory: str) -> str:
     return path
 
 
-def ground_truth_text(sdist: bytes, name: str) -> str:
-    """MEMBER of the tarball INNER inside the sdist, decoded; all in memory."""
+def ground_truth_text(sdist: bytes, name: str, member: str = MEMBER) -> str:
+    """`member` of the tarball INNER inside the sdist, decoded; all in memory."""
     try:
         with tarfile.open(fileobj=io.BytesIO(sdist)) as outer:
             inner = outer.extractfile(INNER).read()
         with tarfile.open(fileobj=io.BytesIO(inner)) as tar:
-            data = tar.extractfile(MEMBER).read()
+            data = tar.extractfile(member).read()
     except (tarfile.TarError, KeyError, AttributeError, OSError, EOFError) as e:
-        raise ExperimentError(f"{name}: no readable {INNER}!{MEMBER} "
+        raise ExperimentError(f"{name}: no readable {INNER}!{member} "
                               f"({type(e).__name__})") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise ExperimentError(f"{MEMBER}:{line}: not valid UTF-8") from None
+        raise ExperimentError(f"{member}:{line}: not valid UTF-8") from None
 
 
-def up_to_date(task_dir: str, sha256: str, dev_size: int) -> bool:
+def up_to_date(task_dir: str, sha256: str, dev_size: int, member: str = MEMBER) -> bool:
     try:
         marker = fileio.read_json(fileio.join(task_dir, MARKER))
         files = all(fileio.exists(fileio.join(task_dir, f)) for f in ("train.tsv", "dev.tsv"))
     except (*_FILE_ERRORS, ValueError):
         return False  # missing or torn: write it again
-    return files and marker.get("sha256") == sha256 and marker.get("dev_size") == dev_size
+    return (files and marker.get("sha256") == sha256 and marker.get("dev_size") == dev_size
+            and marker.get("member", MEMBER) == member)
 
 
 def prepare(out_dir: str, sdist_path: Optional[str] = None,
-            dev_size: int = DEFAULT_DEV_SIZE, sha256: Optional[str] = None) -> Optional[dict]:
-    """Writes the task to OUT/polarity; None when it is up to date already. `sha256`:
-    what the sdist must hash to (default SDIST_SHA256)."""
+            dev_size: Optional[int] = None, sha256: Optional[str] = None,
+            source: str = "movies") -> Optional[dict]:
+    """Writes the task of `source` (SOURCES) to OUT/polarity; None when it is up to date
+    already. `sha256`: what the sdist must hash to (default SDIST_SHA256); `dev_size`:
+    default the source's."""
     sha256 = sha256 or SDIST_SHA256
+    if source not in SOURCES:
+        raise ExperimentError(f"--source={source}: one of {', '.join(SOURCES)}")
+    member = SOURCES[source].member
+    dev_size = SOURCES[source].dev_size if dev_size is None else dev_size
     task_dir = fileio.join(out_dir, TASK_DIR)
-    if up_to_date(task_dir, sha256, dev_size):
+    if up_to_date(task_dir, sha256, dev_size, member):
         print(f"movie_snippets: {task_dir} is up to date (sha256 {sha256[:12]}, "
               f"dev_size {dev_size})")
         return None
@@ -201,16 +230,18 @@ def prepare(out_dir: str, sdist_path: Optional[str] = None,
             sdist = read_sdist(download(tmp), sha256)
     else:
         sdist = read_sdist(sdist_path, sha256)
-    rows = parse_ground_truth(ground_truth_text(sdist, sdist_path or SDIST_NAME), MEMBER)
+    rows = parse_ground_truth(ground_truth_text(sdist, sdist_path or SDIST_NAME, member),
+                              member)
     examples = [e for e in rows if e.rating != 0]  # rated neither way: ambiguous
     train, dev = split(examples, dev_size)
     marker = write_task(train, dev, out_dir, {
-        "task": "movie review snippets, sentence polarity (1: mean rating > 0, 0: < 0)",
-        "source": f"{MEMBER} in {INNER} of the PyPI sdist {SDIST_NAME} ({PACKAGE})",
+        "task": SOURCES[source].task,
+        "member": member,
+        "source": f"{member} in {INNER} of the PyPI sdist {SDIST_NAME} ({PACKAGE})",
         "url": "https://pypi.org/project/vaderSentiment/3.3.2/",
         "sha256": sha256,
         "licence": "MIT (vaderSentiment, Copyright (c) 2016 C.J. Hutto)",
-        "text": "Rotten Tomatoes snippets from the movie reviews of Pang & Lee (2004)",
+        "text": SOURCES[source].text,
         "citation": "Hutto, C.J. & Gilbert, E.E. (2014). VADER: A Parsimonious Rule-based "
                     "Model for Sentiment Analysis of Social Media Text. ICWSM-14.",
         "dev_size": dev_size,
@@ -220,7 +251,7 @@ def prepare(out_dir: str, sdist_path: Optional[str] = None,
     balance = ", ".join(f"{name} {c['examples']} ({c['positive']} positive, "
                         f"{c['negative']} negative)" for name, c in marker["counts"].items())
     print(f"movie_snippets: wrote {task_dir}: {balance}; {len(rows) - len(examples)} of "
-          f"{len(rows)} snippets rated 0 dropped")
+          f"{len(rows)} {'snippets' if source == 'movies' else source} rated 0 dropped")
     return marker
 
 
@@ -230,15 +261,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "filesystem: gs://, ram://); use it as run_finetuning.py --data_dir.")
     p.add_argument("--sdist", default=None, help=f"A local copy of {SDIST_NAME} (default: "
                    f"pip download {PACKAGE}).")
-    p.add_argument("--dev_size", type=int, default=DEFAULT_DEV_SIZE,
-                   help=f"Dev examples (default {DEFAULT_DEV_SIZE}).")
+    p.add_argument("--source", default="movies", choices=sorted(SOURCES),
+                   help="movies: the 10,605 rated movie-review snippets (the fine-tuning "
+                   "demo's task); tweets: the 4,200 rated tweets.")
+    p.add_argument("--dev_size", type=int, default=None,
+                   help="Dev examples (default: movies 2000, tweets 1000).")
     return p.parse_args(list(argv))
 
 
 def main(argv: Sequence[str]) -> int:
     try:
         args = parse_args(argv)
-        prepare(args.out_dir, args.sdist, args.dev_size)
+        prepare(args.out_dir, args.sdist, args.dev_size, source=args.source)
     except ExperimentError as e:
         print(f"movie_snippets: error: {e}", file=sys.stderr)
         return 1

@@ -53,12 +53,13 @@ def _tar(members):
     return buffer.getvalue()
 
 
-def make_sdist(tmp_path, lines=LINES, name="fake.tar.gz", ground_truth=None):
-    """(path, sha256) of a fake vaderSentiment sdist holding `lines` as the ground truth."""
+def make_sdist(tmp_path, lines=LINES, name="fake.tar.gz", ground_truth=None, extra=None):
+    """(path, sha256) of a fake vaderSentiment sdist holding `lines` as the ground truth
+    (and the members of `extra`)."""
     if ground_truth is None:
         ground_truth = "\r\n".join(lines).encode("utf-8")
     inner = _tar({"hutto_ICWSM_2014": None, "hutto_ICWSM_2014/_README_.txt": b"readme",
-                  ms.MEMBER: ground_truth})
+                  ms.MEMBER: ground_truth, **(extra or {})})
     data = _tar({"vaderSentiment-3.3.2/setup.py": b"", ms.INNER: inner})
     path = tmp_path / name
     path.write_bytes(data)
@@ -264,3 +265,25 @@ def test_the_bundled_copy_is_the_scripts_output_with_its_counts():
         sentences[split] = {sentence for sentence, _ in rows[1:]}
     assert (len(sentences["train"]), len(sentences["dev"])) == (8566, 2000)  # 2 train snippets repeat
     assert not sentences["train"] & sentences["dev"]
+
+
+def test_the_tweets_source_writes_its_own_member_as_a_task(tmp_path, capsys):
+    """--source=tweets: the tweets' ground truth of the same sdist, the same layout and
+    split rule, its own marker; the movies task beside it is not taken for it."""
+    tweets = ["1\t2.5\tso happy today :)", "2\t-1.2\tworst. day. ever", "3\t0\tmeh",
+              "4\t0.4\tok then", "5\t-3\tugh"]
+    sdist, sha = make_sdist(tmp_path, extra={ms.SOURCES["tweets"].member:
+                                             "\n".join(tweets).encode("utf-8")})
+    out = str(tmp_path / "out")
+    ms.prepare(out, sdist, dev_size=3, sha256=sha)  # the movies
+    marker = ms.prepare(out, sdist, dev_size=1, sha256=sha, source="tweets")
+    assert marker["member"] == "hutto_ICWSM_2014/tweets_GroundTruth.txt"
+    assert marker["counts"] == {"train": {"examples": 3, "positive": 1, "negative": 2},
+                                "dev": {"examples": 1, "positive": 1, "negative": 0}}
+    train = (tmp_path / "out" / "polarity" / "train.tsv").read_text()
+    assert train.splitlines()[0] == "sentence\tlabel" and "meh" not in train
+    assert capsys.readouterr().out.endswith("1 of 5 tweets rated 0 dropped\n")
+    assert ms.prepare(out, sdist, dev_size=1, sha256=sha, source="tweets") is None
+    assert ms.SOURCES["tweets"].dev_size == 1000
+    with pytest.raises(ms.ExperimentError, match="^--source=news: one of movies, tweets$"):
+        ms.prepare(out, sdist, sha256=sha, source="news")
