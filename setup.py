@@ -5,8 +5,9 @@ from setuptools import find_packages, setup
 # tensorflow-text must match its minor version (electra_tf/compat.py checks both at start).
 TENSORFLOW = ["tensorflow>=2.20,<2.22", "tensorflow-text>=2.20,<2.22", "tensorboard>=2.19"]
 # The JAX runtime, without TensorFlow: JAX for the CPU (a GPU or TPU machine installs its
-# own jaxlib, e.g. jax[cuda13] or jax[tpu]) and gs:// through gcsfs.
-JAX = ["jax[cpu]>=0.6", "gcsfs>=2023.6"]
+# own jaxlib, e.g. jax[cuda13] or jax[tpu]), gs:// through gcsfs, and the file locks that
+# let several processes share JAX's compilation cache (training/jax_runtime/compile_cache.py).
+JAX = ["jax[cpu]>=0.6", "gcsfs>=2023.6", "filelock>=3.0"]
 
 setup(
     name="electra-tf",

@@ -199,6 +199,12 @@ def test_two_processes_train_as_one_and_a_preempted_one_stops_both(tmp_path, sam
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert f"Resumed from {model_dir}/ckpt-{at} (step {at})" in logs[0]
     assert _steps(logs[0], STEPS) == list(range(at + 1, STEPS + 1))
+    # Both processes share the run's compilation cache (tests/conftest.py), locked: the
+    # rerun's step comes from it, and its weights below are still those of 1 x 4.
+    assert "entries locked for several processes)" in logs[0]
+    first_loop = re.search(r"First host loop \(\d+ steps?\): [\d.]+ s \(compiling [\d.]+ s; "
+                           r"persistent cache: (\d+) hits?, \d+ miss", logs[0])
+    assert first_loop and int(first_loop.group(1)) >= 1, logs[0][-3000:]
     assert _steps(logs[1], STEPS) == [] and "Traceback" not in logs[1]
     assert not os.path.exists(model_dir / ".workers")
     assert os.path.exists(model_dir / "discriminator" / "checkpoint")

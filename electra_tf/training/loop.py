@@ -325,11 +325,19 @@ def train(trainer: Runtime, iterator, manager,
             host_loop = trainer.make_train_loop(trainer.phase_at(step))  # made once a phase
             trainer.enter_phase(step)
             profile.before_loop(step)
+            first = progress.warm is None
+            if first:
+                started, mark = time.monotonic(), trainer.devices.compile_mark()
             with inputs.guard(manager):
                 loop_sums = host_loop(iterator, n)
             trainer.advance_data(n)
             sums = loop_sums if sums is None else {k: sums[k] + loop_sums[k] for k in sums}
             step = trainer.step  # waits for the loop's steps
+            if first and log_steps:  # the time to the first steps, and what compiling took
+                compiled = trainer.devices.compiles_since(mark)
+                logging.info("First host loop (%d step%s): %.1f s%s", n, "s" * (n != 1),
+                             time.monotonic() - started,
+                             f" ({compiled})" if compiled else ", compiling included")
             profile.after_loop(step)
             input_scalars = inputs.after_loop()
             skipped = int(round(float(loop_sums["skipped"])))

@@ -176,6 +176,15 @@ class Devices(abc.ABC):
             return precision
         return "bfloat16" if self.platform == "TPU" else "float32"
 
+    def compile_mark(self):
+        """A mark of this process's compiles so far, for `compiles_since` (None: the
+        runtime counts none)."""
+        return None
+
+    def compiles_since(self, mark) -> Optional[str]:
+        """What compiling cost since `mark`, for the log (None: not counted)."""
+        return None
+
     @abc.abstractmethod
     def dataset(self, make: Callable):
         """The run's input over its replicas: `make(context)` -> this input pipeline's

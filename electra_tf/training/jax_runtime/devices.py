@@ -15,7 +15,7 @@ from absl import logging
 from electra_tf import quiet
 from electra_tf.backend import require_jax
 from electra_tf.training import runtime
-from electra_tf.training.jax_runtime import guard
+from electra_tf.training.jax_runtime import compile_cache, guard
 from electra_tf.training.runtime import StrategyError
 
 
@@ -81,6 +81,12 @@ class JaxDevices(runtime.Devices):
             return int(value)
         from jax.experimental import multihost_utils
         return int(np.sum(multihost_utils.process_allgather(np.int32(value))))
+
+    def compile_mark(self):
+        return compile_cache.CompileWatch.mark()
+
+    def compiles_since(self, mark) -> Optional[str]:
+        return compile_cache.CompileWatch.since(mark)
 
     def describe(self) -> str:
         import jax
@@ -252,6 +258,11 @@ def jax_devices(name: str):
     TPU slices and SLURM describe it themselves). -> `JaxDevices`."""
     jax = require_jax()
     _keep_tensorflow_off_accelerators()
+    try:  # before anything compiles (compile_cache.py)
+        logging.info("JAX compilation cache: %s", compile_cache.configure(jax))
+    except compile_cache.CacheSettingError as e:
+        raise StrategyError(str(e)) from None
+    compile_cache.CompileWatch.start(jax)
     if not quiet.shown():  # "Unable to initialize backend 'tpu'" on every non-TPU machine
         std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     cluster = jax_cluster(os.environ) if name in ("auto", "multi_worker") else {}
