@@ -16,6 +16,7 @@ is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
 | `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
 | `bits` (for `electra_tf.rng`: masking and sampling) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
 | `unseeded_uniform` | TF's global random state | Keras' global seed generator |
+| `fused_attention` | None: the model's own attention | a Pallas kernel without materialised scores, dropout drawn inside (`kernels/jax_attention.py`), where `ELECTRA_TF_ATTENTION` asks for it; else None |
 | `single_op(fn, dtype)` | an elementwise `keras.ops` function as one graph op (a `tf.function` call: cheap to trace) | `fn` |
 
 Seeds' folds and dropout's draws are integer hashing in `keras.ops` (`electra_tf.rng`):
@@ -54,3 +55,4 @@ cross_replica_sum = _impl.cross_replica_sum
 bits = _impl.bits
 unseeded_uniform = _impl.unseeded_uniform
 single_op = _impl.single_op
+fused_attention = _impl.fused_attention

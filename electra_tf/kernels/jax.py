@@ -112,3 +112,7 @@ def bits(shape, seed):
     rows = jnp.asarray(seed[2], jnp.int32) + jnp.arange(shape[0], dtype=jnp.int32)
     row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
     return jax.vmap(lambda k: jax.random.bits(k, shape[1:], jnp.uint32))(row_keys)
+
+
+# Attention without materialised scores (a Pallas kernel; ELECTRA_TF_ATTENTION chooses).
+from electra_tf.kernels.jax_attention import fused_attention  # noqa: E402,F401

@@ -192,3 +192,8 @@ def bits(shape, seed) -> tf.Tensor:
 def unseeded_uniform(shape) -> tf.Tensor:
     """float32 uniform on [0, 1) from TF's global random state (dropout without a seed)."""
     return tf.random.uniform(shape, dtype=tf.float32)
+
+
+def fused_attention(q, k, v, input_mask, seed, rate: float, direction=None):
+    """None: the model's own attention (the fused kernel is JAX's, kernels/jax_attention.py)."""
+    return None

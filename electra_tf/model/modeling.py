@@ -251,12 +251,17 @@ class TransformerLayer(keras.layers.Layer):
         q = self._split_heads(self.query(x), batch, seq_len) * scale
         k = self._split_heads(self.key(x), batch, seq_len)
         v = self._split_heads(self.value(x), batch, seq_len)
-        scores = K.matmul_nt(q, k)  # [B, N, L, L]
-        probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
         seeds = [None] * 3 if seed is None else ops.unstack(rng.split(seed, 3))
-        probs = dropout(ops.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
-                        training, seeds[0])
-        context = ops.matmul(probs, v)  # [B, N, L, D]
+        rate = self.config.attention_probs_dropout_prob if training else 0.0
+        # The backend's fused kernel where it has one and it is asked for (the same
+        # numbers, the same dropout draw, no [B, N, L, L] arrays kept), else the reference.
+        context = K.fused_attention(q, k, v, input_mask, seeds[0], rate, self.direction)
+        if context is None:
+            scores = K.matmul_nt(q, k)  # [B, N, L, L]
+            probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
+            probs = dropout(ops.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
+                            training, seeds[0])
+            context = ops.matmul(probs, v)  # [B, N, L, D]
         context = ops.reshape(ops.transpose(context, [0, 2, 1, 3]),
                              [-1, self.hidden_size] if rows else [batch, seq_len, self.hidden_size])
         rows_of = (batch, seq_len) if rows else None
