@@ -16,8 +16,12 @@ The peer: ELECTRA pre-training with transformers' `ElectraForMaskedLM` generator
 `ElectraForPreTraining` discriminator of the same sizes (shared embeddings, the generator's
 output layer tied to them, generator logits at the masked slots only, 85% [MASK], Gumbel-max
 sampling, loss = MLM + 50 x BCE, global-norm clipping, torch AdamW), bf16 autocast (float32
-weights) or float32 at torch's defaults, eager and under `torch.compile`. Fine-tuning: a
-classification step of ours against `ElectraForSequenceClassification`.
+weights) or float32 at torch's defaults; AdamW `fused=True` on a GPU; eager, and the
+whole step (loss, backward, clipping, the optimizer step) under `torch.compile` in its
+default mode (`torch_compile`) and `max-autotune` (`torch_compile_max`). Fine-tuning: a
+classification step of ours against `ElectraForSequenceClassification`. Ours with the
+fused attention kernel is `jax_fused`; `--kernel_check` first holds that kernel to the
+reference attention at the given shapes on the device (`kernel_check`).
 
 The agreement check (--check_cases): in the same process as the timing, one step of ours
 from the same weights and batch (its first `--check_rows` rows) on the accelerator and on
@@ -45,7 +49,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # local: the repo
 sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 
-PEERS = ("jax", "torch", "torch_compile")
+PEERS = ("jax", "jax_fused", "torch", "torch_compile", "torch_compile_max")
+OURS = ("jax", "jax_fused")  # jax_fused: ELECTRA_TF_ATTENTION=fused (kernels/jax_attention.py)
+# torch.compile's mode of each compiled peer.
+COMPILE_MODES = {"torch_compile": "default", "torch_compile_max": "max-autotune"}
 # |accelerator - CPU| / |CPU| allowed for one step's scalars (loss, MLM loss, discriminator
 # loss, gradient norm). float32: the GPU's float32 matmuls run in TF32 (JAX's default
 # precision), ~1e-3 per matmul; bfloat16: 8-bit mantissas on both sides, summed in another
@@ -82,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--deadline_s", type=float, default=0,
                    help="start no case after this many seconds (0: none)")
     p.add_argument("--jsonl", default="", help="append each row to this local file")
+    p.add_argument("--kernel_check", default="",
+                   help="batch:heads:length:depth: the fused attention kernel against the "
+                   "reference on the device first, bfloat16 and float32, dropout 0.1")
     p.add_argument("--in_process", action="store_true",
                    help="run every case in this process (quicker to start; a crash or an "
                    "out-of-memory ends the run, and the peak memory accumulates): a CPU check")
@@ -125,16 +135,19 @@ def finetune_flops(cfg, num_labels: int = 2) -> float:
     return 3.0 * forward * cfg.train.train_batch_size
 
 
-def time_steps(run, fetch, steps: int, repeats: int) -> float:
+def time_steps(run, fetch, steps: int, repeats: int, each=None) -> float:
     """Best seconds per step of `repeats` x `steps` calls of `run()`, `fetch()` waiting
-    for the last one's outputs."""
+    for the last one's outputs; `each` (a list) gets every repetition's."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
             run()
         fetch()
-        best = min(best, (time.perf_counter() - start) / steps)
+        took = (time.perf_counter() - start) / steps
+        best = min(best, took)
+        if each is not None:
+            each.append(took)
     return best
 
 
@@ -292,7 +305,8 @@ def run_jax(case: dict) -> dict:
     run()
     fetch()
     first = float(box["sums"]["loss_sum"])
-    step_s = time_steps(run, fetch, case["steps"], case["repeats"])
+    repeats = []
+    step_s = time_steps(run, fetch, case["steps"], case["repeats"], repeats)
     # Host-fed: a new host batch placed every step, as the training loop sends them.
     hosts = [host_batch(batch, case["length"], cfg.model.vocab_size, seed=s)
              for s in range(1, 5)]
@@ -322,9 +336,10 @@ def run_jax(case: dict) -> dict:
     ahead.close()
     peak, source = jax_peak(device, case["precision"])
     train_flops = (finetune_flops if finetune else pretrain_flops)(cfg)
-    row = dict(case, batch=batch, impl="jax", device=device.device_kind,
+    row = dict(case, batch=batch, device=device.device_kind,
                platform=device.platform, versions=f"jax {jax.__version__}",
-               step_ms=step_s * 1e3, seqs_per_s=batch / step_s,
+               step_ms=step_s * 1e3, step_ms_repeats=[1e3 * t for t in repeats],
+               seqs_per_s=batch / step_s,
                fed_seqs_per_s=batch / fed_s, fed_ahead_seqs_per_s=batch / ahead_s,
                compile_s=compile_s,
                train_flops=train_flops, achieved_flops=train_flops / step_s,
@@ -521,8 +536,9 @@ def run_torch(case: dict) -> dict:
     cfg = load(case["config"], batch, case["length"])
     job = (TorchFinetuning if finetune else TorchPretraining)(cfg, device)
     lr = cfg.optimizer.learning_rate
+    # The peer at its strongest: the fused AdamW kernel on a GPU.
     opt = torch.optim.AdamW(job.params, lr=lr, weight_decay=cfg.optimizer.weight_decay,
-                            eps=cfg.optimizer.epsilon)
+                            eps=cfg.optimizer.epsilon, fused=cuda)
 
     def tensors(seed):
         h = host_batch(batch, case["length"], cfg.model.vocab_size, seed=seed)
@@ -533,20 +549,27 @@ def run_torch(case: dict) -> dict:
         return out
 
     on_device = [t.to(device) for t in tensors(0)]
-    loss_fn = torch.compile(job.loss) if case["impl"] == "torch_compile" else job.loss
     box = {}
 
-    def step(inputs):
+    def train_step(inputs):
         if case["precision"] == "bfloat16":
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = loss_fn(*inputs)
+                loss = job.loss(*inputs)
         else:
-            loss = loss_fn(*inputs)
+            loss = job.loss(*inputs)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(job.params, cfg.optimizer.clip_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        box["loss"] = loss.detach()
+        return loss.detach()
+
+    # The whole step under torch.compile (the forward and its backward, the clipping and
+    # the optimizer step as compiled graphs), in the peer's mode.
+    mode = COMPILE_MODES.get(case["impl"])
+    step_fn = torch.compile(train_step, mode=mode) if mode else train_step
+
+    def step(inputs):
+        box["loss"] = step_fn(inputs)
 
     def fetch():
         float(box["loss"])
@@ -560,7 +583,9 @@ def run_torch(case: dict) -> dict:
     first = float(box["loss"])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    step_s = time_steps(lambda: step(on_device), fetch, case["steps"], case["repeats"])
+    repeats = []
+    step_s = time_steps(lambda: step(on_device), fetch, case["steps"], case["repeats"],
+                        repeats)
     hosts = [tensors(s) for s in range(1, 5)]
     turn = {"i": 0}
 
@@ -584,7 +609,8 @@ def run_torch(case: dict) -> dict:
                 versions=f"torch {torch.__version__}, transformers "
                          f"{transformers.__version__}, attention "
                          f"{model.config._attn_implementation}",
-                step_ms=step_s * 1e3, seqs_per_s=batch / step_s, fed_seqs_per_s=batch / fed_s,
+                step_ms=step_s * 1e3, step_ms_repeats=[1e3 * t for t in repeats],
+                seqs_per_s=batch / step_s, fed_seqs_per_s=batch / fed_s,
                 compile_s=compile_s, train_flops=train_flops,
                 achieved_flops=train_flops / step_s, peak_flops=peak, peak_source=source,
                 mfu=(train_flops / step_s / peak) if peak else None, program_bytes=None,
@@ -609,14 +635,14 @@ def cases_of(args):
 
     def add(kind, preset, length, batch, precision):
         for impl in peers:
-            if impl == "torch_compile" and precision not in compile_precisions:
+            if impl in COMPILE_MODES and precision not in compile_precisions:
                 continue
             case = {"kind": kind, "impl": impl, "config": preset, "length": length,
                     "batch": batch, "precision": precision, "steps": args.steps,
                     "repeats": args.repeats, "fit": args.fit}
-            if impl == "jax" and kind == "pretrain" and f"{preset}:{length}" in checks:
+            if impl in OURS and kind == "pretrain" and f"{preset}:{length}" in checks:
                 case["check_rows"] = args.check_rows
-            if (impl == "jax" and kind == "pretrain"
+            if (impl in OURS and kind == "pretrain"
                     and args.profile == f"{preset}:{length}:{precision}"):
                 case["profile"] = args.profile_dir
             out.append(case)
@@ -636,8 +662,8 @@ def cases_of(args):
             except ValueError:
                 raise SystemExit(f"--finetune: {args.finetune!r} is not preset:batch:length")
             add("finetune", preset, length, batch, precision)
-    return [c for c in out if c["impl"] != "torch_compile"] + [
-        c for c in out if c["impl"] == "torch_compile"]
+    return [c for c in out if c["impl"] not in COMPILE_MODES] + [
+        c for c in out if c["impl"] in COMPILE_MODES]
 
 
 def fmt_row(r: dict) -> str:
@@ -675,13 +701,76 @@ def describe_profile(r: dict) -> str:
     return "\n".join(lines)
 
 
+def kernel_check(spec: str, repeats: int = 3, steps: int = 10) -> dict:
+    """The fused attention kernel (kernels/jax_attention.py; Pallas' interpreter off a
+    GPU or TPU) against the reference attention at batch:heads:length:depth on the first
+    device: outputs and the three gradients (max |difference| / max |reference|), rows
+    padded to lengths from the full length down to 1, dropout 0.1, bfloat16 and float32;
+    and the time of a forward and backward pass of each, best of `repeats` x `steps`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from electra_tf.kernels import jax_attention as A
+    batch, heads, length, depth = (int(x) for x in spec.split(":"))
+    device = jax.devices()[0]
+    interpret = device.platform not in ("gpu", "tpu")
+    lengths = np.linspace(length, 1, batch).round().astype(int)
+    bias = jnp.asarray(np.where(np.arange(length)[None] < lengths[:, None], 0.0, -10000.0),
+                       jnp.float32)
+    seed = jnp.array([11, 22, 0], jnp.int32)
+    out = {"spec": spec, "device": device.device_kind, "interpret": interpret, "cases": []}
+    for dtype in ("bfloat16", "float32"):
+        q, k, v, do = (jax.random.normal(key, (batch, heads, length, depth)).astype(dtype)
+                       / (np.sqrt(depth) if i == 0 else 1.0)
+                       for i, key in enumerate(jax.random.split(jax.random.PRNGKey(1), 4)))
+        fns = {"fused": lambda q, k, v: A.attention(q, k, v, bias, seed[:2], seed[2], 0.1,
+                                                    interpret=interpret),
+               "reference": lambda q, k, v: A.reference(q, k, v, bias, seed, 0.1)}
+        grads = {name: jax.jit(lambda q, k, v, do, f=f: (lambda o, back: (o, *back(do)))(
+            *jax.vjp(f, q, k, v))) for name, f in fns.items()}
+        got = {name: g(q, k, v, do) for name, g in grads.items()}
+        errors = [float(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max()
+                        / jnp.abs(b.astype(jnp.float32)).max())
+                  for a, b in zip(got["fused"], got["reference"])]
+        ms = {}
+        for name, g in grads.items():
+            def run(g=g):
+                box["r"] = g(q, k, v, do)
+            box = {}
+            run()
+            ms[name] = 1e3 * time_steps(run, lambda: jax.block_until_ready(box["r"]), steps,
+                                        repeats)
+        tolerance = TOLERANCES[dtype]
+        out["cases"].append({"dtype": dtype, "errors": errors, "tolerance": tolerance,
+                             "ok": max(errors) <= tolerance, "ms": ms})
+    return out
+
+
+def describe_kernel_check(c: dict) -> str:
+    lines = [f"kernel check {c['spec']} (batch:heads:length:depth) on {c['device']}"
+             + (" (Pallas interpreter)" if c["interpret"] else "")]
+    for case in c["cases"]:
+        e = case["errors"]
+        lines.append(f"  {case['dtype']:<9} output {e[0]:.1e}, dq {e[1]:.1e}, dk {e[2]:.1e}, "
+                     f"dv {e[3]:.1e} (tolerance {case['tolerance']:g}): "
+                     f"{'agree' if case['ok'] else 'DISAGREE'}; forward + backward: fused "
+                     f"{case['ms']['fused']:.3f} ms, reference {case['ms']['reference']:.3f} ms")
+    return "\n".join(lines)
+
+
+def attention_of(impl: str) -> str:
+    return "fused" if impl == "jax_fused" else "reference"
+
+
 def run_case(case: dict, in_process: bool):
     """-> (the case's row, None) or (None, the last line of its error)."""
     if in_process:
         if os.environ.get("KERAS_BACKEND") != "jax":
             raise SystemExit("--in_process needs KERAS_BACKEND=jax in the environment")
-        return (run_jax(case) if case["impl"] == "jax" else run_torch(case)), None
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2")
+        os.environ["ELECTRA_TF_ATTENTION"] = attention_of(case["impl"])
+        return (run_jax(case) if case["impl"] in OURS else run_torch(case)), None
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
+               ELECTRA_TF_ATTENTION=attention_of(case["impl"]))
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one",
                            json.dumps(case)], capture_output=True, text=True, cwd=REPO,
                           env=env)
@@ -697,12 +786,33 @@ def run_case(case: dict, in_process: bool):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.kernel_check and args.kernel_check.startswith("RUN:"):  # the check's child
+        print("RESULT " + json.dumps(kernel_check(args.kernel_check[4:])), flush=True)
+        return 0
     if args.one:
         case = json.loads(args.one)
-        row = run_jax(case) if case["impl"] == "jax" else run_torch(case)
+        row = run_jax(case) if case["impl"] in OURS else run_torch(case)
         print("RESULT " + json.dumps(row), flush=True)
         return 0
     cases = cases_of(args)
+    kernel_ok = True
+    if args.kernel_check:  # in its own process, as each case
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--kernel_check",
+                               "RUN:" + args.kernel_check], capture_output=True, text=True,
+                              cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax",
+                                                 TF_CPP_MIN_LOG_LEVEL="2"))
+        found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode or not found:
+            kernel_ok = False
+            tail = [ln for ln in done.stderr.strip().splitlines() if ln.strip()] or ["?"]
+            print(f"kernel check {args.kernel_check} failed: {tail[-1][:300]}", flush=True)
+        else:
+            check = json.loads(found[-1][len("RESULT "):])
+            kernel_ok = all(c["ok"] for c in check["cases"])
+            print(describe_kernel_check(check), flush=True)
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps({"kernel_check": check}) + "\n")
     print(f"{len(cases)} case(s), best of {args.repeats} x {args.steps} steps after a "
           f"warm-up step, {'in this process' if args.in_process else 'each in a fresh process'}"
           "; 'fed': a host batch sent every step",
@@ -714,9 +824,9 @@ def main(argv=None):
             print(f"# deadline: skipped {case['kind']} {case['config']} {case['length']} "
                   f"{case['precision']} {case['impl']}", flush=True)
             continue
-        fitted = [r["batch"] for r in rows if r["impl"] == "jax" and all(
+        fitted = [r["batch"] for r in rows if r["impl"] in OURS and all(
             r[k] == case[k] for k in ("kind", "config", "length", "precision"))]
-        if case["impl"] != "jax" and fitted and fitted[-1] < case["batch"]:
+        if case["impl"] not in OURS and fitted and fitted[-1] < case["batch"]:
             case = dict(case, batch=fitted[-1])  # the peer at the batch ours fitted
         row, error = run_case(case, args.in_process)
         if row is None:
@@ -727,6 +837,11 @@ def main(argv=None):
             continue
         rows.append(row)
         print(fmt_row(row), flush=True)
+        if len(row.get("step_ms_repeats", [])) > 1:
+            times = row["step_ms_repeats"]
+            print(f"  repetitions: {', '.join(f'{t:.2f}' for t in times)} ms/step "
+                  f"(spread {100 * (max(times) - min(times)) / min(times):.1f}% of the best)",
+                  flush=True)
         if "fed_ahead_seqs_per_s" in row:
             print(f"  fed, each batch placed 2 steps ahead by a thread: "
                   f"{row['fed_ahead_seqs_per_s']:.1f} seq/s", flush=True)
@@ -737,17 +852,18 @@ def main(argv=None):
         if args.jsonl:
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    ours = {(r["kind"], r["config"], r["length"], r["precision"]): r for r in rows
-            if r["impl"] == "jax"}
-    for r in rows:
-        mine = ours.get((r["kind"], r["config"], r["length"], r["precision"]))
-        if r["impl"] != "jax" and mine and mine["batch"] == r["batch"]:
-            print(f"ours / {r['impl']}: {r['kind']} {r['config']} {r['length']} "
-                  f"{r['precision']} batch {r['batch']}: step "
-                  f"{mine['seqs_per_s'] / r['seqs_per_s']:.2f}x, fed "
-                  f"{mine['fed_seqs_per_s'] / r['fed_seqs_per_s']:.2f}x", flush=True)
+    for impl in OURS:  # each of ours against every peer row of its shape
+        ours = {(r["kind"], r["config"], r["length"], r["precision"]): r for r in rows
+                if r["impl"] == impl}
+        for r in rows:
+            mine = ours.get((r["kind"], r["config"], r["length"], r["precision"]))
+            if r["impl"] != impl and mine and mine["batch"] == r["batch"]:
+                print(f"{'ours' if impl == 'jax' else impl} / {r['impl']}: {r['kind']} "
+                      f"{r['config']} {r['length']} {r['precision']} batch {r['batch']}: step "
+                      f"{mine['seqs_per_s'] / r['seqs_per_s']:.2f}x, fed "
+                      f"{mine['fed_seqs_per_s'] / r['fed_seqs_per_s']:.2f}x", flush=True)
     bad_checks = [r for r in rows if "check" in r and not r["check"]["ok"]]
-    return 1 if failed or bad_checks else 0
+    return 1 if failed or bad_checks or not kernel_ok else 0
 
 
 if __name__ == "__main__":

@@ -91,17 +91,28 @@ def test_bench_runs_ours_and_the_peer_on_this_cpu(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
         [sys.executable, "bench/bench_accelerator.py", "--in_process", "--cases", "tiny:32:4",
-         "--finetune", "tiny:4:32", "--precisions", "float32", "--peers", "jax,torch",
-         "--steps", "1", "--repeats", "1", "--check_cases", "tiny:32", "--check_rows", "2",
+         "--finetune", "tiny:4:32", "--precisions", "float32", "--peers", "jax,jax_fused,torch",
+         "--steps", "1", "--repeats", "2", "--check_cases", "tiny:32", "--check_rows", "2",
+         "--kernel_check", "2:2:16:8",
          "--profile", "tiny:32:float32", "--profile_dir", str(tmp_path / "trace"),
          "--jsonl", str(rows_file)], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    lines = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    kernel = lines[0]["kernel_check"]  # the fused kernel in the interpreter, first
+    assert kernel["interpret"] and [c["dtype"] for c in kernel["cases"]] == [
+        "bfloat16", "float32"] and all(c["ok"] for c in kernel["cases"])
+    assert max(kernel["cases"][1]["errors"]) < 1e-5
+    assert "kernel check 2:2:16:8 (batch:heads:length:depth) on cpu" in done.stdout
+    rows = lines[1:]
     assert [(r["kind"], r["impl"]) for r in rows] == [
-        ("pretrain", "jax"), ("pretrain", "torch"), ("finetune", "jax"), ("finetune", "torch")]
+        ("pretrain", "jax"), ("pretrain", "jax_fused"), ("pretrain", "torch"),
+        ("finetune", "jax"), ("finetune", "jax_fused"), ("finetune", "torch")]
+    # On a CPU ELECTRA_TF_ATTENTION=fused keeps the reference: the same first step.
+    assert rows[1]["first_loss"] == rows[0]["first_loss"]
     for r in rows:
         assert r["seqs_per_s"] == pytest.approx(r["batch"] / (r["step_ms"] / 1e3))
+        assert len(r["step_ms_repeats"]) == 2 and r["step_ms"] == min(r["step_ms_repeats"])
         assert r["achieved_flops"] == pytest.approx(r["train_flops"] / (r["step_ms"] / 1e3))
     ours = rows[0]
     assert ours["fed_ahead_seqs_per_s"] > 0 and "placed 2 steps ahead" in done.stdout
@@ -110,9 +121,9 @@ def test_bench_runs_ours_and_the_peer_on_this_cpu(tmp_path):
     assert ours["program_bytes"] > 0
     # Both objectives at initialisation: MLM ~ ln(30522), discriminator ~ ln 2, x 50.
     expected = math.log(30522) + 50 * math.log(2)
-    for r in rows[:2]:
+    for r in rows[:3]:
         assert r["first_loss"] == pytest.approx(expected, abs=1.0)
-    for r in rows[2:]:
+    for r in rows[3:]:
         assert r["first_loss"] == pytest.approx(math.log(2), abs=0.1)
     check = ours["check"]  # on a CPU the 'accelerator' is the CPU: the same numbers
     assert check["ok"] and check["rows"] == 2 and set(check["rel_diff"]) == {
@@ -121,6 +132,6 @@ def test_bench_runs_ours_and_the_peer_on_this_cpu(tmp_path):
     profile = ours["profile"]
     assert profile["source"] == "host XLA" and profile["busy_us"] > 0
     assert 0 < sum(share for _, _, share in profile["top"]) <= 1.0 + 1e-9
-    assert "profile" not in rows[2]  # only the pre-training case asked for
+    assert "profile" not in rows[3]  # only the pre-training case asked for
     assert "agree" in done.stdout and "ours / torch: pretrain tiny 32 float32 batch 4" \
         in done.stdout

@@ -35,14 +35,8 @@ want = np.asarray(rng.dropout_uniform([B, N, L, L], seed)) >= np.float32(0.1)
 out["mask_mismatches"] = int((np.asarray(mask) != want).sum())
 out["mask_kept"] = float(want.mean())
 
-def reference(q, k, v, bias, rate):
-    scores = jnp.einsum("bnid,bnjd->bnij", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores + bias[:, None, None, :], axis=-1)
-    if rate > 0:
-        u = rng.dropout_uniform(list(probs.shape), seed)
-        probs = probs * (u >= rate).astype(jnp.float32) * np.float32(1.0 / (1.0 - rate))
-    return jnp.einsum("bnij,bnjd->bnid", probs.astype(v.dtype), v,
-                      preferred_element_type=jnp.float32).astype(v.dtype)
+def reference(q, k, v, bias, rate):  # the model's attention (modeling.py), in jnp
+    return A.reference(q, k, v, bias, seed, rate)
 
 lengths = np.array([16, 9, 3, 1])  # padded rows: every kind of row the model sees
 bias = jnp.asarray(np.where(np.arange(L)[None] < lengths[:, None], 0.0, -10000.0), jnp.float32)

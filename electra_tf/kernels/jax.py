@@ -114,5 +114,12 @@ def bits(shape, seed):
     return jax.vmap(lambda k: jax.random.bits(k, shape[1:], jnp.uint32))(row_keys)
 
 
-# Attention without materialised scores (a Pallas kernel; ELECTRA_TF_ATTENTION chooses).
-from electra_tf.kernels.jax_attention import fused_attention  # noqa: E402,F401
+def fused_attention(q, k, v, input_mask, seed, rate: float, direction=None):
+    """Attention without materialised scores (kernels/jax_attention.py, Pallas) where
+    ELECTRA_TF_ATTENTION asks for it, else None: the model's own attention. Pallas is
+    imported only then."""
+    import os
+    if os.environ.get("ELECTRA_TF_ATTENTION", "").strip().lower() in ("", "reference"):
+        return None
+    from electra_tf.kernels import jax_attention
+    return jax_attention.fused_attention(q, k, v, input_mask, seed, rate, direction)
