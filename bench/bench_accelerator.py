@@ -711,6 +711,7 @@ def kernel_check(spec: str, repeats: int = 3, steps: int = 10) -> dict:
     import jax.numpy as jnp
     import numpy as np
     from electra_tf.kernels import jax_attention as A
+    from electra_tf.model.modeling import reference_attention
     batch, heads, length, depth = (int(x) for x in spec.split(":"))
     device = jax.devices()[0]
     interpret = device.platform not in ("gpu", "tpu")
@@ -725,7 +726,8 @@ def kernel_check(spec: str, repeats: int = 3, steps: int = 10) -> dict:
                        for i, key in enumerate(jax.random.split(jax.random.PRNGKey(1), 4)))
         fns = {"fused": lambda q, k, v: A.attention(q, k, v, bias, seed[:2], seed[2], 0.1,
                                                     interpret=interpret),
-               "reference": lambda q, k, v: A.reference(q, k, v, bias, seed, 0.1)}
+               "reference": lambda q, k, v: reference_attention(
+                   q, k, v, bias[:, None, None, :], seed, 0.1, training=True)}
         grads = {name: jax.jit(lambda q, k, v, do, f=f: (lambda o, back: (o, *back(do)))(
             *jax.vjp(f, q, k, v))) for name, f in fns.items()}
         got = {name: g(q, k, v, do) for name, g in grads.items()}

@@ -44,7 +44,6 @@ import os
 import queue
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -232,19 +231,18 @@ def download_wheels(dest: str) -> List[str]:
     if done.returncode:
         raise StudyError(f"pip download of {', '.join(WHEELS)} failed: "
                          f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return sorted(os.listdir(dest))
+    return sorted(fileio.listdir(dest))
 
 
 def tree_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
-               for f in files)
+    return sum(fileio.size(f) for f in fileio.walk_files(path))
 
 
 def prepare(args) -> dict:
     plan = PLANS[args.plan]
     bundle = args.bundle
-    if os.path.exists(os.path.join(bundle, "plan.json")):
-        shutil.rmtree(bundle)  # a bundle is written whole, never patched
+    if fileio.exists(fileio.join(bundle, "plan.json")):
+        fileio.rmtree(bundle)  # a bundle is written whole, never patched
     work = os.path.join(bundle, "text")
     fileio.makedirs(work)
     tasks = {t.name: write_task(t, args, os.path.join(bundle, "tasks", t.name))
@@ -258,7 +256,7 @@ def prepare(args) -> dict:
     if done.returncode:
         raise StudyError(f"building the corpus failed: "
                          f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    shutil.rmtree(work)
+    fileio.rmtree(work)
     manifest = fileio.read_json(os.path.join(data, "manifest.json"))
     steps = budget_steps(plan)
     cfg = plan_config(plan, steps[-1])
@@ -308,7 +306,7 @@ class Job:
         self.thread.start()
 
     def _pump(self):
-        with open(self.log_path, "a", encoding="utf-8") as log:  # local: the study's work dir
+        with fileio.open_file(self.log_path, "a") as log:
             log.write("$ " + " ".join(self.cmd) + "\n")
             for line in self.proc.stdout:
                 log.write(line)
@@ -327,8 +325,7 @@ class Job:
 
 def _tail(path: str, n: int = 12) -> List[str]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:  # local: the work dir
-            return f.read().splitlines()[-n:]
+        return fileio.read_bytes(path).decode("utf-8", "replace").splitlines()[-n:]
     except OSError:
         return []
 
@@ -356,9 +353,11 @@ class Study:
         self.finetuned: Dict[str, Dict[int, dict]] = {t["name"]: {} for t in self.plan["tasks"]}
 
     def env(self, memory: Optional[float]) -> Dict[str, str]:
-        env = dict(os.environ, KERAS_BACKEND="jax", PYTHONUNBUFFERED="1",
-                   TF_CPP_MIN_LOG_LEVEL="2",
-                   JAX_COMPILATION_CACHE_DIR=os.path.join(self.work, "jax_cache"),
+        # One compilation cache for every job, bounded and so locked (compile_cache.py):
+        # JAX's own directory setting would leave it unlocked.
+        env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+        env.update(KERAS_BACKEND="jax", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                   ELECTRA_TF_COMPILATION_CACHE=os.path.join(self.work, "jax_cache"),
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
         if memory:
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(memory)
@@ -483,7 +482,9 @@ class Study:
             entry["failed"] = f"exit {code}: " + " | ".join(_tail(job.log_path, 3))
         self.finetuned[name][start] = entry
         for trial in range(self.plan["seeds"]):  # the trials' weights are not needed
-            shutil.rmtree(os.path.join(model_dir, f"trial_{trial}"), ignore_errors=True)
+            trial_dir = fileio.join(model_dir, f"trial_{trial}")
+            if fileio.exists(trial_dir):
+                fileio.rmtree(trial_dir)
 
     def results(self, pretrain_code: int) -> dict:
         plan = self.plan
@@ -520,9 +521,9 @@ def write_logs(study: Study, path: str):
                       r"SIGTERM|Resumed|compil", re.IGNORECASE)
     out = []
     logs = os.path.join(study.work, "logs")
-    for name in sorted(os.listdir(logs)):
-        with open(os.path.join(logs, name), encoding="utf-8", errors="replace") as f:  # local
-            lines = f.read().splitlines()
+    for name in sorted(fileio.listdir(logs)):
+        lines = fileio.read_bytes(fileio.join(logs, name)).decode("utf-8", "replace") \
+            .splitlines()
         out.append(f"== {name}")
         out += [ln for ln in lines if ln.startswith("$ ") or keep.search(ln)][-200:]
         out += ["   (last lines)"] + lines[-5:]

@@ -45,11 +45,12 @@ def test_configure_turns_it_on_bounded_and_locked(tmp_path):
                                   ("jax_compilation_cache_max_size", 8 << 30)]
     assert line == (f"{where} (ELECTRA_TF_COMPILATION_CACHE=off turns it off; at most 8 GiB, "
                     "entries locked for several processes)")
-    # JAX's own setting wins; a bound set by the user stays.
+    # JAX's own setting wins, with its own bound (none: other programs may write there).
     jax = _jax(directory="/given", max_size=1 << 30)
     assert cc.configure(jax, {cc.ENV: str(where)}) == (
-        "/given (JAX_COMPILATION_CACHE_DIR; at most 1 GiB, entries locked for several "
-        "processes)")
+        "/given (JAX_COMPILATION_CACHE_DIR; at most 1 GiB)")
+    jax = _jax(directory="/given")
+    assert cc.configure(jax, {}) == "/given (JAX_COMPILATION_CACHE_DIR; unbounded)"
     assert jax.config.updates == []
     jax = _jax()
     assert cc.configure(jax, {cc.ENV: "off"}) == "off (ELECTRA_TF_COMPILATION_CACHE=off)"

@@ -56,6 +56,12 @@ ALLOWED = {
     # Quieting TensorFlow's C++ start-up lines: /dev/null onto stderr.
     ("electra_tf/quiet.py", "quiet_native_stderr", "os.open"): "/dev/null",
     ("experiments/compute_matched.py", "machine", "open"): "/proc/cpuinfo",
+    # JAX's persistent compilation cache reads local files: its directory is refused when
+    # remote ("://"), and ~ expanded.
+    ("electra_tf/training/jax_runtime/compile_cache.py", "cache_dir", "os.path.expanduser"):
+        "local only, after ://",
+    ("electra_tf/training/jax_runtime/compile_cache.py", "configure", "os.makedirs"):
+        "local only (cache_dir)",
 }
 # Files whose every use is local by nature: the kernel's /proc and /sys.
 ALLOWED_FILES = {

@@ -35,8 +35,10 @@ want = np.asarray(rng.dropout_uniform([B, N, L, L], seed)) >= np.float32(0.1)
 out["mask_mismatches"] = int((np.asarray(mask) != want).sum())
 out["mask_kept"] = float(want.mean())
 
-def reference(q, k, v, bias, rate):  # the model's attention (modeling.py), in jnp
-    return A.reference(q, k, v, bias, seed, rate)
+from electra_tf.model.modeling import reference_attention
+
+def reference(q, k, v, bias, rate):  # the model's own attention
+    return reference_attention(q, k, v, bias[:, None, None, :], seed, rate, training=True)
 
 lengths = np.array([16, 9, 3, 1])  # padded rows: every kind of row the model sees
 bias = jnp.asarray(np.where(np.arange(L)[None] < lengths[:, None], 0.0, -10000.0), jnp.float32)
@@ -55,8 +57,8 @@ for dtype in ("float32", "bfloat16"):
             A.block_size = lambda length, block=block: block
             f = lambda q, k, v: A.attention(q, k, v, bias, keys, row0, rate, interpret=True)
             g = lambda q, k, v: reference(q, k, v, bias, rate)
-            got, back = jax.vjp(f, q, k, v)
-            ref, ref_back = jax.vjp(g, q, k, v)
+            got, back = jax.vjp(jax.jit(f), q, k, v)
+            ref, ref_back = jax.vjp(jax.jit(g), q, k, v)
             errors = [rel(got, ref)] + [rel(x, y) for x, y in zip(back(do), ref_back(do))]
             out[f"{dtype}_rate{rate}_block{block}"] = errors
 A.block_size = real_block
@@ -94,7 +96,7 @@ def loss(values):
 results = {}
 for chosen in ("reference", "interpret"):
     os.environ["ELECTRA_TF_ATTENTION"] = chosen
-    value, grads = jax.value_and_grad(loss)(trainable)
+    value, grads = jax.jit(jax.value_and_grad(loss))(trainable)
     results[chosen] = (float(value), [np.asarray(g) for g in grads])
 out["model_loss"] = [results["reference"][0], results["interpret"][0]]
 # Each array's error against its own scale; the attention keys' biases have no gradient
@@ -130,5 +132,5 @@ def test_the_fused_kernel_equals_the_reference_attention_and_its_dropout():
     assert out["halves_equal"] and out["same_seed_equal"] and out["other_rows_differ"]
     ref, fused = out["model_loss"]
     assert fused == pytest.approx(ref, rel=1e-5) and ref > 0
-    assert out["model_grads"] > 10 and out["model_grad_rel"] <= 1e-5
+    assert out["model_grads"] > 10 and out["model_grad_rel"] <= 5e-5  # jit: other sums
     assert out["model_key_bias_grad"] < 1e-7

@@ -175,7 +175,11 @@ def test_two_processes_train_as_one_and_a_preempted_one_stops_both(tmp_path, sam
     data = sample_build[0]
     model_dir = tmp_path / "two"
     argv = _args(model_dir, data, STEPS, 4)
-    job = Job(argv)
+    # The job's own compilation cache (compile_cache.py: bounded, locked), shared by both
+    # processes and then by the rerun's.
+    cache = {"ELECTRA_TF_COMPILATION_CACHE": str(tmp_path / "jax_cache"),
+             "JAX_COMPILATION_CACHE_DIR": ""}
+    job = Job(argv, **cache)
     job.wait_for(0, f"] step 3/{STEPS} ")
     job.procs[1].send_signal(signal.SIGTERM)
     codes, logs = job.finish()
@@ -195,13 +199,14 @@ def test_two_processes_train_as_one_and_a_preempted_one_stops_both(tmp_path, sam
     mine = [_shards_read(logs[i], i) for i in range(2)]
     assert mine[0] and mine[1] and not mine[0] & mine[1]
 
-    again = Job(argv)
+    again = Job(argv, **cache)
     codes, logs = again.finish()
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert f"Resumed from {model_dir}/ckpt-{at} (step {at})" in logs[0]
     assert _steps(logs[0], STEPS) == list(range(at + 1, STEPS + 1))
-    # Both processes share the run's compilation cache (tests/conftest.py), locked: the
-    # rerun's step comes from it, and its weights below are still those of 1 x 4.
+    # The rerun's step came from the cache both processes wrote, locked; its weights
+    # below are still those of 1 x 4.
+    assert f"JAX compilation cache: {tmp_path / 'jax_cache'} (" in logs[0]
     assert "entries locked for several processes)" in logs[0]
     first_loop = re.search(r"First host loop \(\d+ steps?\): [\d.]+ s \(compiling [\d.]+ s; "
                            r"persistent cache: (\d+) hits?, \d+ miss", logs[0])

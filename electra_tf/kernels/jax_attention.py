@@ -79,20 +79,6 @@ def supported(length: int, direction) -> bool:
     return direction is None and block_size(length) is not None
 
 
-def reference(q, k, v, key_bias, seed=None, rate: float = 0.0):
-    """What the model's own attention computes (model/modeling.py), in jnp: the scores in
-    float32, softmax, dropout from `rng.dropout_uniform` with the [3] `seed`, times v. The
-    kernel's tests and the GPU check compare against it."""
-    from electra_tf import rng  # keras.ops: the caller's Keras runs on JAX
-    scores = jnp.einsum("bnid,bnjd->bnij", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores + key_bias[:, None, None, :], axis=-1)
-    if rate > 0:
-        u = rng.dropout_uniform(list(probs.shape), seed)
-        probs = probs * (u >= rate).astype(jnp.float32) * np.float32(1.0 / (1.0 - rate))
-    return jnp.einsum("bnij,bnjd->bnid", probs.astype(v.dtype), v,
-                      preferred_element_type=jnp.float32).astype(v.dtype)
-
-
 def _mix(x):
     x = x ^ (x >> 16)
     x = x * jnp.uint32(_M1)

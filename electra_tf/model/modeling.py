@@ -69,6 +69,17 @@ def dropout(x, rate: float, training: bool, seed=None, rows_of=None):
     return x * ops.cast(keep, x.dtype) * ops.cast(1.0 / (1.0 - rate), x.dtype)
 
 
+def reference_attention(q, k, v, bias, seed=None, rate: float = 0.0, training: bool = False):
+    """The attention of `TransformerLayer`: softmax(q k^T + bias) in float32, dropout on
+    the probabilities (its draw from `seed`), times v; q already scaled, [B, N, L, D];
+    bias [B, 1, 1, L] or [B, 1, L, L]. A backend's fused kernel (`K.fused_attention`) is
+    held to it."""
+    scores = K.matmul_nt(q, k)  # [B, N, L, L]
+    probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
+    probs = dropout(ops.cast(probs, v.dtype), rate, training, seed)
+    return ops.matmul(probs, v)  # [B, N, L, D]
+
+
 def truncated_normal(stddev: float):
     return keras.initializers.TruncatedNormal(stddev=stddev)
 
@@ -257,11 +268,8 @@ class TransformerLayer(keras.layers.Layer):
         # numbers, the same dropout draw, no [B, N, L, L] arrays kept), else the reference.
         context = K.fused_attention(q, k, v, input_mask, seeds[0], rate, self.direction)
         if context is None:
-            scores = K.matmul_nt(q, k)  # [B, N, L, L]
-            probs = ops.softmax(ops.cast(scores, "float32") + bias, axis=-1)
-            probs = dropout(ops.cast(probs, v.dtype), self.config.attention_probs_dropout_prob,
-                            training, seeds[0])
-            context = ops.matmul(probs, v)  # [B, N, L, D]
+            context = reference_attention(q, k, v, bias, seeds[0],
+                                          self.config.attention_probs_dropout_prob, training)
         context = ops.reshape(ops.transpose(context, [0, 2, 1, 3]),
                              [-1, self.hidden_size] if rows else [batch, seq_len, self.hidden_size])
         rows_of = (batch, seq_len) if rows else None

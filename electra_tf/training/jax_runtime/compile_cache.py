@@ -4,14 +4,17 @@ compiles of a run cost.
 A run's first host loop compiles its step (a minute or more for ELECTRA-Base on a GPU);
 a rerun, a resume after preemption or the next fine-tuning trial of the same shapes reads
 the compiled program from the cache instead. The directory:
-- `JAX_COMPILATION_CACHE_DIR` (JAX's own setting) where it is set: used as it is;
+- `JAX_COMPILATION_CACHE_DIR` (JAX's own setting) where it is set: used as it is, with
+  JAX's own bound (none by default: no locks);
 - else `ELECTRA_TF_COMPILATION_CACHE`: a local directory, or `off` (also `0`, `false`,
   `no`, empty) for none;
 - else `$XDG_CACHE_HOME/electra_tf/jax`, `~/.cache/electra_tf/jax` without it.
-Several processes may share it (the processes of one host, concurrent runs): where the
-`filelock` package is installed the cache is bounded (`MAX_BYTES`, least recently used
-entries evicted), which makes JAX take a file lock around every read and write, so that
-no process reads an entry another is still writing. A program compiled in under a second
+Several processes may share this project's directory (the processes of one host,
+concurrent runs): where the `filelock` package is installed the cache is bounded
+(`MAX_BYTES`, least recently used entries evicted), which makes JAX take a file lock
+around every read and write, so that no process reads an entry another is still writing.
+The bound is not put on a directory JAX_COMPILATION_CACHE_DIR names: JAX's eviction reads
+an access-time file that an unbounded writer does not write, and fails on that entry. A program compiled in under a second
 is not stored (JAX's threshold): it costs less to compile than to read.
 
 `CompileWatch` listens to JAX's monitoring events: compile seconds and cache hits and
@@ -48,27 +51,29 @@ def cache_dir(environ: Mapping[str, str]) -> Optional[str]:
 
 def configure(jax, environ: Mapping[str, str] = os.environ) -> str:
     """Turns the cache on as the module's docstring says; -> the log line's description."""
-    directory = jax.config.jax_compilation_cache_dir
-    if directory:
-        how = "JAX_COMPILATION_CACHE_DIR"
-    else:
-        directory = cache_dir(environ)
-        if directory is None:
-            return f"off ({ENV}={environ.get(ENV)})"
-        try:
-            os.makedirs(directory, exist_ok=True)  # local: see cache_dir
-        except OSError as e:
-            return f"off: cannot create {directory} ({e.strerror or e}); set {ENV}"
-        jax.config.update("jax_compilation_cache_dir", directory)
-        how = f"{ENV}=off turns it off"
-    bound = jax.config.jax_compilation_cache_max_size
-    if bound == -1 and importlib.util.find_spec("filelock") is not None:
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
-        bound = MAX_BYTES
-    return f"{directory} ({how}; " + (
-        "unbounded, without file locks: pip install filelock to share it between "
-        "processes)" if bound == -1 else
-        f"at most {bound / 2**30:.3g} GiB, entries locked for several processes)")
+    given = jax.config.jax_compilation_cache_dir
+    if given:  # JAX's own settings, as they are (other JAX programs may share it)
+        bound = jax.config.jax_compilation_cache_max_size
+        return f"{given} (JAX_COMPILATION_CACHE_DIR; " + (
+            "unbounded)" if bound == -1 else f"at most {bound / 2**30:.3g} GiB)")
+    directory = cache_dir(environ)
+    if directory is None:
+        return f"off ({ENV}={environ.get(ENV)})"
+    try:
+        os.makedirs(directory, exist_ok=True)  # local: see cache_dir
+    except OSError as e:
+        return f"off: cannot create {directory} ({e.strerror or e}); set {ENV}"
+    jax.config.update("jax_compilation_cache_dir", directory)
+    how = f"{ENV}=off turns it off"
+    if importlib.util.find_spec("filelock") is None:
+        return (f"{directory} ({how}; unbounded, without file locks: pip install filelock "
+                "to share it between processes)")
+    # Bounded, every entry read and written under JAX's file lock. The directory is this
+    # project's alone: JAX's eviction reads each entry's access time, which an unbounded
+    # writer (another program pointed at it) does not record.
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    return (f"{directory} ({how}; at most {MAX_BYTES >> 30} GiB, entries locked for several "
+            "processes)")
 
 
 # JAX's monitoring events (jax/_src/monitoring.py names): the seconds of each compile and
