@@ -106,6 +106,12 @@ def _keep(a, b, head, query_pos, key_pos, length: int, rate: float):
     return uniform >= np.float32(rate)
 
 
+def _row_dropout(words_ref, rate: float):
+    """A program's row words and the kept elements' scale (None: no dropout)."""
+    return (words_ref[0, 0], words_ref[0, 1],
+            np.float32(1.0 / (1.0 - rate)) if rate > 0 else None)
+
+
 def _dot(x, y, contract_x=1, contract_y=0):
     return jax.lax.dot_general(x, y, (((contract_x,), (contract_y,)), ((), ())),
                                preferred_element_type=jnp.float32)
@@ -116,9 +122,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, bias_ref, words_ref, o_ref, lse_ref, *, rat
     q = q_ref[...]
     block_q, depth = q.shape
     length = k_ref.shape[0]
-    a, b = words_ref[0, 0], words_ref[0, 1]
     query_pos = qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
-    scale = np.float32(1.0 / (1.0 - rate)) if rate > 0 else None
+    a, b, scale = _row_dropout(words_ref, rate)
 
     def body(kb, carry):
         m, l, acc = carry
@@ -154,10 +159,9 @@ def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, words_ref, do_ref, lse_ref, delta
     k, v = k_ref[...], v_ref[...]
     block_k, depth = k.shape
     length = q_ref.shape[0]
-    a, b = words_ref[0, 0], words_ref[0, 1]
     key_pos = kb * block_k + jnp.arange(block_k, dtype=jnp.int32)
     bias = bias_ref[0, pl.ds(kb * block_k, block_k)]
-    scale = np.float32(1.0 / (1.0 - rate)) if rate > 0 else None
+    a, b, scale = _row_dropout(words_ref, rate)
 
     def body(qb, carry):
         dk, dv = carry
@@ -190,10 +194,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, words_ref, do_ref, lse_ref, delta_
     q, do = q_ref[...], do_ref[...]
     block_q, depth = q.shape
     length = k_ref.shape[0]
-    a, b = words_ref[0, 0], words_ref[0, 1]
     query_pos = qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
     lse, delta = lse_ref[...], delta_ref[...]
-    scale = np.float32(1.0 / (1.0 - rate)) if rate > 0 else None
+    a, b, scale = _row_dropout(words_ref, rate)
 
     def body(kb, dq):
         start = pl.multiple_of(kb * block, block)

@@ -16,6 +16,7 @@ the parent (Linux: PR_SET_PDEATHSIG), so SIGKILL to the process a scheduler star
 the job's process as it would an unguarded one. ELECTRA_TF_PROCESS_GUARD=0 runs without the
 guard (one process, JAX's own messages)."""
 
+import contextlib
 import os
 import re
 import signal
@@ -53,10 +54,10 @@ def start(process_id: Optional[int], num_processes: Optional[int]) -> None:
         os.close(read_end)
         os.dup2(write_end, 2)
         os.close(write_end)
-        try:
+        # Its own process group, where the system allows it; else it stays in the parent's,
+        # and a terminal's Ctrl-C reaches it twice (directly and forwarded): the same stop.
+        with contextlib.suppress(OSError):
             os.setpgid(0, 0)
-        except OSError:  # stays in the parent's group: a terminal's Ctrl-C reaches it twice
-            pass
         _die_with(parent)
         return
     os.close(write_end)
