@@ -320,7 +320,9 @@ def test_batches_ahead_keep_their_order_and_raise_where_the_source_did():
     """The JAX host loop's input thread: batches come out placed and in order, what the
     source raises comes out at its batch (and again after), the end of a finite source is
     StopIteration, at most `depth` batches wait placed (one more in hand), and `close`
-    ends the thread."""
+    ends the thread: on return it has stopped and the batches it placed and nobody took
+    are freed (a reader the interpreter stops at exit while it holds placed batches
+    aborts the process); `close_all` (at exit) closes the readers still open."""
     pytest.importorskip("jax")
     import itertools
     import time
@@ -341,9 +343,18 @@ def test_batches_ahead_keep_their_order_and_raise_where_the_source_did():
                            depth=2)
     time.sleep(0.5)
     assert 2 <= len(read) <= 3 and next(endless) == 0
+    for _ in range(100):  # the thread refills the queue
+        if endless._queue.qsize() == 2:
+            break
+        time.sleep(0.05)
+    assert endless._queue.qsize() == 2
     endless.close()
-    endless._thread.join(5)
-    assert not endless._thread.is_alive()
+    assert not endless._thread.is_alive() and endless._queue.qsize() == 0
+    assert endless not in BatchesAhead._open
+    left = [BatchesAhead(itertools.count(), lambda x: x) for _ in range(2)]
+    assert set(left) <= set(BatchesAhead._open)
+    BatchesAhead.close_all()
+    assert not any(a._thread.is_alive() for a in left) and not BatchesAhead._open
 
 
 # ------------------------------------------------------------------------------ whole runs

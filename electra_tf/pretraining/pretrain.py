@@ -235,7 +235,7 @@ def evaluate(cfg, trainer: Runtime, files, model_dir, chief: bool = True,
     ds = _dataset(trainer.devices, input_config(files, cfg, tc.eval_batch_size, False),
                   inputs.log)
     eval_loop = trainer.make_eval_loop()
-    with inputs.guard(None):
+    with inputs.guard(None), loop.input_ended(trainer):
         out = summarize(eval_loop(iter(ds), tc.max_eval_steps), obj.metrics_from_sums)
     step = trainer.step
     metrics = dict(out.metrics, loss=out.loss)

@@ -284,6 +284,15 @@ def open_checkpoints(trainer: Runtime, directory: str, save_dir: Optional[str] =
     return trainer.checkpoint_manager(save_dir or directory, max_to_keep)
 
 
+@contextlib.contextmanager
+def input_ended(trainer: Runtime):
+    """The runtime's reading ahead stopped when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        trainer.end_input()
+
+
 def train(trainer: Runtime, iterator, manager,
           schedule: Schedule, *, writer, perf: Optional[Perf] = None,
           profile_steps: Optional[Tuple[int, int]] = None, profile_dir: str = "",
@@ -314,7 +323,8 @@ def train(trainer: Runtime, iterator, manager,
             lease.check()
         return save_checkpoint(manager, at)
     with (PreemptionWatch(trainer.devices, what=what) as preemption,
-          ProfileWindow(profile_steps, profile_dir, chief, trainer.devices) as profile):
+          ProfileWindow(profile_steps, profile_dir, chief, trainer.devices) as profile,
+          input_ended(trainer)):
         while step < total:
             # Stop each host loop at the next log, checkpoint, phase or profile boundary.
             n = profile.n_until_boundary(step, min(

@@ -268,6 +268,11 @@ class Runtime(Phases, abc.ABC):
     def describe_step(self) -> str:
         """How the step executes, for the log."""
 
+    def end_input(self):
+        """Stops reading ahead of the steps (a runtime that does) and frees what was read
+        and not taken; the loops' iterators are done with. Called when a run's or an
+        evaluation's loops end, however they end."""
+
     # ------------------------------------------------------------------ checkpoints
 
     @abc.abstractmethod

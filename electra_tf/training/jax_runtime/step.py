@@ -10,9 +10,11 @@ all-reduce. The state is passed in and out and donated, so its memory is not dou
 `trainer.py` puts the host loop, checkpoints and input around it (the batches placed
 ahead by `BatchesAhead`); `bench/` times it alone (a GPU machine has no TensorFlow)."""
 
+import atexit
 import dataclasses
 import queue
 import threading
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -256,6 +258,11 @@ class BatchesAhead:
     batches read ahead and never taken change nothing a checkpoint holds."""
 
     _END = object()
+    # Readers not closed yet: closed before the interpreter stops its threads. A daemon
+    # thread stopped there while holding placed batches aborts the process (jaxlib's array
+    # destructor during the forced unwind: "FATAL: exception not rethrown").
+    _open: "weakref.WeakSet[BatchesAhead]" = weakref.WeakSet()
+    JOIN_TIMEOUT_S = 30.0
 
     def __init__(self, source, place: Callable, depth: int = 2):
         self.source, self._place = source, place
@@ -263,6 +270,7 @@ class BatchesAhead:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._fill, name="jax-batches-ahead",
                                         daemon=True)
+        BatchesAhead._open.add(self)
         self._thread.start()
 
     def _fill(self):
@@ -295,8 +303,26 @@ class BatchesAhead:
         return item
 
     def close(self):
-        """Stops the thread after the batch it is reading (it holds the source till then)."""
+        """Stops the thread after the batch it is reading (it holds the source till then),
+        waits for it (up to JOIN_TIMEOUT_S: a read that hangs does not hang the job) and
+        frees the batches it placed and nobody took, on this thread."""
         self._closed.set()
+        BatchesAhead._open.discard(self)
+        if self._thread is not threading.current_thread():
+            self._thread.join(self.JOIN_TIMEOUT_S)
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+
+    @classmethod
+    def close_all(cls):
+        for ahead in list(cls._open):
+            ahead.close()
+
+
+atexit.register(BatchesAhead.close_all)
 
 
 def names_of(variables: Sequence) -> List[str]:

@@ -181,6 +181,11 @@ class JaxRuntime(runtime.Runtime):
             self._ahead = jax_step.BatchesAhead(iterator, self._batch)
         return self._ahead
 
+    def end_input(self):
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
     def make_train_loop(self, phase: int = 0):
         """Each step is dispatched without waiting for the one before; the sums come back
         as host numbers (which waits for the steps)."""
