@@ -86,17 +86,17 @@ def _row(args, cfg, precision, jit, best, compile_s, traces, peak, source, backe
             "compile_s": compile_s, "traces": traces}
 
 
-def measure_one_jax(args, precision: str) -> dict:
+def jax_loop(args, precision: str):
     """The JAX runtime's step (its host loop: each batch sent from the host, as in
-    training) in a child process with KERAS_BACKEND=jax."""
+    training), in a process with KERAS_BACKEND=jax: -> (cfg, trainer, run), where `run(n)`
+    takes n steps and waits for the last."""
     import numpy as np
     from electra_tf.pretraining.trainer import make_pretrainer
-    from electra_tf.training import hardware, runtime
+    from electra_tf.training import runtime
     from electra_tf.training.jax_runtime.devices import jax_devices
     cfg = _config(args, precision)
     runtime.set_precision(precision)
-    devices = jax_devices("auto")
-    trainer = make_pretrainer(cfg, devices)
+    trainer = make_pretrainer(cfg, jax_devices("auto"))
     batch = {k: np.asarray(v) for k, v in _batch(args.batch_size, args.max_seq_length,
                                                   cfg.model.vocab_size).items()}
 
@@ -105,29 +105,16 @@ def measure_one_jax(args, precision: str) -> dict:
             yield batch
 
     it, loop = forever(), trainer.make_train_loop()
-    t0 = time.perf_counter()
-    float(loop(it, 1)["loss_sum"])  # trace + compile + 1 step
-    compile_s = time.perf_counter() - t0
-    float(loop(it, args.steps)["loss_sum"])  # warm
-    best = float("inf")
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        float(loop(it, args.steps)["loss_sum"])  # waits for the last step
-        best = min(best, (time.perf_counter() - t0) / args.steps)
-    if args.peak_flops:
-        peak, source = args.peak_flops, "--peak_flops"
-    else:
-        peak, source = hardware.peak_flops(devices, precision)
-    return _row(args, cfg, precision, True, best, compile_s, trainer.trace_count, peak,
-                source, "jax")
+    return cfg, trainer, lambda n: float(loop(it, n)["loss_sum"])
 
 
-def measure_one(args, precision: str, jit: bool) -> dict:
-    """Runs in a child process: builds the trainer, warms up, times the best repetition."""
+def tf_loop(args, precision: str, jit: bool):
+    """The TensorFlow runtime's step (its host loop over a dataset of the batch):
+    -> (cfg, trainer, run) as `jax_loop`."""
     import tensorflow as tf
 
     from electra_tf.pretraining.trainer import make_pretrainer
-    from electra_tf.training import hardware, runtime
+    from electra_tf.training import runtime
     from electra_tf.training.tf_runtime.devices import TfDevices
     cfg = _config(args, precision)
     runtime.set_precision(precision)
@@ -137,31 +124,54 @@ def measure_one(args, precision: str, jit: bool) -> dict:
     batch = _batch(args.batch_size, args.max_seq_length, cfg.model.vocab_size)
     ds = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
-    it = iter(ds)
-    loop = trainer.make_train_loop()
+    it, loop = iter(ds), trainer.make_train_loop()
+    return cfg, trainer, lambda n: float(loop(it, tf.constant(n))["loss_sum"])
+
+
+def timed(run, steps: int, repeats: int):
+    """-> (seconds to the first step: trace, compile and one step; the best repetition's
+    seconds a step), after a warm-up of `steps`."""
     t0 = time.perf_counter()
-    float(loop(it, tf.constant(1))["loss_sum"])  # trace + compile + 1 step
+    run(1)
     compile_s = time.perf_counter() - t0
-    float(loop(it, tf.constant(args.steps))["loss_sum"])  # warm
+    run(steps)  # warm
     best = float("inf")
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        float(loop(it, tf.constant(args.steps))["loss_sum"])  # the float() waits
-        best = min(best, (time.perf_counter() - t0) / args.steps)
+        run(steps)  # waits for the last step
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return compile_s, best
+
+
+def measure_one(args, precision: str, jit: bool, backend: str) -> dict:
+    """Runs in a child process: builds the trainer, warms up, times the best repetition."""
+    from electra_tf.training import hardware
+    cfg, trainer, run = (jax_loop(args, precision) if backend == "jax"
+                         else tf_loop(args, precision, jit))
+    compile_s, best = timed(run, args.steps, args.repeats)
     if args.peak_flops:
         peak, source = args.peak_flops, "--peak_flops"
     else:
         peak, source = hardware.peak_flops(trainer.devices, precision)
-    return _row(args, cfg, precision, jit, best, compile_s, trainer.trace_count, peak,
-                source, "tensorflow")
+    return _row(args, cfg, precision, jit or backend == "jax", best, compile_s,
+                trainer.trace_count, peak, source, backend)
+
+
+def child_result(cmd, env):
+    """Runs a child that prints `RESULT <json>`: -> (the row, None), or (None, the last
+    line it wrote to stderr)."""
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode or not lines:
+        return None, (done.stderr.strip().splitlines() or ["?"])[-1]
+    return json.loads(lines[-1][len("RESULT "):]), None
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.one:
         precision, jit, backend = (args.one.split(":") + ["tensorflow"])[:3]
-        row = (measure_one_jax(args, precision) if backend == "jax"
-               else measure_one(args, precision, jit == "on"))
+        row = measure_one(args, precision, jit == "on", backend)
         print("RESULT " + json.dumps(row))
         return
     rows = []
@@ -177,15 +187,11 @@ def main(argv=None):
             child = [a for a in (argv if argv is not None else sys.argv[1:])]
             script = os.path.abspath(__file__)  # local: this script
             env = dict(os.environ, KERAS_BACKEND=backend)
-            done = subprocess.run([sys.executable, script, *child,
-                                   f"--one={precision}:{jit}:{backend}"], capture_output=True,
-                                  text=True, cwd=REPO, env=env)
-            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-            if done.returncode or not lines:
-                print(f"{backend:<10} {precision:<10} {jit:<4} failed: "
-                      f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+            r, why = child_result([sys.executable, script, *child,
+                                   f"--one={precision}:{jit}:{backend}"], env)
+            if r is None:
+                print(f"{backend:<10} {precision:<10} {jit:<4} failed: {why}")
                 continue
-            r = json.loads(lines[-1][len("RESULT "):])
             rows.append(r)
             print(f"{backend:<10} {precision:<10} {jit:<4} {r['step_ms']:9.1f} "
                   f"{r['seqs_per_s']:8.1f} {r['achieved_flops'] / 1e12:8.3f} "

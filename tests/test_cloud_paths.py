@@ -84,7 +84,7 @@ def _where(skip: int = 2):
 
 
 def _audit(event, args):
-    if not _GUARD["on"]:
+    if not _GUARD or not _GUARD["on"]:  # None: the module torn down at the interpreter's exit
         return
     if event != "open" and not event.startswith(("os.", "shutil.", "glob.")):
         return

@@ -11,8 +11,9 @@ is imported from Keras' backend (`KERAS_BACKEND`, default TensorFlow):
 | `mean_last` | LayerNorm means, as float32 matvecs on CPU (`use_matvec_means`) | `jnp.mean` |
 | `rows_only` | inference outside XLA on [B * L, H] rows (Grappler's fused MatMul) | never |
 | `dynamic_shape` | `tf.shape` (a tensor) | the static shape |
-| `matmul_nt`, `take_rows`, `gather_slots`, `pick`, `argmax`, `add_n` | `tf.matmul(transpose_b)`, `tf.gather` (batch_dims), `tf.add_n` | `jnp` forms (vmap, take_along_axis) |
-| `softmax_xent`, `sigmoid_xent` | TF's fused cross-entropy ops | `log_softmax` / the same stable formula |
+| `matmul_nt`, `take_rows`, `gather_slots`, `pick`, `argmax`, `add_n` | `tf.matmul(transpose_b)`, `tf.gather` (batch_dims), `tf.add_n` | `jnp` forms (vmap; `pick` a select and a sum, whose gradient is no scatter) |
+| `softmax_xent`, `sigmoid_xent` | TF's fused cross-entropy ops | logsumexp minus the label's logit (`pick`: a select, no gather) / the same stable formula |
+| `add_bias` | `x + bias` | `x + bias`, the bias's gradient a matrix-vector product (no reduction over the rows) |
 | `cross_replica_sum` | the `tf.distribute` replica context's all-reduce | identity: a `jit` over the global batch |
 | `bits` (for `electra_tf.rng`: masking and sampling) | TF's Philox (stateless ops), row-exact counters | `jax.random` (threefry) keyed per row |
 | `unseeded_uniform` | TF's global random state | Keras' global seed generator |
@@ -50,6 +51,7 @@ pick = _impl.pick
 argmax = _impl.argmax
 add_n = _impl.add_n
 softmax_xent = _impl.softmax_xent
+add_bias = _impl.add_bias
 sigmoid_xent = _impl.sigmoid_xent
 cross_replica_sum = _impl.cross_replica_sum
 bits = _impl.bits

@@ -110,6 +110,11 @@ def softmax_xent(labels, logits):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
 
+def add_bias(x, bias):
+    """x [..., N] + bias [N] (the JAX module gives the bias's gradient another form)."""
+    return x + bias
+
+
 def sigmoid_xent(labels, logits):
     """Binary cross-entropy of float `labels` against `logits`, float32."""
     return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)

@@ -437,7 +437,7 @@ class GeneratorPredictions(keras.layers.Layer):
         rows = ops.reshape(x, [-1, self.config.embedding_size])
         logits = K.matmul_nt(rows, table)
         logits = ops.reshape(logits, [*ops.shape(x)[:-1], self.config.vocab_size])
-        return ops.cast(logits, "float32") + ops.convert_to_tensor(self.output_bias)
+        return K.add_bias(ops.cast(logits, "float32"), ops.convert_to_tensor(self.output_bias))
 
 
 def build_discriminator_encoder(config: ModelConfig, dtype=None) -> Encoder:
